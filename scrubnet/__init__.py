@@ -1,0 +1,2 @@
+"""scrubnet: make a trained network forget a cohort of its training data, and measure what is left."""
+__version__ = "0.1.0"

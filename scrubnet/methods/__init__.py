@@ -1,0 +1,6 @@
+"""Scrubbing methods, one module each, behind :class:`scrubnet.methods.base.ForgettingMethod`."""
+from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, as_tensors, available_methods,
+                                   get_method, register)
+
+__all__ = ["ForgetContext", "ForgettingMethod", "ScrubResult", "as_tensors", "available_methods", "get_method",
+           "register"]

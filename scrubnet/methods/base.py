@@ -1,0 +1,138 @@
+"""The one small interface every scrubbing method implements.
+
+A method takes the trained model, the retain data D_r and the forget data D_f (plus a
+:class:`ForgetContext` with what the protocol knows: the fine-tuning start ``w0``, the training
+configuration, the seed, …) and returns a :class:`ScrubResult`: the scrubbed model and what it
+measured. Methods never modify the model they are given.
+
+Methods register themselves by name with :func:`register`; :func:`get_method` builds one from its
+name and options (e.g. ``get_method("fisher", alpha=1e-6)``). Every module in ``scrubnet.methods``
+is imported on first use, so adding a method is adding a module.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from scrubnet.training import TrainConfig
+
+Data = tuple[Tensor, Tensor]
+
+
+def as_tensors(data) -> Data:
+    """Accept ``(x, y)`` tensors, a ``TensorDataset`` or a ``DataLoader`` yielding ``(x, y)`` batches,
+    and return ``(x, y)`` tensors."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], Tensor):
+        return data[0], data[1]
+    if isinstance(data, torch.utils.data.TensorDataset):
+        return data.tensors[0], data.tensors[1]
+    if isinstance(data, torch.utils.data.DataLoader):
+        xs, ys = zip(*[(b[0], b[1]) for b in data])
+        return torch.cat(xs), torch.cat(ys)
+    raise TypeError(f"expected (x, y) tensors, a TensorDataset or a DataLoader, got {type(data).__name__}")
+
+
+@dataclass
+class ForgetContext:
+    """What the protocol knows besides (model, D_r, D_f).
+
+    w0:            weights fine-tuning started from (target of the (wd/2)‖w − w_0‖² pull).
+    config:        the fine-tuning hyperparameters (lr, momentum, wd, batch size, …).
+    num_classes:   c, outputs of the model.
+    seed:          fixes every random choice of the method (noise, batch order).
+    forget_class:  the forgotten class when a whole class is forgotten, else None.
+    split:         the full :class:`scrubnet.data.Split` when known (core data, D order, test set).
+    start:         the model at ``w0`` (needed by methods that retrain, e.g. ``retrain``).
+    reference:     the same-seed retrain model: for diagnostics and bounds only, never for the scrub.
+    cache:         a dict shared by the methods of one seed to reuse expensive artifacts.
+    """
+
+    w0: dict[str, Tensor]
+    config: TrainConfig = field(default_factory=TrainConfig)
+    num_classes: int = 0
+    seed: int = 0
+    forget_class: int | None = None
+    split: Any = None
+    start: nn.Module | None = None
+    reference: nn.Module | None = None
+    cache: dict = field(default_factory=dict)
+
+
+@dataclass
+class ScrubResult:
+    """The scrubbed model and what the method measured.
+
+    ``info`` holds numbers (seconds, scales, solver iterations, ``info_weights_nats`` …); every
+    numeric entry is copied into the run's readouts by the experiment runner.
+    ``reference`` / ``original`` let a method that trains its own model family (e.g. ML-Forgetting)
+    supply the models its readouts must be compared with (activation distance to the retrain model,
+    re-learn threshold); left ``None`` the protocol's retrain and original models are used.
+    """
+
+    model: nn.Module
+    info: dict[str, float] = field(default_factory=dict)
+    reference: nn.Module | None = None
+    original: nn.Module | None = None
+
+
+class ForgettingMethod:
+    """Base class: subclasses set ``name`` and implement :meth:`scrub`.
+
+    ``needs_retain`` is False for methods that use only D_f. Options are constructor keyword arguments.
+    """
+
+    name: ClassVar[str] = ""
+    needs_retain: ClassVar[bool] = True
+
+    def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
+        return self.scrub(model, as_tensors(retain), as_tensors(forget), ctx)
+
+
+_REGISTRY: dict[str, type[ForgettingMethod]] = {}
+_LOADED = False
+
+
+def register(name: str):
+    """Class decorator: make a method available under ``name``."""
+    def deco(cls):
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"method {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    import scrubnet.methods as pkg
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"scrubnet.methods.{mod.name}")
+    _LOADED = True
+
+
+def available_methods() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_method(name: str, **options) -> ForgettingMethod:
+    """Instantiate the method registered as ``name`` with ``options``; clear error if unknown."""
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    try:
+        return _REGISTRY[name](**options)
+    except TypeError as e:
+        raise ValueError(f"bad option for method {name!r}: {e}") from None

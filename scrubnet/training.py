@@ -1,0 +1,201 @@
+"""The fine-tuning protocol that produces the *original* model w(D) and the *retrain* reference w(D_r).
+
+1. **Pre-train** on the core classes (plain SGD with momentum and ordinary weight decay).
+2. **Fine-tuning start** ``w_0``: the pre-trained backbone plus a fresh head (one output per task
+   class), initialised from the seed.
+3. **Fine-tune** on D from ``w_0`` with the loss
+
+       L(w) = mean_batch CE(f_w(x), y) + (wd/2)·‖w − w_0‖²           (pull toward w_0, not 0)
+
+   using SGD with momentum, BatchNorm statistics frozen (BN layers in eval mode), until the training
+   error is zero and then ``extra_epochs`` more, with a cap of ``max_epochs``.
+4. **Retrain** with the same seed and schedule rule on D_r, in two modes (spec decision 4):
+   ``remove`` trains on D_r only; ``replace`` replaces each forgotten sample by a copy of a random
+   retained one so the number of steps per epoch is unchanged (the authors' code).
+
+Every random choice (head initialisation, batch order, replacement copies) comes from the seed, so
+the same seed gives identical weights on CPU.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.models import freeze_batchnorm, replace_head
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of pre-training and fine-tuning (units: learning rates per step, epochs)."""
+
+    lr: float = 0.01
+    momentum: float = 0.9
+    wd: float = 0.1               # coefficient of (wd/2)‖w − w_0‖² during fine-tuning
+    batch_size: int = 128
+    extra_epochs: int = 5         # epochs after the first zero-training-error epoch
+    min_epochs: int = 1
+    max_epochs: int = 200
+    freeze_bn: bool = True
+    pretrain_epochs: int = 30
+    pretrain_lr: float = 0.05
+    pretrain_momentum: float = 0.9
+    pretrain_wd: float = 5e-4      # ordinary weight decay (toward 0) during pre-training
+    pretrain_batch_size: int = 128
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown training option(s): {', '.join(unknown)}")
+        return cls(**d)
+
+
+@dataclass
+class TrainHistory:
+    epochs: int
+    zero_error_epoch: int | None
+    final_loss: float
+    final_error: float
+
+
+def l2_pull(model: nn.Module, w0: dict[str, Tensor]) -> Tensor:
+    """Σ ‖w − w_0‖² over the trainable parameters present in ``w0`` (without the wd/2 factor)."""
+    total = torch.zeros(())
+    for name, p in model.named_parameters():
+        if p.requires_grad and name in w0:
+            total = total + torch.sum((p - w0[name]) ** 2)
+    return total
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tensor:
+    """Logits of ``model`` in eval mode, batched; the model's train/eval mode is restored."""
+    was_training = model.training
+    model.eval()
+    out = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else \
+        torch.zeros(0)
+    model.train(was_training)
+    return out
+
+
+def error_rate(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    if len(y) == 0:
+        return float("nan")
+    return float((predict_logits(model, x).argmax(1) != y).float().mean())
+
+
+def _set_mode(model: nn.Module, freeze_bn: bool) -> None:
+    model.train()
+    if freeze_bn:
+        freeze_batchnorm(model)
+
+
+def train_epochs(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
+                 epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None,
+                 wd_pull: float = 0.0, weight_decay: float = 0.0, freeze_bn: bool = False,
+                 loss_weights: Tensor | None = None) -> None:
+    """Plain SGD(+momentum) for a fixed number of epochs of mean cross-entropy (+ the L2 pull)."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum,
+                          weight_decay=weight_decay)
+    n = len(y)
+    for _ in range(epochs):
+        _set_mode(model, freeze_bn)
+        perm = torch.randperm(n, generator=generator)
+        for i in range(0, n, batch_size):
+            idx = perm[i:i + batch_size]
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            if w0 is not None and wd_pull > 0:
+                loss = loss + 0.5 * wd_pull * l2_pull(model, w0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    model.eval()
+
+
+def pretrain(model: nn.Module, x_core: Tensor, y_core: Tensor, cfg: TrainConfig, seed: int) -> nn.Module:
+    """Pre-train ``model`` (its head sized for the core classes) on the core data; returns a new model."""
+    model = copy.deepcopy(model)
+    if len(y_core) == 0 or cfg.pretrain_epochs == 0:
+        return model.eval()
+    g = torch.Generator().manual_seed(10_007 * seed + 1)
+    train_epochs(model, x_core, y_core, lr=cfg.pretrain_lr, momentum=cfg.pretrain_momentum,
+                 batch_size=cfg.pretrain_batch_size, epochs=cfg.pretrain_epochs, generator=g,
+                 weight_decay=cfg.pretrain_wd, freeze_bn=False)
+    return model.eval()
+
+
+def finetune_start(pretrained: nn.Module, num_classes: int, seed: int) -> nn.Module:
+    """``w_0``: a copy of the pre-trained backbone with a fresh ``num_classes``-way head (seeded)."""
+    return replace_head(copy.deepcopy(pretrained), num_classes, seed=seed).eval()
+
+
+def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int,
+             w0: dict[str, Tensor] | None = None) -> tuple[nn.Module, TrainHistory]:
+    """Fine-tune a copy of ``start`` on (x, y) with the L2 pull toward ``w0`` (default: ``start``'s weights)
+    until zero training error + ``cfg.extra_epochs`` (cap ``cfg.max_epochs``)."""
+    model = copy.deepcopy(start)
+    if w0 is None:
+        w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
+    g = torch.Generator().manual_seed(10_007 * seed + 2)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, momentum=cfg.momentum)
+    n = len(y)
+    zero_at: int | None = None
+    epoch = 0
+    while epoch < cfg.max_epochs:
+        _set_mode(model, cfg.freeze_bn)
+        perm = torch.randperm(n, generator=g)
+        for i in range(0, n, cfg.batch_size):
+            idx = perm[i:i + cfg.batch_size]
+            loss = F.cross_entropy(model(x[idx]), y[idx]) + 0.5 * cfg.wd * l2_pull(model, w0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        epoch += 1
+        if zero_at is None and epoch >= cfg.min_epochs and error_rate(model, x, y) == 0.0:
+            zero_at = epoch
+        if zero_at is not None and epoch >= zero_at + cfg.extra_epochs:
+            break
+    model.eval()
+    with torch.no_grad():
+        logits = predict_logits(model, x)
+        final_loss = float(F.cross_entropy(logits, y))
+        final_err = float((logits.argmax(1) != y).float().mean())
+    return model, TrainHistory(epoch, zero_at, final_loss, final_err)
+
+
+def replace_forgotten(x: Tensor, y: Tensor, forget_idx: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+    """D with every forgotten sample replaced by a copy of a random retained one (seeded)."""
+    mask = torch.ones(len(y), dtype=torch.bool)
+    mask[forget_idx] = False
+    retained = torch.nonzero(mask).flatten()
+    g = torch.Generator().manual_seed(10_007 * seed + 3)
+    picks = retained[torch.randint(len(retained), (len(forget_idx),), generator=g)]
+    x2, y2 = x.clone(), y.clone()
+    x2[forget_idx] = x[picks]
+    y2[forget_idx] = y[picks]
+    return x2, y2
+
+
+def retrain(start: nn.Module, x: Tensor, y: Tensor, forget_idx: Tensor, cfg: TrainConfig, seed: int,
+            mode: str = "remove") -> tuple[nn.Module, TrainHistory]:
+    """The gold standard: fine-tune from the same ``w_0`` with the same seed without D_f.
+
+    ``mode='remove'`` trains on D_r only; ``mode='replace'`` keeps |D| by replacing forgotten samples
+    with copies of random retained ones.
+    """
+    if mode == "remove":
+        mask = torch.ones(len(y), dtype=torch.bool)
+        mask[forget_idx] = False
+        return finetune(start, x[mask], y[mask], cfg, seed)
+    if mode == "replace":
+        x2, y2 = replace_forgotten(x, y, forget_idx, seed)
+        return finetune(start, x2, y2, cfg, seed)
+    raise ValueError(f"unknown retrain mode {mode!r}: use 'remove' or 'replace'")
