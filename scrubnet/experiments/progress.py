@@ -1,0 +1,27 @@
+"""A rich progress bar that turns into a no-op when disabled (tests, non-interactive use)."""
+from __future__ import annotations
+
+import contextlib
+
+
+class _NullProgress:
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        pass
+
+    def advance(self, *a, **k):
+        pass
+
+
+@contextlib.contextmanager
+def make_progress(enabled: bool = True, console=None):
+    if not enabled:
+        yield _NullProgress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as p:
+        yield p

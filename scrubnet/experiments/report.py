@@ -1,0 +1,174 @@
+"""report.md and figures from a results dict (see :mod:`scrubnet.experiments.runner`)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text
+
+#: readouts plotted as panels, with their display names
+PANELS = [("error_retain", "error D_r"), ("error_forget", "error D_f"), ("error_test", "error D_test"),
+          ("loss_forget", "loss D_f (nats)"), ("mia_forget", "membership attack on D_f"),
+          ("relearn_epochs", "re-learn time (epochs)"), ("activation_l1_retain", "L1 to retrain, D_r"),
+          ("activation_l1_forget", "L1 to retrain, D_f"), ("activation_l1_test", "L1 to retrain, D_test")]
+
+PERCENT = {"error_retain", "error_forget", "error_test", "mia_forget"}
+
+
+def _fmt(r: str, s: dict) -> str:
+    m, sd = s["mean"], s["std"]
+    if r in PERCENT:
+        return f"{100 * m:.1f} ± {100 * sd:.1f}"
+    if abs(m) >= 1000:
+        return f"{m:.3g} ± {sd:.2g}"
+    return f"{m:.3f} ± {sd:.3f}"
+
+
+def render_report(results: dict) -> str:
+    """Markdown: one table of mean ± std per readout (errors and attack in %), retrain marked as target."""
+    ms = results["methods"]
+    cfg = results["config"]
+    res = cfg.get("resolved", {})
+    readouts: list[str] = []
+    for d in ms.values():
+        for r in d.get("summary", {}):
+            if r not in readouts:
+                readouts.append(r)
+    core = [p for p, _ in PANELS if p in readouts]
+    extra = [r for r in readouts if r not in core]
+    seeds = cfg.get("seeds", [])
+    lines = ["# scrubnet report", "",
+             f"Dataset `{cfg['data']['dataset']}`, model `{cfg['model']}`, seeds {seeds}, retrain mode "
+             f"`{cfg.get('retrain_mode')}`; |D_r| = {res.get('n_retain')}, |D_f| = {res.get('n_forget')}, "
+             f"|D_test| = {res.get('n_test')}, |core| = {res.get('n_core')}.", "",
+             "Mean ± std over seeds. Errors and the membership attack in %, losses in nats, re-learn time in "
+             "epochs of 500 samples, L1 = mean ‖softmax − softmax_retrain‖₁. **retrain** is the target: a "
+             "method has forgotten when its readouts fall inside the retrain band.", ""]
+
+    def table(cols: list[str]) -> list[str]:
+        out = ["| method | time (s) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+        for m, d in ms.items():
+            name = f"**{m}** (target)" if m == "retrain" else m
+            t = sum(r["time_s"] for r in d["runs"]) / max(len(d["runs"]), 1)
+            cells = [(_fmt(c, d["summary"][c]) if c in d.get("summary", {}) else "–") for c in cols]
+            out.append(f"| {name} | {t:.2f} | " + " | ".join(cells) + " |")
+        return out
+
+    lines += ["## Readouts", ""] + table(core) + [""]
+    if extra:
+        lines += ["## Method measurements", ""] + table(extra) + [""]
+    checks = results.get("checks", {})
+    if checks:
+        lines += ["## Checks", ""]
+        for k, v in checks.items():
+            if k.startswith("band_separated_"):
+                r = k[len("band_separated_"):]
+                lines.append(f"- original vs retrain on `{r}`: |Δmean| = {v['gap']:.4f}, 2·std(retrain) = "
+                             f"{v['two_std_retrain']:.4f} → {'separated' if v['separated'] else 'NOT separated'}")
+            else:
+                lines.append(f"- `{k}`: distance to original {v['distance_to_original']:.4f}, to retrain "
+                             f"{v['distance_to_retrain']:.4f} → closer to {v['closer_to']}"
+                             + (" (inside the retrain band)" if v["inside_retrain_band"] else ""))
+        lines.append("")
+    proto = results.get("protocol", {})
+    if proto:
+        lines += ["## Protocol", "", "| seed | time (s) | original epochs | retrain epochs | original train error |",
+                  "|---|---|---|---|---|"]
+        for s, p in proto.items():
+            lines.append(f"| {s} | {p['time_s']:.1f} | {p.get('original_epochs')} | {p.get('retrain_epochs')} | "
+                         f"{100 * p.get('original_train_error', float('nan')):.1f} % |")
+        lines.append("")
+    lines += ["Figures: `readouts.png` (one panel per readout, retrain band shaded), `entropy.png` (softmax "
+              "entropy histograms on D_r, D_f, D_test for the first seed).", ""]
+    return "\n".join(lines)
+
+
+def plot_readouts(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ms = results["methods"]
+    panels = [(r, t) for r, t in PANELS if any(r in d.get("summary", {}) for d in ms.values())]
+    ncol = 3
+    nrow = max(1, math.ceil(len(panels) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.8 * nrow), squeeze=False)
+    names = list(ms)
+    for ax, (r, title) in zip(axes.flat, panels):
+        ret = ms.get("retrain", {}).get("summary", {}).get(r)
+        if ret is not None:
+            ax.axhspan(ret["mean"] - ret["std"], ret["mean"] + ret["std"], color="tab:green", alpha=0.25,
+                       label="retrain band")
+            ax.axhline(ret["mean"], color="tab:green", lw=1)
+        for i, m in enumerate(names):
+            s = ms[m].get("summary", {}).get(r)
+            if s is None:
+                continue
+            ax.errorbar([i], [s["mean"]], yerr=[s["std"]], fmt="o", capsize=3,
+                        color="tab:green" if m == "retrain" else "tab:blue")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def plot_entropies(hist_data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    methods = list(hist_data)
+    if not methods:
+        return
+    fig, axes = plt.subplots(len(methods), 3, figsize=(10, 1.6 * len(methods) + 0.6), squeeze=False, sharex=True)
+    for i, m in enumerate(methods):
+        for j, part in enumerate(("retain", "forget", "test")):
+            h = np.log(np.clip(np.array(hist_data[m][part]), 1e-12, None))
+            ax = axes[i, j]
+            ax.hist(h, bins=30, range=(-12, 1), color="tab:green" if m == "retrain" else "tab:blue", alpha=0.8)
+            if i == 0:
+                ax.set_title(f"log entropy on D_{'r' if part == 'retain' else 'f' if part == 'forget' else 'test'}")
+            if j == 0:
+                ax.set_ylabel(m, fontsize=8)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(results: dict, hist_data: dict, out_dir: Path) -> None:
+    """results.json, report.md, readouts.png, entropy.png (each written atomically)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "results.json", results)
+    atomic_write_text(out_dir / "report.md", render_report(results))
+    plot_readouts(results, out_dir / "readouts.png")
+    if hist_data:
+        atomic_write_json(out_dir / "entropies.json", hist_data)
+        plot_entropies(hist_data, out_dir / "entropy.png")
+
+
+def report_from_dir(run_dir: Path) -> str:
+    """Re-render report.md and figures from ``run_dir/results.json``; returns the markdown."""
+    p = Path(run_dir) / "results.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"no results.json in {run_dir}")
+    try:
+        results = json.loads(p.read_text())
+        results["methods"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{p} is not a scrubnet results file: {e}") from None
+    hist = {}
+    hp = Path(run_dir) / "entropies.json"
+    if hp.is_file():
+        hist = json.loads(hp.read_text())
+    md = render_report(results)
+    atomic_write_text(Path(run_dir) / "report.md", md)
+    plot_readouts(results, Path(run_dir) / "readouts.png")
+    if hist:
+        plot_entropies(hist, Path(run_dir) / "entropy.png")
+    return md

@@ -1,0 +1,249 @@
+"""The multi-seed forgetting protocol: methods × seeds → readouts → results.json, report.md, figures.
+
+For each seed the whole protocol is re-run: pre-train on the core, fine-tune the original w(D) from w_0,
+retrain the gold standard without D_f (same seed and schedule), then run every method on
+(original, D_r, D_f) and evaluate all readouts. The retrain *band* is mean ± std of the retrain
+readouts over seeds (std with ddof=0, as ``numpy.std``).
+
+``results.json`` layout::
+
+    {"config": {...},
+     "methods": {"<method>": {"runs": [{"seed": s, "time_s": t, "readouts": {...}}],
+                              "summary": {"<readout>": {"mean": m, "std": s}}}}}
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from scrubnet.data import Split, load_split
+from scrubnet.experiments.config import ExperimentConfig
+from scrubnet.methods.base import ForgetContext, ScrubResult, available_methods, get_method
+from scrubnet.models import build_model
+from scrubnet.readouts.basic import activation_l1, error_and_loss, softmax_entropy
+from scrubnet.readouts.mia import membership_attack
+from scrubnet.readouts.relearn import relearn_time
+from scrubnet.training import TrainHistory, finetune, finetune_start, pretrain, retrain
+
+#: readouts every method gets, in report order
+CORE_READOUTS = ["error_retain", "error_forget", "error_test", "loss_retain", "loss_forget", "loss_test",
+                 "mia_forget", "relearn_epochs", "activation_l1_retain", "activation_l1_forget",
+                 "activation_l1_test"]
+
+_SPLIT_CACHE: dict[str, Split] = {}
+
+
+@dataclass
+class SeedRun:
+    """Everything the protocol produced for one seed."""
+
+    seed: int
+    split: Split
+    start: nn.Module
+    original: nn.Module
+    retrain: nn.Module
+    ctx: ForgetContext
+    config: ExperimentConfig
+    histories: dict[str, TrainHistory] = field(default_factory=dict)
+
+
+def get_split(cfg: ExperimentConfig) -> Split:
+    """The split of ``cfg.data`` (cached: the data do not depend on the training seed)."""
+    key = repr(sorted(cfg.data.to_dict().items()))
+    if key not in _SPLIT_CACHE:
+        _SPLIT_CACHE[key] = load_split(cfg.data)
+    return _SPLIT_CACHE[key]
+
+
+def resolve_methods(cfg: ExperimentConfig, split: Split) -> list[str]:
+    """The methods to run: ``cfg.methods`` (validated) or every applicable registered method."""
+    avail = available_methods()
+    if cfg.methods is None:
+        out = []
+        for m in avail:
+            cls = type(get_method(m, **cfg.method_options.get(m, {})))
+            if getattr(cls, "class_only", False) and split.forget_class is None:
+                continue
+            if getattr(cls, "default", True) is False:
+                continue
+            out.append(m)
+        # the two anchors first, as in the papers' tables
+        return sorted(out, key=lambda m: (m != "original", m != "retrain", m))
+    unknown = [m for m in cfg.methods if m not in avail]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; available: {', '.join(avail)}")
+    return list(cfg.methods)
+
+
+def prepare_seed(cfg: ExperimentConfig, seed: int) -> SeedRun:
+    """Pre-train, build w_0, fine-tune the original and retrain the gold standard for ``seed``."""
+    split = get_split(cfg)
+    n_pre = split.num_core_classes if len(split.y_core) else split.num_classes
+    model = build_model(cfg.model, split.input_shape, n_pre, seed=seed, **cfg.model_options)
+    pre = pretrain(model, split.x_core, split.y_core, cfg.train, seed) if len(split.y_core) else model
+    start = finetune_start(pre, split.num_classes, seed)
+    original, h_o = finetune(start, split.x, split.y, cfg.train, seed)
+    ret, h_r = retrain(start, split.x, split.y, split.forget_idx, cfg.train, seed, mode=cfg.retrain_mode)
+    w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
+    ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=seed,
+                        forget_class=split.forget_class, split=split, start=start, reference=ret,
+                        cache={"retrain": ret, "retrain_mode": cfg.retrain_mode, "original": original})
+    return SeedRun(seed, split, start, original, ret, ctx, cfg, {"original": h_o, "retrain": h_r})
+
+
+def run_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ScrubResult, float]:
+    """Run one method on the seed's original model; returns the result and its wall time (s)."""
+    opts = dict(sr.config.method_options.get(name, {}))
+    opts.update(options or {})
+    method = get_method(name, **opts)
+    ctx = copy.copy(sr.ctx)  # methods may add to ctx.cache (shared dict) but not rebind the fields
+    t0 = time.perf_counter()
+    res = method(sr.original, sr.split.retain, sr.split.forget, ctx)
+    return res, time.perf_counter() - t0
+
+
+def evaluate(model: nn.Module, sr: SeedRun, *, original: nn.Module | None = None,
+             reference: nn.Module | None = None) -> dict[str, float]:
+    """Every core readout of ``model`` for this seed.
+
+    ``original`` sets the re-learn threshold (its D_f loss); ``reference`` is the model the activation
+    distance is measured to. Defaults: the protocol's original and retrain models.
+    """
+    original = sr.original if original is None else original
+    reference = sr.retrain if reference is None else reference
+    s = sr.split
+    out: dict[str, float] = {}
+    for part, (x, y) in (("retain", s.retain), ("forget", s.forget), ("test", s.test)):
+        out[f"error_{part}"], out[f"loss_{part}"] = error_and_loss(model, x, y)
+    out["mia_forget"] = membership_attack(model, s.retain, s.forget, s.test)
+    _, thr = error_and_loss(original, *s.forget)
+    out["relearn_epochs"] = float(relearn_time(model, s.x, s.y, *s.forget, thr, wd=sr.config.train.wd,
+                                               max_epochs=sr.config.relearn_max_epochs, seed=sr.seed,
+                                               freeze_bn=sr.config.train.freeze_bn))
+    for part, (x, _) in (("retain", s.retain), ("forget", s.forget), ("test", s.test)):
+        out[f"activation_l1_{part}"] = activation_l1(model, reference, x)
+    return out
+
+
+def entropies(model: nn.Module, split: Split) -> dict[str, list[float]]:
+    """Softmax entropies (nats) on D_r, D_f, D_test, for the histograms."""
+    return {part: softmax_entropy(model, d[0]).tolist()
+            for part, d in (("retain", split.retain), ("forget", split.forget), ("test", split.test))}
+
+
+def summarise(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """mean and std (ddof=0) over seeds of every readout present in all runs."""
+    keys = [k for k in runs[0]["readouts"] if all(k in r["readouts"] for r in runs)]
+    out = {}
+    for k in keys:
+        vals = np.array([r["readouts"][k] for r in runs], dtype=float)
+        out[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals))}
+    return out
+
+
+def _numeric_info(info: dict) -> dict[str, float]:
+    out = {}
+    for k, v in info.items():
+        if isinstance(v, bool):
+            out[k] = float(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+        elif isinstance(v, torch.Tensor) and v.numel() == 1:
+            out[k] = float(v)
+    return out
+
+
+def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True,
+                   console=None) -> dict:
+    """Run methods × seeds; when ``out_dir`` is given write results.json, report.md and figures there."""
+    from scrubnet.experiments.progress import make_progress
+
+    split = get_split(cfg)
+    methods = resolve_methods(cfg, split)
+    results: dict = {"config": cfg.to_dict(), "methods": {m: {"runs": []} for m in methods}}
+    results["config"]["resolved"] = {"methods": methods, "num_classes": split.num_classes,
+                                     "n_retain": int(len(split.retain_idx)), "n_forget": int(len(split.forget_idx)),
+                                     "n_test": int(len(split.y_test)), "n_core": int(len(split.y_core)),
+                                     "forget_class": split.forget_class, "data_fingerprint": split.fingerprint()}
+    hist_data: dict[str, dict] = {}
+    total = len(cfg.seeds) * (len(methods) + 1)
+    with make_progress(enabled=progress, console=console) as bar:
+        task = bar.add_task("scrubnet run", total=total)
+        for seed in cfg.seeds:
+            bar.update(task, description=f"seed {seed}: training original and retrain")
+            t0 = time.perf_counter()
+            sr = prepare_seed(cfg, seed)
+            results.setdefault("protocol", {})[str(seed)] = {
+                "time_s": time.perf_counter() - t0,
+                **{f"{k}_epochs": v.epochs for k, v in sr.histories.items()},
+                **{f"{k}_zero_error_epoch": v.zero_error_epoch for k, v in sr.histories.items()},
+                **{f"{k}_train_error": v.final_error for k, v in sr.histories.items()}}
+            bar.advance(task)
+            for m in methods:
+                bar.update(task, description=f"seed {seed}: {m}")
+                res, t = run_method(m, sr)
+                readouts = evaluate(res.model, sr, original=res.original, reference=res.reference)
+                readouts.update(_numeric_info(res.info))
+                results["methods"][m]["runs"].append({"seed": seed, "time_s": t, "readouts": readouts})
+                if seed == cfg.seeds[0]:
+                    hist_data[m] = entropies(res.model, split)
+                bar.advance(task)
+            if seed == cfg.seeds[0] and out_dir is not None:
+                _extra_figures(methods, sr, Path(out_dir))
+    for m in methods:
+        results["methods"][m]["summary"] = summarise(results["methods"][m]["runs"])
+    results["checks"] = separation_checks(results)
+    if out_dir is not None:
+        from scrubnet.experiments.report import write_outputs
+        write_outputs(results, hist_data, Path(out_dir))
+    return results
+
+
+def _extra_figures(methods: list[str], sr: SeedRun, out_dir: Path) -> None:
+    """Method-specific figures contributed by method modules (e.g. the NTK line plots)."""
+    if "ntk" in methods or "ntk-fisher" in methods:
+        try:
+            from scrubnet.experiments.ntk_figures import plot_ntk_lines
+        except ImportError:
+            return
+        plot_ntk_lines(sr, out_dir)
+
+
+def separation_checks(results: dict) -> dict:
+    """The protocol's sanity checks, stated as numbers.
+
+    * ``band_separated_<r>``: |mean(original) − mean(retrain)| > 2·std(retrain) for r in loss_forget,
+      error_forget, mia_forget — the forget set must be measurably different after retraining;
+    * ``<method>_closer_to_<original|retrain>``: on loss_forget, which anchor each method's mean is nearer to.
+    """
+    ms = results["methods"]
+    out: dict = {}
+    if "original" not in ms or "retrain" not in ms:
+        return out
+    so, sr = ms["original"]["summary"], ms["retrain"]["summary"]
+    for r in ("loss_forget", "error_forget", "mia_forget"):
+        if r in so and r in sr:
+            gap = abs(so[r]["mean"] - sr[r]["mean"])
+            out[f"band_separated_{r}"] = {"gap": gap, "two_std_retrain": 2 * sr[r]["std"],
+                                          "separated": bool(gap > 2 * sr[r]["std"])}
+    for m, d in ms.items():
+        if m in ("original", "retrain") or "loss_forget" not in d.get("summary", {}):
+            continue
+        v = d["summary"]["loss_forget"]["mean"]
+        do, dr = abs(v - so["loss_forget"]["mean"]), abs(v - sr["loss_forget"]["mean"])
+        lo, hi = sr["loss_forget"]["mean"] - sr["loss_forget"]["std"], sr["loss_forget"]["mean"] + sr["loss_forget"]["std"]
+        out[f"{m}_loss_forget"] = {"distance_to_original": do, "distance_to_retrain": dr,
+                                   "closer_to": "original" if do < dr else "retrain",
+                                   "inside_retrain_band": bool(lo <= v <= hi)}
+    return out
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, float) and math.isfinite(x)

@@ -1,0 +1,162 @@
+"""The baselines of the papers: Original, Retrain, Finetune, NegGrad, Random labels, Hiding.
+
+Decisions where the papers differ (spec fisher-forgetting.md §2 A9, §7):
+* Finetune: 10 epochs on D_r at the fine-tuning lr, same objective as fine-tuning (mean CE + the L2 pull
+  toward w_0 with the protocol's wd), momentum as in fine-tuning.
+* NegGrad: 10 epochs on all of D where each D_f sample's loss is negated and capped at chance level:
+  per-sample term −min(CE_i, log c), so its gradient vanishes once a sample is at chance.
+* Random labels: 10 epochs on D with the labels of D_f resampled uniformly over the c classes (shuffling
+  within D_f would be a no-op for class forgetting).
+* Hiding: class forgetting only; the forgotten class's head row (weight and bias) is replaced by a fresh
+  random initialisation (the appendix's version).
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+from scrubnet.models import freeze_batchnorm
+from scrubnet.training import l2_pull
+
+
+def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int, lr: float | None,
+              negate: Tensor | None = None, seed_offset: int = 0) -> nn.Module:
+    """SGD epochs on mean per-sample loss + (wd/2)‖w − w_0‖²; samples with ``negate`` get −min(CE, log c)."""
+    model = copy.deepcopy(model)
+    cfg = ctx.config
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr if lr is None else lr,
+                          momentum=cfg.momentum)
+    g = torch.Generator().manual_seed(10_007 * ctx.seed + 100 + seed_offset)
+    chance = math.log(max(ctx.num_classes, 2))
+    n = len(y)
+    for _ in range(epochs):
+        model.train()
+        if cfg.freeze_bn:
+            freeze_batchnorm(model)
+        perm = torch.randperm(n, generator=g)
+        for i in range(0, n, cfg.batch_size):
+            idx = perm[i:i + cfg.batch_size]
+            ce = F.cross_entropy(model(x[idx]), y[idx], reduction="none")
+            if negate is not None:
+                neg = negate[idx]
+                ce = torch.where(neg, -torch.clamp(ce, max=chance), ce)
+            loss = ce.mean() + 0.5 * cfg.wd * l2_pull(model, ctx.w0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return model.eval()
+
+
+@register("original")
+class Original(ForgettingMethod):
+    """No forgetting: the trained model itself (the upper end of what an attacker can recover)."""
+
+    needs_retain = False
+
+    def scrub(self, model, retain, forget, ctx):
+        return ScrubResult(copy.deepcopy(model).eval())
+
+
+@register("retrain")
+class Retrain(ForgettingMethod):
+    """The gold standard: fine-tune from w_0 with the same seed and schedule without D_f.
+
+    Uses ``ctx.cache['retrain']`` when the protocol has already trained it; otherwise needs
+    ``ctx.start`` (the model at w_0). ``mode='replace'`` (needs ``ctx.split``) keeps |D| by replacing
+    forgotten samples with copies of random retained ones; ``mode='remove'`` trains on D_r only.
+    """
+
+    def __init__(self, mode: str | None = None):
+        if mode not in (None, "remove", "replace"):
+            raise ValueError(f"retrain mode must be 'remove' or 'replace', got {mode!r}")
+        self.mode = mode
+
+    def scrub(self, model, retain, forget, ctx):
+        cached = ctx.cache.get("retrain")
+        if cached is not None and (self.mode is None or self.mode == ctx.cache.get("retrain_mode")):
+            return ScrubResult(copy.deepcopy(cached).eval())
+        if ctx.start is None:
+            raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+        from scrubnet.training import finetune, retrain as retrain_fn
+        mode = self.mode or "remove"
+        if mode == "replace":
+            if ctx.split is None:
+                raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
+            m, _ = retrain_fn(ctx.start, ctx.split.x, ctx.split.y, ctx.split.forget_idx, ctx.config, ctx.seed,
+                              mode="replace")
+        else:
+            m, _ = finetune(ctx.start, retain[0], retain[1], ctx.config, ctx.seed)
+        return ScrubResult(m)
+
+
+@register("finetune")
+class Finetune(ForgettingMethod):
+    """Keep training on D_r only (``epochs`` epochs, default 10, at the fine-tuning lr unless ``lr``)."""
+
+    def __init__(self, epochs: int = 10, lr: float | None = None):
+        self.epochs, self.lr = int(epochs), lr
+
+    def scrub(self, model, retain, forget, ctx):
+        return ScrubResult(_finetune(model, retain[0], retain[1], ctx, epochs=self.epochs, lr=self.lr))
+
+
+@register("neggrad")
+class NegGrad(ForgettingMethod):
+    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c))."""
+
+    def __init__(self, epochs: int = 10, lr: float | None = None):
+        self.epochs, self.lr = int(epochs), lr
+
+    def scrub(self, model, retain, forget, ctx):
+        x = torch.cat([retain[0], forget[0]])
+        y = torch.cat([retain[1], forget[1]])
+        neg = torch.cat([torch.zeros(len(retain[1]), dtype=torch.bool), torch.ones(len(forget[1]), dtype=torch.bool)])
+        return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, negate=neg, seed_offset=1))
+
+
+@register("randomlabels")
+class RandomLabels(ForgettingMethod):
+    """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded)."""
+
+    def __init__(self, epochs: int = 10, lr: float | None = None):
+        self.epochs, self.lr = int(epochs), lr
+
+    def scrub(self, model, retain, forget, ctx):
+        g = torch.Generator().manual_seed(10_007 * ctx.seed + 5)
+        y_rand = torch.randint(ctx.num_classes, (len(forget[1]),), generator=g)
+        x = torch.cat([retain[0], forget[0]])
+        y = torch.cat([retain[1], y_rand])
+        return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, seed_offset=2),
+                           info={"randomlabels_changed": float((y_rand != forget[1]).float().mean())})
+
+
+@register("hiding")
+class Hiding(ForgettingMethod):
+    """Class forgetting only: re-initialise the forgotten class's row of the head (weight and bias).
+
+    The model must expose its final ``nn.Linear`` as ``model.head``. Only the outputs are masked;
+    the features keep everything they knew.
+    """
+
+    needs_retain = False
+    class_only = True
+
+    def scrub(self, model, retain, forget, ctx):
+        if ctx.forget_class is None:
+            raise ValueError("hiding applies to class forgetting only: give a whole forget class")
+        model = copy.deepcopy(model)
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise ValueError("hiding needs the model's final layer as an nn.Linear attribute 'head'")
+        g = torch.Generator().manual_seed(10_007 * ctx.seed + 6)
+        bound = 1.0 / math.sqrt(head.in_features)
+        with torch.no_grad():
+            c = ctx.forget_class
+            head.weight[c] = (torch.rand(head.in_features, generator=g) * 2 - 1) * bound
+            head.bias[c] = (torch.rand((), generator=g) * 2 - 1) * bound
+        return ScrubResult(model.eval())
