@@ -1,0 +1,139 @@
+"""Gauss–Newton (= Fisher, for softmax cross-entropy) vector products of a whole network, matrix-free.
+
+For the mean loss L(w) = (1/N) Σ_i ℓ(f_w(x_i), y_i) with logits f_w(x) ∈ R^K and per-sample Jacobians
+J_i = ∂f_w(x_i)/∂w ∈ R^{K×p}, the generalised Gauss–Newton matrix is
+
+    G = (1/N) Σ_i J_iᵀ H_i J_i,     H_i = ∂²ℓ/∂f² at f_w(x_i),
+
+with H_i = diag(p_i) − p_i p_iᵀ (p_i = softmax f_w(x_i)) for ``loss="ce"`` — then G is the true Fisher — and
+H_i = I for ``loss="mse"``, ℓ = ½‖f − onehot(y)‖² (then L is quadratic for a linear model and G is its exact
+Hessian). ``G v`` is computed per batch as a JVP (J v), a multiplication by H, and a VJP (Jᵀ ·), through
+``torch.func`` on the batched forward in eval mode (BatchNorm running statistics, samples independent).
+Neither G nor J is ever formed; memory is that of one batch's forward/backward.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, jvp, vjp
+
+from scrubnet.curvature.fisher import eval_mode
+from scrubnet.curvature.params import flatten, trainable_params, unflatten
+
+LOSSES = ("ce", "mse")
+
+
+def _check_loss(loss: str) -> None:
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+
+
+def per_sample_loss(logits: Tensor, y: Tensor, loss: str) -> Tensor:
+    """ℓ(f, y) per sample (N,): cross-entropy, or ½‖f − onehot(y)‖² for ``loss="mse"``."""
+    _check_loss(loss)
+    if loss == "ce":
+        return F.cross_entropy(logits, y, reduction="none")
+    target = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+    return 0.5 * ((logits - target) ** 2).sum(-1)
+
+
+def output_hessian_product(logits: Tensor, u: Tensor, loss: str) -> Tensor:
+    """H(f) u per sample, for logits and u of shape (B, K): (diag p − p pᵀ) u for CE, u for MSE."""
+    if loss == "ce":
+        p = torch.softmax(logits, dim=-1)
+        return p * u - p * (p * u).sum(-1, keepdim=True)
+    return u
+
+
+class GGNOperator:
+    """The linear map v ↦ (G + damping·I) v on flat parameter vectors (length p = trainable parameters).
+
+    model: evaluated in eval mode at its current weights (captured at construction).
+    x:     inputs (N, ...); ``y`` is not needed (H depends only on the logits).
+    loss:  "ce" (G = true Fisher) or "mse" (H = I).
+    batch_size: samples per JVP/VJP pass; memory is one batch's forward + backward.
+    ``calls`` counts the products computed (each costs about two forward+backward passes over x).
+    """
+
+    def __init__(self, model: nn.Module, x: Tensor, *, loss: str = "ce", batch_size: int = 256,
+                 damping: float = 0.0):
+        _check_loss(loss)
+        if len(x) == 0:
+            raise ValueError("cannot build a Gauss–Newton operator on an empty data set")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        self.model, self.x, self.loss = model, x, loss
+        self.batch_size, self.damping = batch_size, float(damping)
+        self.params = trainable_params(model)
+        self.buffers = {k: v.detach() for k, v in model.named_buffers()}
+        self.calls = 0
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel() for t in self.params.values())
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return self.matvec(v)
+
+    def matvec(self, v: Tensor) -> Tensor:
+        """(G + damping·I) v for a flat vector v (p,)."""
+        if v.ndim != 1 or v.numel() != self.num_params:
+            raise ValueError(f"expected a flat vector of {self.num_params} entries, got shape {tuple(v.shape)}")
+        tangent = unflatten(v.to(next(iter(self.params.values())).dtype), self.params)
+        out = {k: torch.zeros_like(t) for k, t in self.params.items()}
+        n = len(self.x)
+        with eval_mode(self.model):
+            for i in range(0, n, self.batch_size):
+                xb = self.x[i:i + self.batch_size]
+
+                def f(p):
+                    return functional_call(self.model, (p, self.buffers), (xb,))
+
+                logits, jv = jvp(f, (self.params,), (tangent,))
+                hjv = output_hessian_product(logits.detach(), jv, self.loss)
+                _, pull = vjp(f, self.params)
+                (g,) = pull(hjv)
+                for k in out:
+                    out[k] += g[k].detach()
+        self.calls += 1
+        res = flatten(out) / n
+        if self.damping:
+            res = res + self.damping * v.to(res.dtype)
+        return res.to(v.dtype)
+
+
+def ggn_vector_product(model: nn.Module, x: Tensor, v, *, loss: str = "ce", batch_size: int = 256):
+    """G v for the mean loss over ``x`` (see module docstring), without forming G.
+
+    ``v`` is a flat vector (p,) or a dict ``{name: tensor}`` over the trainable parameters; the result has
+    the same form.
+    """
+    op = GGNOperator(model, x, loss=loss, batch_size=batch_size)
+    if isinstance(v, dict):
+        missing = set(op.params) - set(v)
+        if missing:
+            raise ValueError(f"v lacks parameters: {', '.join(sorted(missing))}")
+        flat = flatten({k: v[k] for k in op.params})
+        return {k: t.clone() for k, t in unflatten(op.matvec(flat), op.params).items()}
+    return op.matvec(v)
+
+
+def mean_loss_and_grad(model: nn.Module, x: Tensor, y: Tensor, *, loss: str = "ce", batch_size: int = 256
+                       ) -> tuple[float, Tensor]:
+    """(L, ∇L) for L = (1/N) Σ_i ℓ(f(x_i), y_i) in eval mode, streamed over batches; ∇L flat (p,)."""
+    _check_loss(loss)
+    if len(x) == 0:
+        raise ValueError("cannot compute a loss on an empty data set")
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = 0.0
+    acc = [torch.zeros_like(p) for p in params]
+    with eval_mode(model):
+        for i in range(0, len(x), batch_size):
+            lb = per_sample_loss(model(x[i:i + batch_size]), y[i:i + batch_size], loss).sum()
+            grads = torch.autograd.grad(lb, params)
+            total += float(lb.detach())
+            for a, g in zip(acc, grads):
+                a += g.detach()
+    n = len(x)
+    return total / n, torch.cat([a.reshape(-1) for a in acc]) / n

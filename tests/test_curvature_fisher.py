@@ -1,0 +1,164 @@
+"""Fisher diagonal (vectorised vs the batch-size-1 loop vs a dense GGN) and matrix-free GGN products."""
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev
+
+from scrubnet.curvature.fisher import fisher_diag, fisher_diag_loop
+from scrubnet.curvature.ggn import GGNOperator, ggn_vector_product, mean_loss_and_grad
+from scrubnet.curvature.params import flatten, trainable_params
+from scrubnet.models import build_model
+
+
+def _bn_cnn(seed=0):
+    torch.manual_seed(seed)
+    m = build_model("cnn2d", (1, 6, 6), 3, seed=seed, channels=3).double()
+    with torch.no_grad():  # non-trivial running statistics and affine parameters
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.normal_()
+                mod.running_var.uniform_(0.5, 2.0)
+                mod.weight.normal_()
+                mod.bias.normal_()
+    m.train()  # the Fisher must switch to eval mode itself and restore this
+    return m
+
+
+def _dense_jacobian(model, x):
+    """J (N, K, p) of the logits in eval mode, from one jacrev over the whole batch (slow, tiny models)."""
+    params = trainable_params(model)
+    buffers = dict(model.named_buffers())
+    was = model.training
+    model.eval()
+    jac = jacrev(lambda p: functional_call(model, (p, buffers), (x,)))(params)
+    model.train(was)
+    n, k = len(x), None
+    blocks = []
+    for name, t in jac.items():
+        # jacrev over the batch: (N, K, *shape); samples are independent in eval mode
+        k = t.shape[1]
+        blocks.append(t.reshape(n, k, -1))
+    return torch.cat(blocks, dim=2)
+
+
+def _dense_ggn(model, x, loss="ce"):
+    jac = _dense_jacobian(model, x)
+    with torch.no_grad():
+        was = model.training
+        model.eval()
+        logits = model(x)
+        model.train(was)
+    g = torch.zeros(jac.shape[2], jac.shape[2], dtype=jac.dtype)
+    for i in range(len(x)):
+        if loss == "ce":
+            p = torch.softmax(logits[i], -1)
+            h = torch.diag(p) - torch.outer(p, p)
+        else:
+            h = torch.eye(logits.shape[1], dtype=jac.dtype)
+        g += jac[i].T @ h @ jac[i]
+    return g / len(x)
+
+
+def _max_rel(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-300)) for k in b)
+
+
+@pytest.mark.parametrize("kind", ["true", "empirical"])
+def test_vectorised_fisher_equals_batch_size_one_loop_on_bn_cnn(kind):
+    m = _bn_cnn()
+    x = torch.randn(11, 1, 6, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (11,))
+    fast = fisher_diag(m, x, y, kind=kind, batch_size=4)  # 4 does not divide 11: ragged last batch
+    slow = fisher_diag_loop(m, x, y, kind=kind)
+    assert set(fast) == set(slow) == {k for k, p in m.named_parameters()}
+    # elementwise relative error on every entry that is not structurally tiny
+    for k in slow:
+        big = slow[k].abs() > 1e-12 * slow[k].abs().max()
+        rel = ((fast[k] - slow[k]).abs() / slow[k].abs())[big]
+        assert float(rel.max()) < 1e-5, k
+    assert m.training and all(mod.training for mod in m.modules())  # modes restored
+
+
+def test_true_fisher_diag_equals_diagonal_of_dense_ggn():
+    m = _bn_cnn(1)
+    x = torch.randn(7, 1, 6, 6, dtype=torch.float64)
+    fd = flatten(fisher_diag(m, x))
+    dense = torch.diagonal(_dense_ggn(m, x))
+    assert torch.allclose(fd, dense, rtol=1e-9, atol=1e-14)
+
+
+def test_empirical_fisher_closed_form_on_softmax_regression():
+    torch.manual_seed(3)
+    m = nn.Linear(4, 3).double()
+    x = torch.randn(9, 4, dtype=torch.float64)
+    y = torch.randint(0, 3, (9,))
+    with torch.no_grad():
+        p = torch.softmax(m(x), -1)
+    r = torch.nn.functional.one_hot(y, 3).double() - p  # ∂ log p_y / ∂ logits
+    want_w = torch.einsum("nk,nj->kj", r ** 2, x ** 2) / 9
+    want_b = (r ** 2).mean(0)
+    got = fisher_diag(m, x, y, kind="empirical", batch_size=2)
+    assert torch.allclose(got["weight"], want_w, rtol=1e-10)
+    assert torch.allclose(got["bias"], want_b, rtol=1e-10)
+    # true Fisher closed form: Σ_k p_k (e_k − p)_j² x² = (p − p²)_j x² ... summed per row j
+    var = p - p ** 2  # diag of (diag p − p pᵀ)
+    got_true = fisher_diag(m, x)
+    assert torch.allclose(got_true["weight"], torch.einsum("nk,nj->kj", var, x ** 2) / 9, rtol=1e-10)
+
+
+def test_float32_fisher_streams_and_matches_loop():
+    m = build_model("mlp", (10,), 4, seed=0, hidden=16)
+    x = torch.randn(30, 10)
+    a = fisher_diag(m, x, batch_size=7)
+    b = fisher_diag_loop(m, x)
+    assert _max_rel(a, b) < 1e-5
+    assert all(a[k].dtype == torch.float32 for k in a)
+
+
+def test_fisher_bad_input():
+    m = build_model("mlp", (10,), 4, seed=0, hidden=8)
+    x = torch.randn(5, 10)
+    with pytest.raises(ValueError, match="kind"):
+        fisher_diag(m, x, kind="mc")
+    with pytest.raises(ValueError, match="labels"):
+        fisher_diag(m, x, kind="empirical")
+    with pytest.raises(ValueError, match="empty"):
+        fisher_diag(m, x[:0])
+    with pytest.raises(ValueError, match="samples"):
+        fisher_diag(m, x, torch.zeros(3, dtype=torch.long), kind="empirical")
+
+
+@pytest.mark.parametrize("loss", ["ce", "mse"])
+def test_ggn_vector_product_equals_dense_ggn(loss):
+    m = _bn_cnn(2)
+    x = torch.randn(6, 1, 6, 6, dtype=torch.float64)
+    dense = _dense_ggn(m, x, loss)
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(dense.shape[0], generator=gen, dtype=torch.float64)
+    got = ggn_vector_product(m, x, v, loss=loss, batch_size=4)
+    assert torch.allclose(got, dense @ v, rtol=1e-9, atol=1e-12)
+    # dict form and damping
+    params = trainable_params(m)
+    vd = {}
+    i = 0
+    for k, t in params.items():
+        vd[k] = v[i:i + t.numel()].view_as(t)
+        i += t.numel()
+    gd = ggn_vector_product(m, x, vd, loss=loss)
+    assert torch.allclose(flatten(gd), dense @ v, rtol=1e-9, atol=1e-12)
+    op = GGNOperator(m, x, loss=loss, batch_size=5, damping=0.3)
+    assert torch.allclose(op(v), dense @ v + 0.3 * v, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="flat vector"):
+        op(v[:-1])
+
+
+def test_mean_loss_and_grad_matches_autograd():
+    m = _bn_cnn(3)
+    x = torch.randn(9, 1, 6, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (9,))
+    loss, g = mean_loss_and_grad(m, x, y, batch_size=4)
+    m.eval()
+    ref = torch.nn.functional.cross_entropy(m(x), y)
+    ref_g = torch.autograd.grad(ref, list(m.parameters()))
+    assert abs(loss - float(ref)) < 1e-12
+    assert torch.allclose(g, torch.cat([t.reshape(-1) for t in ref_g]), rtol=1e-10, atol=1e-14)
