@@ -13,13 +13,19 @@ from scrubnet.training import TrainConfig
 class ExperimentConfig:
     """One experiment: data split, model, training protocol, methods × seeds.
 
+    The default ``train`` uses wd = 0.03 instead of the papers' 0.1: with 0.1 the MLP on the 500-sample
+    MNIST-1D task never reaches zero training error (≈10 % remains after 200 epochs), so the protocol's
+    "zero training error + 5 epochs" rule never fires; with 0.03 it does (≈100–150 epochs), and the
+    original/retrain bands separate on loss_forget, error_forget and mia_forget (3 seeds: |Δ| = 0.145 vs
+    2·std = 0.048 nats; 8.0 vs 6.5 points; 22.7 vs 11.3 points).
+
     ``methods=None`` means every registered method that applies (class-only methods such as Hiding
     only when a whole class is forgotten). ``retrain_mode`` is how the gold standard is trained
     (``replace``: the authors' code, |D| kept by copies of retained samples; ``remove``: D_r only).
     """
 
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(wd=0.03))
     model: str = "mlp"
     model_options: dict = field(default_factory=dict)
     methods: list[str] | None = None

@@ -1,0 +1,380 @@
+"""The ``scrubnet`` command line: run experiments, train, forget, evaluate, report.
+
+Every command turns bad input (unknown dataset/model/method, bad forget ids, missing or corrupt
+checkpoints, a data directory in the wrong format) into one line ``error: …`` on stderr and exit code 2,
+and writes its outputs atomically, so nothing half-written is left at ``--out``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="scrubnet: make a trained network forget a cohort of its training data, and measure it.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+class UserError(Exception):
+    """An input problem reported to the user without a traceback."""
+
+
+def _fail(msg: str) -> None:
+    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def handle_errors(fn):
+    """Map expected input errors to one clear message and exit code 2."""
+    from scrubnet.checkpoint import CheckpointError
+    from scrubnet.data.splits import SplitError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (UserError, CheckpointError, SplitError, ValueError, FileNotFoundError, NotADirectoryError,
+                KeyError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            _fail(str(msg))
+    return wrapper
+
+
+def read_forget_ids(path: Path) -> list[int]:
+    """Forget ids (positions in D) from a text file (integers separated by spaces, commas or newlines;
+    ``#`` comments) or a JSON list."""
+    if not path.is_file():
+        raise UserError(f"forget-ids file not found: {path}")
+    text = path.read_text()
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            vals = json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise UserError(f"forget-ids file {path} is not a valid JSON list: {e}") from None
+    else:
+        vals = []
+        for line in text.splitlines():
+            line = line.split("#", 1)[0]
+            vals += [v for v in line.replace(",", " ").split() if v]
+    out = []
+    for v in vals:
+        try:
+            out.append(int(v))
+        except (TypeError, ValueError):
+            raise UserError(f"forget-ids file {path}: {v!r} is not an integer sample id") from None
+    return out
+
+
+def _parse_list(s: Optional[str]) -> Optional[list[str]]:
+    if s is None:
+        return None
+    items = [t.strip() for t in s.split(",") if t.strip()]
+    if not items:
+        raise UserError("empty list")
+    return items
+
+
+def _refuse_existing_file(out: Path) -> None:
+    if out.exists() and out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a checkpoint file path")
+
+
+def _build_config(config: Optional[Path], dataset, data_dir, model, methods, seeds, forget_class, forget_count,
+                  forget_ids, retrain_mode):
+    from scrubnet.data.registry import DATASETS
+    from scrubnet.experiments.config import ExperimentConfig, load_config
+    from scrubnet.models import MODELS
+
+    cfg = load_config(config) if config else ExperimentConfig()
+    if dataset is not None:
+        if dataset not in DATASETS:
+            raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+        cfg.data.dataset = dataset
+        if dataset == "digits":
+            cfg.data.n_train_per_class, cfg.data.n_test_per_class = 60, 60
+        elif dataset in ("cifar10", "imagefolder"):
+            cfg.data.core_classes, cfg.data.task_classes = [], list(range(5))
+        elif dataset == "cifar100":
+            cfg.data.core_classes, cfg.data.task_classes = list(range(5, 100)), list(range(5))
+        if dataset != "mnist1d" and model is None and (config is None or "model" not in config.read_text()):
+            cfg.model = "cnn2d"
+    if data_dir is not None:
+        cfg.data.data_dir = str(data_dir)
+    if model is not None:
+        if model not in MODELS:
+            raise UserError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+        cfg.model = model
+    if methods is not None:
+        cfg.methods = _parse_list(methods)
+    if seeds is not None:
+        if seeds < 1:
+            raise UserError("--seeds must be at least 1")
+        cfg.seeds = list(range(seeds))
+    if forget_ids is not None:
+        cfg.data.forget_ids = read_forget_ids(forget_ids)
+        cfg.data.forget_class = cfg.data.forget_count = None
+    elif forget_class is not None:
+        cfg.data.forget_class = forget_class
+        cfg.data.forget_count = forget_count
+    elif forget_count is not None:
+        cfg.data.forget_count = forget_count
+    if retrain_mode is not None:
+        cfg.retrain_mode = retrain_mode
+    return cfg
+
+
+@app.command()
+@handle_errors
+def run(out: Path = typer.Option(..., "--out", help="output directory (results.json, report.md, figures)"),
+        dataset: Optional[str] = typer.Option(None, help="mnist1d | digits | cifar10 | cifar100 | imagefolder"),
+        data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset"),
+        model: Optional[str] = typer.Option(None, help="mlp | cnn1d | cnn2d | allcnn | resnet18"),
+        methods: Optional[str] = typer.Option(None, help="comma-separated methods (default: all that apply)"),
+        seeds: Optional[int] = typer.Option(None, help="number of seeds (default 3)"),
+        forget_class: Optional[int] = typer.Option(None, help="forget class (task index)"),
+        forget_count: Optional[int] = typer.Option(None, help="samples of the forget class (default: all)"),
+        forget_ids: Optional[Path] = typer.Option(None, help="file of forget ids (positions in D)"),
+        retrain_mode: Optional[str] = typer.Option(None, help="replace | remove"),
+        protocol: str = typer.Option("default", help="default | sequential | class (ML-Forgetting protocols)"),
+        config: Optional[Path] = typer.Option(None, help="TOML configuration file"),
+        quiet: bool = typer.Option(False, help="no progress bar")):
+    """Run the forgetting protocol: methods × seeds → results.json, report.md, figures."""
+    from scrubnet.experiments.runner import get_split, resolve_methods, run_experiment
+
+    cfg = _build_config(config, dataset, data_dir, model, methods, seeds, forget_class, forget_count, forget_ids,
+                        retrain_mode)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if protocol != "default":
+        if protocol not in ("sequential", "class"):
+            raise UserError(f"unknown protocol {protocol!r}; choose default, sequential or class")
+        from scrubnet.experiments.ml_protocols import run_ml_protocol
+        run_ml_protocol(protocol, cfg, out, progress=not quiet)
+        console.print(f"wrote {out}/results.json and report.md")
+        return
+    # validate everything before any work or output
+    resolve_methods(cfg, get_split(cfg))
+    results = run_experiment(cfg, out, progress=not quiet, console=console)
+    _print_summary(results)
+    console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
+
+
+def _print_summary(results: dict) -> None:
+    cols = ["error_retain", "error_forget", "error_test", "loss_forget", "mia_forget", "relearn_epochs"]
+    t = Table(title="readouts (mean ± std over seeds)")
+    t.add_column("method")
+    for c in cols:
+        t.add_column(c)
+    for m, d in results["methods"].items():
+        s = d["summary"]
+        t.add_row(m + (" (target)" if m == "retrain" else ""),
+                  *[f"{s[c]['mean']:.3f}±{s[c]['std']:.3f}" if c in s else "–" for c in cols])
+    console.print(t)
+
+
+@app.command()
+@handle_errors
+def train(out: Path = typer.Option(..., "--out", help="directory for original/start/retrain checkpoints"),
+          dataset: Optional[str] = typer.Option(None), data_dir: Optional[Path] = typer.Option(None),
+          model: Optional[str] = typer.Option(None), seed: int = typer.Option(0),
+          forget_class: Optional[int] = typer.Option(None), forget_count: Optional[int] = typer.Option(None),
+          forget_ids: Optional[Path] = typer.Option(None, help="also train the retrain reference without these"),
+          retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None)):
+    """Pre-train, fine-tune the original model on D and save it (plus w_0, and the retrain reference when a
+    forget set is given) as safetensors checkpoints."""
+    from scrubnet.checkpoint import save_checkpoint
+    from scrubnet.experiments.runner import prepare_seed
+
+    cfg = _build_config(config, dataset, data_dir, model, None, None, forget_class, forget_count, forget_ids,
+                        retrain_mode)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    sr = prepare_seed(cfg, seed)
+    common = dict(arch=cfg.model, in_shape=sr.split.input_shape, num_classes=sr.split.num_classes,
+                  arch_options=cfg.model_options, config=cfg.to_dict(), data_fingerprint=data_fingerprint(sr.split),
+                  seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out / "start.safetensors", sr.start, **common, extra={"role": "start"})
+    save_checkpoint(out / "original.safetensors", sr.original, **common,
+                    extra={"role": "original", "start": "start.safetensors"})
+    save_checkpoint(out / "retrain.safetensors", sr.retrain, **common,
+                    extra={"role": "retrain", "start": "start.safetensors",
+                           "forget_ids": sr.split.forget_idx.tolist()})
+    console.print(f"wrote {out}/start, original and retrain checkpoints (|D| = {len(sr.split.y)}, "
+                  f"|D_f| = {len(sr.split.forget_idx)})")
+
+
+def data_fingerprint(split) -> str:
+    """sha256 over core, D and D_test (not the forget set): the data a checkpoint was trained on."""
+    import hashlib
+
+    import numpy as np
+    h = hashlib.sha256()
+    for t in (split.x_core, split.y_core, split.x, split.y, split.x_test, split.y_test):
+        h.update(np.ascontiguousarray(t.numpy()).tobytes())
+    return h.hexdigest()
+
+
+def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path]):
+    """Model, its sidecar, the rebuilt split (with the forget ids) and the ForgetContext."""
+    from scrubnet.checkpoint import CheckpointError, load_checkpoint
+    from scrubnet.experiments.config import ExperimentConfig
+    from scrubnet.experiments.runner import get_split
+    from scrubnet.methods.base import ForgetContext
+
+    model, meta = load_checkpoint(checkpoint)
+    try:
+        cfg = ExperimentConfig.from_dict(meta["config"])
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {checkpoint}: sidecar has no usable experiment config ({e})") from None
+    split = get_split(cfg)
+    if meta.get("data_fingerprint") and meta["data_fingerprint"] != data_fingerprint(split):
+        raise CheckpointError(f"checkpoint {checkpoint} was trained on other data than its config now produces")
+    if forget_ids is not None:
+        split = split.with_forget(read_forget_ids(forget_ids))
+    start = None
+    if meta.get("start"):
+        start, _ = load_checkpoint(Path(checkpoint).parent / meta["start"], expect_arch=meta["arch"])
+    w0 = {k: v.detach().clone() for k, v in (start or model).named_parameters()}
+    ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=int(meta.get("seed") or 0),
+                        forget_class=split.forget_class, split=split, start=start)
+    return model, meta, split, ctx, cfg
+
+
+@app.command()
+@handle_errors
+def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safetensors with sidecar)"),
+           forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D)"),
+           method: str = typer.Option(..., help="scrubbing method"),
+           out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
+           option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
+           seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices")):
+    """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint."""
+    from scrubnet.checkpoint import save_checkpoint
+    from scrubnet.methods.base import get_method
+
+    _refuse_existing_file(out)
+    model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids)
+    opts = _parse_options(option)
+    m = get_method(method, **opts)
+    if seed is not None:
+        ctx.seed = seed
+    res = m(model, split.retain, split.forget, ctx)
+    extra = {"role": "scrubbed", "method": method, "method_options": opts, "forget_ids": split.forget_idx.tolist(),
+             "source": str(checkpoint), "source_sha256": meta["sha256"],
+             "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}}
+    if meta.get("start"):
+        import os
+        import shutil
+        start_src = Path(checkpoint).parent / meta["start"]
+        start_dst = out.parent / meta["start"]
+        if start_src.resolve() != start_dst.resolve() and not start_dst.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            for s, d in ((start_src, start_dst), (Path(str(start_src) + ".json"), Path(str(start_dst) + ".json"))):
+                tmp = d.with_name("." + d.name + ".tmp")
+                shutil.copyfile(s, tmp)
+                os.replace(tmp, d)
+        extra["start"] = meta["start"]
+    save_checkpoint(out, res.model, arch=meta["arch"], in_shape=meta["in_shape"], num_classes=meta["num_classes"],
+                    arch_options=meta.get("arch_options"), config=meta.get("config"),
+                    data_fingerprint=meta.get("data_fingerprint"), seed=meta.get("seed"), extra=extra)
+    console.print(f"wrote {out} ({method}, |D_f| = {len(split.forget_idx)})")
+
+
+def _parse_options(option: list[str]) -> dict:
+    opts: dict = {}
+    for o in option:
+        if "=" not in o:
+            raise UserError(f"--option {o!r}: expected KEY=VALUE")
+        k, v = o.split("=", 1)
+        try:
+            opts[k] = json.loads(v)
+        except json.JSONDecodeError:
+            opts[k] = v
+    return opts
+
+
+@app.command()
+@handle_errors
+def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
+             reference: Path = typer.Option(..., help="the retrain checkpoint (gold standard)"),
+             forget_ids: Optional[Path] = typer.Option(None, help="forget ids (default: those in the sidecar)"),
+             original: Optional[Path] = typer.Option(None, help="original checkpoint (re-learn threshold)"),
+             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON")):
+    """Every readout of a checkpoint against a retrain reference."""
+    from scrubnet.checkpoint import load_checkpoint
+    from scrubnet.experiments.io import atomic_write_json
+    from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
+
+    model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids)
+    if forget_ids is None and meta.get("forget_ids"):
+        split = split.with_forget(meta["forget_ids"])
+    ref, ref_meta = load_checkpoint(reference, expect_arch=meta["arch"])
+    orig = load_checkpoint(original, expect_arch=meta["arch"])[0] if original else model
+    sr = SeedRun(ctx.seed, split, ctx.start or model, orig, ref, ctx, cfg)
+    r = eval_fn(model, sr, original=orig, reference=ref)
+    t = Table(title=f"readouts of {checkpoint.name}")
+    t.add_column("readout")
+    t.add_column("value")
+    for k, v in r.items():
+        t.add_row(k, f"{v:.4f}")
+    console.print(t)
+    if json_out:
+        atomic_write_json(json_out, r)
+
+
+@app.command()
+@handle_errors
+def report(run_dir: Path = typer.Argument(..., help="a directory written by `scrubnet run`")):
+    """Re-render report.md and the figures from RUN_DIR/results.json."""
+    from scrubnet.experiments.report import report_from_dir
+
+    if not run_dir.is_dir():
+        raise UserError(f"run directory not found: {run_dir}")
+    md = report_from_dir(run_dir)
+    console.print(md, markup=False, highlight=False)
+
+
+@app.command()
+@handle_errors
+def sweep(method: str = typer.Option(..., help="method with a noise scale (fisher, ntk-fisher, newton)"),
+          alphas: str = typer.Option(..., help="comma-separated values of alpha"),
+          out: Path = typer.Option(..., "--out"), seeds: Optional[int] = typer.Option(None),
+          config: Optional[Path] = typer.Option(None), quiet: bool = typer.Option(False)):
+    """Trade-off sweep: test error against remaining information over the noise scale alpha."""
+    from scrubnet.experiments.sweep import run_sweep
+
+    try:
+        values = [float(a) for a in _parse_list(alphas)]
+    except ValueError:
+        raise UserError(f"--alphas {alphas!r}: expected comma-separated numbers") from None
+    cfg = _build_config(config, None, None, None, None, seeds, None, None, None, None)
+    run_sweep(method, "alpha", values, cfg, out, progress=not quiet)
+    console.print(f"wrote sweep results to {out}")
+
+
+def _register_extensions() -> None:
+    try:
+        from scrubnet.cli_mlforget import mlforget_app
+    except ImportError:
+        return
+    app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
+
+
+_register_extensions()
+
+
+def main() -> None:  # console-script entry point
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
