@@ -49,7 +49,7 @@ class ExperimentConfig:
         if unknown:
             raise ValueError(f"unknown configuration key(s): {', '.join(unknown)}")
         data = DataConfig.from_dict(d.pop("data", {}) or {})
-        train = TrainConfig.from_dict(d.pop("train", {}) or {})
+        train = TrainConfig.from_dict({**cls().train.to_dict(), **(d.pop("train", {}) or {})})
         cfg = cls(data=data, train=train, **d)
         if cfg.retrain_mode not in ("remove", "replace"):
             raise ValueError(f"retrain_mode must be 'remove' or 'replace', got {cfg.retrain_mode!r}")
