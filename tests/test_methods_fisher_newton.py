@@ -1,0 +1,213 @@
+"""Fisher forgetting (noise rules, empirical scale, white-box bound) and the Newton scrub (exact on quadratics)."""
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from scrubnet.curvature.fisher import fisher_diag
+from scrubnet.curvature.params import get_flat, set_flat
+from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods.fisher import (CLAMP_MAX, CLAMP_MAX_HEAD, FORGOTTEN_ROW_VAR, fisher_noise,
+                                     fisher_noise_variance, head_param_names)
+from scrubnet.methods.newton import newton_noise_variance
+from scrubnet.models import build_model
+from scrubnet.readouts.information import weight_information
+from scrubnet.training import TrainConfig
+
+
+def _linear_problem(seed=0, n=40, n_forget=6, d=5, k=3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = torch.randint(0, k, (n,), generator=g)
+    torch.manual_seed(seed)
+    model = nn.Linear(d, k).double()
+    w0 = {name: torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.1
+          for name, p in model.named_parameters()}
+    return model, x, y, w0, n_forget
+
+
+def _ridge_mse(x, y, k, wd, w0):
+    """Closed-form minimiser of mean ½‖Wx + b − onehot(y)‖² + (wd/2)‖(W,b) − (W0,b0)‖²."""
+    n = len(x)
+    xa = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], 1)           # (n, d+1)
+    t = torch.nn.functional.one_hot(y, k).to(x.dtype)                  # (n, k)
+    theta0 = torch.cat([w0["weight"], w0["bias"][:, None]], 1).T       # (d+1, k)
+    a = xa.T @ xa / n + wd * torch.eye(xa.shape[1], dtype=x.dtype)
+    theta = torch.linalg.solve(a, xa.T @ t / n + wd * theta0)
+    return theta[:-1].T, theta[-1]
+
+
+def test_newton_scrub_equals_retraining_on_linear_mse_model():
+    model, x, y, w0, nf = _linear_problem()
+    wd = 0.1
+    # the "original": the exact minimiser on all of D
+    w_d, b_d = _ridge_mse(x, y, 3, wd, w0)
+    with torch.no_grad():
+        model.weight.copy_(w_d)
+        model.bias.copy_(b_d)
+    retain = (x[nf:], y[nf:])
+    w_r, b_r = _ridge_mse(*retain, 3, wd, w0)
+    retrained = copy.deepcopy(model)
+    with torch.no_grad():
+        retrained.weight.copy_(w_r)
+        retrained.bias.copy_(b_r)
+    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0, reference=retrained)
+    before = get_flat(model)
+    res = get_method("newton", loss="mse", tol=1e-12, max_iter=100)(model, retain, (x[:nf], y[:nf]), ctx)
+    assert torch.equal(get_flat(model), before)  # input untouched
+    assert res.info["newton_cg_converged"] == 1.0 and res.info["newton_cg_iterations"] <= 18
+    assert torch.allclose(res.model.weight, w_r, atol=1e-9)
+    assert torch.allclose(res.model.bias, b_r, atol=1e-9)
+    assert res.info["newton_dist_ratio"] < 1e-8
+    assert float(torch.linalg.vector_norm(w_d - w_r)) > 1e-2  # forgetting actually moved the weights
+    # the forget set really changed the model: not a no-op test
+    assert res.info["newton_objective_after"] < res.info["newton_objective_before"]
+
+
+def test_newton_scrub_on_softmax_regression_is_the_closed_form_newton_step():
+    model, x, y, w0, nf = _linear_problem(seed=1)
+    wd, damping = 0.05, 0.02
+    retain = (x[nf:], y[nf:])
+    w = get_flat(model)
+    anchor = torch.cat([w0["weight"].reshape(-1), w0["bias"]])
+
+    def objective(flat):
+        wt, b = flat[:15].view(3, 5), flat[15:]
+        logits = retain[0] @ wt.T + b
+        return torch.nn.functional.cross_entropy(logits, retain[1]) + 0.5 * wd * ((flat - anchor) ** 2).sum()
+
+    g = torch.autograd.functional.jacobian(objective, w)
+    h = torch.autograd.functional.hessian(objective, w)  # exact: GGN = Hessian for a model linear in w
+    want = w - torch.linalg.solve(h + damping * torch.eye(len(w), dtype=w.dtype), g)
+    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
+    res = get_method("newton", damping=damping, tol=1e-12, max_iter=200)(model, retain, (x[:nf], y[:nf]), ctx)
+    assert torch.allclose(get_flat(res.model), want, atol=1e-9)
+    assert res.info["newton_damping"] == damping and res.info["newton_max_iter"] == 200
+
+
+def test_newton_optimal_noise_scale_and_information():
+    model, x, y, w0, nf = _linear_problem(seed=2)
+    wd, alpha = 0.1, 1e-4
+    retain = (x[nf:], y[nf:])
+    mean, var = newton_noise_variance(model, retain, alpha=alpha, wd=wd, w0=w0)
+    f = fisher_diag(model, retain[0])
+    for k in var:  # Σ = √(λσ_h²)·B^{-1/2}, B = diag F + wd
+        assert torch.allclose(var[k], math.sqrt(alpha) / torch.sqrt(f[k] + wd), rtol=1e-12)
+    ref = copy.deepcopy(model)  # (a common shift of all biases would be invisible: softmax is shift-invariant)
+    set_flat(ref, get_flat(model) + 0.3 * torch.randn(get_flat(model).shape, dtype=torch.float64,
+                                                      generator=torch.Generator().manual_seed(1)))
+    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0, reference=ref)
+    res = get_method("newton", alpha=alpha, tol=1e-10)(model, retain, (x[:nf], y[:nf]), ctx)
+    assert res.info["info_weights_nats"] > 0 and math.isfinite(res.info["info_weights_nats"])
+    det = get_method("newton", tol=1e-10)(model, retain, (x[:nf], y[:nf]), ctx)
+    noise = get_flat(res.model) - get_flat(det.model)
+    assert 0 < float(noise.abs().max()) < 1.0
+    assert "info_weights_nats" not in det.info
+
+
+def _small_mlp():
+    return build_model("mlp", (3,), 2, seed=0, hidden=4, depth=1)  # features.1: 4×3, head: 2×4
+
+
+def _hand_fisher(model):
+    g = torch.Generator().manual_seed(5)
+    f = {k: torch.rand(p.shape, generator=g, dtype=torch.float64) for k, p in model.named_parameters()}
+    f["features.1.weight"][0, 0] = 0.0      # 1/(0 + 1e-8) → clamped at 1e3
+    f["head.weight"][1, 2] = 1e-9           # head clamp 1e2
+    f["features.1.bias"][1] = 0.0
+    return {k: v.float() for k, v in f.items()}
+
+
+@pytest.mark.parametrize("form", ["code", "paper"])
+def test_fisher_noise_variance_follows_the_authors_rules(form):
+    model, alpha = _small_mlp(), 1e-3
+    fisher = _hand_fisher(model)
+    assert head_param_names(model, 2) == {"head.weight", "head.bias"}
+    mean, var = fisher_noise_variance(model, fisher, alpha=alpha, num_classes=2, form=form)
+
+    def base(fv, cap):
+        inv = min(1.0 / (fv + 1e-8), cap)
+        return alpha * inv if form == "code" else math.sqrt(alpha * inv)
+
+    fw = fisher["features.1.weight"].double()
+    for i in range(4):  # ndim 2, not head: average over dim 1 of the clamped values, no boost
+        want = sum(base(float(fw[i, j]), CLAMP_MAX) for j in range(3)) / 3
+        assert torch.allclose(var["features.1.weight"][i].double(), torch.full((3,), want, dtype=torch.float64),
+                              rtol=1e-5)
+    for i in range(4):  # 1-D: ×10
+        want = 10 * base(float(fisher["features.1.bias"][i]), CLAMP_MAX)
+        assert float(var["features.1.bias"][i]) == pytest.approx(want, rel=1e-5)
+    hw = fisher["head.weight"].double()
+    for i in range(2):  # head: clamp 1e2, averaged, ×10
+        want = 10 * sum(base(float(hw[i, j]), CLAMP_MAX_HEAD) for j in range(4)) / 4
+        assert torch.allclose(var["head.weight"][i].double(), torch.full((4,), want, dtype=torch.float64), rtol=1e-5)
+    for i in range(2):
+        want = 10 * base(float(fisher["head.bias"][i]), CLAMP_MAX_HEAD)
+        assert float(var["head.bias"][i]) == pytest.approx(want, rel=1e-5)
+    for k, p in model.named_parameters():
+        assert torch.equal(mean[k], p.detach())
+    # class forgetting: the forgotten row has mean 0 and variance 1e-4
+    mean_c, var_c = fisher_noise_variance(model, fisher, alpha=alpha, num_classes=2, forget_class=1, form=form)
+    assert torch.all(mean_c["head.weight"][1] == 0) and float(mean_c["head.bias"][1]) == 0.0
+    assert torch.allclose(var_c["head.weight"][1], torch.full((4,), FORGOTTEN_ROW_VAR))
+    assert torch.equal(var_c["head.weight"][0], var["head.weight"][0])
+    # switches
+    _, var_raw = fisher_noise_variance(model, fisher, alpha=alpha, num_classes=2, form=form, clamp=False,
+                                       per_output_mean=False, boost=1.0)
+    want = base(0.0, math.inf)
+    assert float(var_raw["features.1.weight"][0, 0]) == pytest.approx(want, rel=1e-5)
+
+
+def test_fisher_noise_empirical_std_matches_sqrt_variance():
+    model, alpha = _small_mlp(), 1e-4
+    fisher = _hand_fisher(model)
+    draws = []
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3000):
+        noisy, mean, var = fisher_noise(model, None, alpha=alpha, num_classes=2, fisher=fisher, generator=gen)
+        draws.append(get_flat(noisy) - get_flat(model))
+    d = torch.stack(draws).double()
+    want_std = torch.cat([v.reshape(-1) for v in var.values()]).double().sqrt()
+    ratio = d.std(0) / want_std
+    assert float((ratio - 1).abs().max()) < 0.1         # 3000 draws: std of the ratio ≈ 1.3 %
+    assert float((d.mean(0) / want_std).abs().max()) < 0.1
+    # deterministic given the seed
+    a, _, _ = fisher_noise(model, None, alpha=alpha, num_classes=2, fisher=fisher, seed=7)
+    b, _, _ = fisher_noise(model, None, alpha=alpha, num_classes=2, fisher=fisher, seed=7)
+    assert torch.equal(get_flat(a), get_flat(b))
+
+
+def test_fisher_method_information_readout_and_bad_options():
+    torch.manual_seed(0)
+    model = build_model("mlp", (6,), 3, seed=0, hidden=8)
+    x, y = torch.randn(30, 6), torch.randint(0, 3, (30,))
+    retain, forget = (x[5:], y[5:]), (x[:5], y[:5])
+    ref = copy.deepcopy(model)
+    set_flat(ref, get_flat(model) + 0.01 * torch.randn(get_flat(model).shape))
+    ctx = ForgetContext(w0={}, num_classes=3, seed=0, reference=ref)
+    before = get_flat(model)
+    res = get_method("fisher", alpha=1e-6)(model, retain, forget, ctx)
+    assert torch.equal(get_flat(model), before)
+    # recompute by hand: each model with its own Fisher on D_r
+    fo, fr = fisher_diag(model, retain[0]), fisher_diag(ref, retain[0])
+    mo, vo = fisher_noise_variance(model, fo, alpha=1e-6, num_classes=3)
+    mr, vr = fisher_noise_variance(ref, fr, alpha=1e-6, num_classes=3)
+    want = weight_information(mo, vo, mr, vr)
+    assert res.info["info_weights_nats"] == pytest.approx(want["info_weights_nats"], rel=1e-5)
+    assert res.info["info_weights_nats_code"] == pytest.approx(want["info_weights_nats_code"], rel=1e-5)
+    assert res.info["info_weights_nats"] > 0
+    # more noise → less information
+    res_big = get_method("fisher", alpha=1e-4)(model, retain, forget, ctx)
+    assert res_big.info["info_weights_nats"] < res.info["info_weights_nats"]
+    # the same model as reference carries no information
+    same = get_method("fisher", alpha=1e-6)(model, retain, forget,
+                                            ForgetContext(w0={}, num_classes=3, seed=0, reference=model))
+    assert same.info["info_weights_nats"] == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="alpha"):
+        get_method("fisher", alpha=0.0)
+    with pytest.raises(ValueError, match="form"):
+        get_method("fisher", form="quartic")
+    with pytest.raises(ValueError, match="seed"):
+        fisher_noise(model, retain, alpha=1e-6, num_classes=3)
