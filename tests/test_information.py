@@ -70,3 +70,29 @@ def test_scrub_information_uses_each_models_own_noise():
     assert out["info_weights_nats_code"] == pytest.approx(2 * rev, rel=1e-9)
     with pytest.raises(ValueError, match="retrain"):
         scrub_information(noise_of, orig, None)
+
+
+def test_sweep_writes_json_and_figure(tmp_path):
+    import json
+
+    from scrubnet.data.registry import DataConfig
+    from scrubnet.experiments.config import ExperimentConfig
+    from scrubnet.experiments.sweep import run_sweep
+    from scrubnet.training import TrainConfig
+
+    cfg = ExperimentConfig(
+        data=DataConfig(dataset="digits", core_classes=[5, 6], task_classes=[0, 1, 2], n_train_per_class=12,
+                        n_test_per_class=6, core_per_class=20, forget_class=0, forget_count=4),
+        train=TrainConfig(wd=0.03, max_epochs=3, extra_epochs=0, pretrain_epochs=1, batch_size=16),
+        model="mlp", model_options={"hidden": 16, "depth": 1}, seeds=[0], relearn_max_epochs=2)
+    res = run_sweep("fisher", "alpha", [1e-6, 1e-3], cfg, tmp_path, progress=False)
+    on_disk = json.loads((tmp_path / "sweep.json").read_text())
+    assert on_disk["values"] == [1e-6, 1e-3] and len(on_disk["runs"]) == 2
+    assert (tmp_path / "sweep_fisher.png").stat().st_size > 1000
+    info = [s["readouts"]["info_weights_nats"]["mean"] for s in res["summary"]]
+    assert info[0] > info[1] > 0  # more noise, less information
+    assert "error_test" in res["anchors"]["retrain"]
+    with pytest.raises(ValueError, match="bad option"):
+        run_sweep("fisher", "not_an_option", [1.0], cfg, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="at least one"):
+        run_sweep("fisher", "alpha", [], cfg, tmp_path, progress=False)
