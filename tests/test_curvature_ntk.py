@@ -1,0 +1,162 @@
+"""The matrix-free NTK machinery against the dense Jacobian (torch.func.jacrev of the whole batch)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from scrubnet.curvature.ntk import (dense_jacobian, iter_jacobian_rows, jacobian_jvp, jacobian_vjp, ntk_diag_blocks,
+                                    ntk_gram, ntk_matvec, solve_gram, solve_ntk_cg)
+from scrubnet.models.zoo import build_model
+
+C = 3
+
+
+def _randomise_bn(model: nn.Module) -> nn.Module:
+    g = torch.Generator().manual_seed(5)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g, dtype=m.running_mean.dtype))
+            m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g, dtype=m.running_var.dtype))
+            with torch.no_grad():
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g, dtype=m.weight.dtype))
+    return model
+
+
+CASES = [("mlp", (20,), {"hidden": 12}), ("cnn1d", (20,), {"channels": 4}),
+         ("cnn2d", (1, 6, 6), {"channels": 3}), ("resnet18", (3, 6, 6), {"width": 0.05})]
+
+
+def _case(name, shape, kw, n=6, seed=0):
+    model = _randomise_bn(build_model(name, shape, C, seed=1, **kw).double())
+    model.train()  # the NTK is the eval-mode function whatever mode the model is left in
+    x = torch.randn(n, *shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return model, x
+
+
+@pytest.mark.parametrize("name,shape,kw", CASES)
+@pytest.mark.parametrize("method", ["explicit", "ghost", "auto"])
+def test_gram_equals_dense(name, shape, kw, method):
+    model, x = _case(name, shape, kw)
+    jac = dense_jacobian(model, x)
+    dense = jac @ jac.T
+    for budget in (1 << 30, 20_000):  # all rows held at once / many held chunks and micro-batches
+        gram = ntk_gram(model, x, memory_budget_bytes=budget, method=method)
+        assert gram.shape == (len(x) * C, len(x) * C)
+        assert torch.allclose(gram, dense, rtol=1e-10, atol=1e-10 * float(dense.abs().max()))
+    assert model.training  # mode restored
+    bn = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert all(m.training for m in bn)
+
+
+def test_gram_bn_buffers_untouched_and_differs_from_train_mode():
+    model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
+    before = {k: v.clone() for k, v in model.named_buffers()}
+    ntk_gram(model, x)
+    for k, v in model.named_buffers():
+        assert torch.equal(v, before[k]), k
+
+
+def test_cross_gram():
+    model, x = _case("cnn1d", (20,), {"channels": 4})
+    x2 = torch.randn(4, 20, dtype=torch.float64)
+    got = ntk_gram(model, x, x2, memory_budget_bytes=15_000)
+    want = dense_jacobian(model, x) @ dense_jacobian(model, x2).T
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+class _Odd(nn.Module):
+    """A model with parameters outside supported layers (LayerNorm, a free scale): generic fallback."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 7)
+        self.norm = nn.LayerNorm(7)
+        self.scale = nn.Parameter(torch.tensor([1.5, -0.5, 2.0]))
+        self.head = nn.Linear(7, C)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.norm(self.lin(x)))) * self.scale
+
+
+def test_generic_fallback_for_unsupported_modules():
+    torch.manual_seed(0)
+    model = _Odd().double()
+    x = torch.randn(5, 5, dtype=torch.float64)
+    jac = dense_jacobian(model, x)
+    assert torch.allclose(ntk_gram(model, x, memory_budget_bytes=4000), jac @ jac.T, rtol=1e-10, atol=1e-12)
+
+
+def test_diag_blocks_weighted():
+    model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
+    jac = dense_jacobian(model, x).reshape(len(x), C, -1)
+    v = torch.rand(jac.shape[-1], generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = torch.einsum("nkp,p,nlp->nkl", jac, v, jac)
+    got = ntk_diag_blocks(model, x, v, memory_budget_bytes=30_000)
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+    unweighted = ntk_diag_blocks(model, x)
+    assert torch.allclose(unweighted, torch.einsum("nkp,nlp->nkl", jac, jac), rtol=1e-10)
+    with pytest.raises(ValueError):
+        ntk_diag_blocks(model, x, v[:-1])
+
+
+def test_rows_iterator_covers_every_parameter_once():
+    model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
+    jac = dense_jacobian(model, x)
+    rebuilt = torch.zeros_like(jac)
+    for sl, parts in iter_jacobian_rows(model, x, memory_budget_bytes=5000):
+        for (lo, hi), rows in parts:
+            rebuilt[sl.start * C:sl.stop * C, lo:hi] += rows
+    assert torch.allclose(rebuilt, jac, rtol=1e-12, atol=1e-12)
+
+
+def test_vjp_jvp_matvec():
+    model, x = _case("cnn1d", (20,), {"channels": 4})
+    jac = dense_jacobian(model, x)
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(len(x), C, generator=g, dtype=torch.float64)
+    v = torch.randn(jac.shape[1], generator=g, dtype=torch.float64)
+    assert torch.allclose(jacobian_vjp(model, x, a, batch_size=4), jac.T @ a.reshape(-1), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(jacobian_jvp(model, x, v, batch_size=4).reshape(-1), jac @ v, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(ntk_matvec(model, x, a, batch_size=4).reshape(-1), jac @ (jac.T @ a.reshape(-1)),
+                          rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError):
+        jacobian_vjp(model, x, a[:-1])
+
+
+def test_solvers_cholesky_and_cg_agree():
+    model, x = _case("mlp", (20,), {"hidden": 12}, n=5)
+    theta = ntk_gram(model, x)
+    rhs = torch.randn(len(x), C, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ridge = 0.3
+    want = torch.linalg.solve(theta + ridge * torch.eye(theta.shape[0], dtype=torch.float64), rhs.reshape(-1))
+    got, info = solve_gram(theta, rhs.reshape(-1), ridge)
+    assert torch.allclose(got, want, rtol=1e-9)
+    assert info.jitter == 0.0
+    cg, cinfo = solve_ntk_cg(model, x, rhs, ridge, tol=1e-12, max_iter=500)
+    assert cinfo.converged
+    assert torch.allclose(cg.reshape(-1), want, rtol=1e-7, atol=1e-9)
+    with pytest.raises(ValueError):
+        solve_ntk_cg(model, x, rhs, 0.0)
+
+
+def test_singular_gram_gets_reported_jitter():
+    # more rows than parameters: Θ = J Jᵀ is singular, ridge 0 → Cholesky needs jitter, which is reported
+    model = nn.Linear(2, C).double()
+    x = torch.randn(6, 2, dtype=torch.float64)
+    theta = ntk_gram(model, x)
+    assert torch.linalg.matrix_rank(theta) < theta.shape[0]
+    sol, info = solve_gram(theta, torch.ones(theta.shape[0], dtype=torch.float64), 0.0)
+    assert info.jitter > 0 and torch.isfinite(sol).all()
+
+
+def test_bad_inputs():
+    model, x = _case("mlp", (20,), {"hidden": 12})
+    with pytest.raises(ValueError):
+        ntk_gram(model, x, method="magic")
+    with pytest.raises(ValueError):
+        ntk_gram(model, x, memory_budget_bytes=0)
+    with pytest.raises(ValueError):
+        ntk_gram(model, x[:0])
+    with pytest.raises(ValueError):
+        solve_gram(torch.eye(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), -1.0)
