@@ -1,0 +1,277 @@
+"""The Mixed-Linear (ML) model: core weights trained non-linearly on D_core, user weights linear around them.
+
+Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent, §3.9):
+
+1. **Core data.** D_core = the pre-training data (the core classes, used by ``pretrain`` to build w_0, as
+   ImageNet is in the thesis) plus ``core_fraction`` (30 %, thesis §3.6) of the task data D, drawn at random
+   (seeded) from D_r = D \\ D_f so that it is never forgotten. User data D_u: ``user_data='all'`` (default)
+   = all of D, the core 30 % included but never deletable — the thesis's own Fig. 6.5 protocol ("the user
+   data is 100 % of the Aircrafts, so the 30 % appears in both sets"); ``user_data='rest'`` = D minus the core
+   part. Measured on MNIST-1D (MLP, 3 seeds, µ = 0.03–0.1): 'rest' leaves the ML model 3–5 points of test
+   error behind the non-linear original, 'all' within ≈1–1.5 points on average (the linear part then also
+   learns from the core 30 %, which the non-linear original saw too).
+2. **Core weights** w_c: a copy of the fine-tuning start w_0 (pre-trained backbone + fresh task head) with its
+   ReLUs turned into Leaky-ReLUs (LQF's advice, thesis T:7447–7466), fine-tuned *non-linearly* with
+   cross-entropy on the task part of D_core using the protocol's :func:`scrubnet.training.finetune`.
+3. **User weights** w_u (start 0) on the parameters named by ``linearize`` (default: all), trained on D_u
+   with the mean MSE to 5·one-hot + (µ/2)‖w_u‖² (:mod:`scrubnet.mlforget.objective`). Default training is the
+   exact minimiser (a Newton step from 0 by K-FAC-preconditioned CG); ``train_solver='sgd'`` uses the
+   papers' 50-epoch SGD instead.
+
+The returned :class:`MLState` keeps which ids (positions in D) are core, user and already forgotten.
+The ML module (``state.model``, a :class:`~scrubnet.models.linearized.LinearizedModel`) maps x → logits
+and its only trainable parameters are w_u.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from scrubnet.mlforget.objective import UserObjective
+from scrubnet.mlforget.solve import SGDTrainConfig, SolverConfig, StepInfo, fit_user_weights_sgd, newton_step
+from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
+from scrubnet.training import TrainConfig, finetune
+
+
+@dataclass
+class MLConfig:
+    """Hyperparameters of the ML model and of ML-Forgetting.
+
+    mu: µ of (µ/2)‖w_u‖² (mean-normalised loss); target_scale: s of s·one-hot; sigma: noise std added to
+    w_u after each forgetting request (z ~ N(0, σ²I)); linearize: parameter-name prefixes of w_u (None =
+    all parameters); core_fraction: share of D put in the core; user_data: 'all' or 'rest' (module
+    docstring); train_solver: 'newton' (exact) or 'sgd'.
+    """
+
+    mu: float = 0.05
+    target_scale: float = 5.0
+    sigma: float = 1e-4
+    leaky_slope: float | None = 0.01
+    linearize: list[str] | None = None
+    core_fraction: float = 0.3
+    user_data: str = "all"
+    train_solver: str = "newton"
+    chunk: int = 4096
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    sgd_train: SGDTrainConfig = field(default_factory=SGDTrainConfig)
+
+    def __post_init__(self):
+        if isinstance(self.solver, dict):
+            self.solver = SolverConfig(**self.solver)
+        if isinstance(self.sgd_train, dict):
+            self.sgd_train = SGDTrainConfig(**{k: tuple(v) if k == "milestones" else v
+                                              for k, v in self.sgd_train.items()})
+        if not self.mu > 0:
+            raise ValueError(f"mu must be positive, got {self.mu}")
+        if not self.sigma >= 0:
+            raise ValueError(f"sigma must be ≥ 0, got {self.sigma}")
+        if not 0.0 <= self.core_fraction < 1.0:
+            raise ValueError(f"core_fraction must be in [0, 1), got {self.core_fraction}")
+        if self.user_data not in ("all", "rest"):
+            raise ValueError(f"user_data must be 'all' or 'rest', got {self.user_data!r}")
+        if self.train_solver not in ("newton", "sgd"):
+            raise ValueError(f"train_solver must be 'newton' or 'sgd', got {self.train_solver!r}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sgd_train"]["milestones"] = list(d["sgd_train"]["milestones"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MLConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown ML-Forgetting option(s): {', '.join(unknown)}")
+        return cls(**d)
+
+
+@dataclass
+class MLState:
+    """An ML model and its bookkeeping. Ids are positions in D (``split.x``)."""
+
+    model: LinearizedModel
+    core_ids: Tensor
+    user_ids: Tensor
+    forgotten_ids: Tensor
+    config: MLConfig
+    num_classes: int
+    seed: int
+    train_info: dict = field(default_factory=dict)
+
+    def remaining_ids(self) -> Tensor:
+        """User ids not yet forgotten (sorted)."""
+        keep = ~torch.isin(self.user_ids, self.forgotten_ids)
+        return self.user_ids[keep]
+
+    def deletable_ids(self) -> Tensor:
+        """User ids that a request may still name (not core, not forgotten)."""
+        rem = self.remaining_ids()
+        return rem[~torch.isin(rem, self.core_ids)]
+
+    def objective(self, x: Tensor, y: Tensor) -> UserObjective:
+        return UserObjective(self.model, x, y, self.num_classes, self.config.mu, self.config.target_scale,
+                             self.config.chunk)
+
+    def copy(self) -> "MLState":
+        return copy.deepcopy(self)
+
+
+def choose_core_ids(n: int, fraction: float, seed: int, exclude: Tensor | None = None,
+                    user_data: str = "rest") -> tuple[Tensor, Tensor]:
+    """(core_ids, user_ids): ``round(fraction·n)`` positions of D drawn (numpy default_rng(seed)) from
+    those not in ``exclude`` (D_f: the core is never forgotten); the user ids are the rest of D
+    (``user_data='rest'``) or all of D (``'all'``)."""
+    excl = np.zeros(n, dtype=bool)
+    if exclude is not None and len(exclude):
+        excl[np.asarray(exclude)] = True
+    pool = np.nonzero(~excl)[0]
+    k = int(round(fraction * n))
+    if k > len(pool):
+        raise ValueError(f"core fraction {fraction} needs {k} samples, only {len(pool)} are outside D_f")
+    rng = np.random.default_rng(seed)
+    core = np.sort(rng.choice(pool, size=k, replace=False)) if k else np.zeros(0, dtype=np.int64)
+    mask = np.ones(n, dtype=bool)
+    if user_data == "rest":
+        mask[core] = False
+    return torch.as_tensor(core, dtype=torch.long), torch.as_tensor(np.nonzero(mask)[0], dtype=torch.long)
+
+
+def train_core(start: nn.Module, x: Tensor, y: Tensor, train_cfg: TrainConfig, seed: int,
+               leaky_slope: float | None) -> nn.Module:
+    """w_c: ``start`` with Leaky-ReLUs, fine-tuned non-linearly (CE + L2 pull to w_0) on the core task data."""
+    model = copy.deepcopy(start)
+    if leaky_slope is not None:
+        convert_relu_to_leaky(model, leaky_slope)
+    if len(y) == 0:
+        return model.eval()
+    core, _ = finetune(model, x, y, train_cfg, seed)
+    return core.eval()
+
+
+def fit_user_weights(state: MLState, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, dict]:
+    """Train w_u from 0 on (x, y) with ``state.config.train_solver``; returns (w_u, info). Does not set it."""
+    cfg = state.config
+    obj = state.objective(x, y)
+    zero = torch.zeros(state.model.num_linearized, dtype=state.model.delta[0].dtype)
+    if cfg.train_solver == "newton":
+        solver = SolverConfig(**{**asdict(cfg.solver), "solver": "cg"})
+        delta, info = newton_step(obj, zero, solver, generator=generator)
+        return -delta, {"train_" + k: v for k, v in info.as_dict().items() if isinstance(v, (int, float))}
+    w, info = fit_user_weights_sgd(obj, cfg.sgd_train, generator)
+    return w, {"train_epochs": info["epochs"], "train_loss": info["loss"]}
+
+
+def build_ml_model(start: nn.Module, split, cfg: MLConfig, train_cfg: TrainConfig, seed: int, *,
+                   exclude_from_core: Tensor | None = None, core_model: nn.Module | None = None) -> MLState:
+    """Build the ML model for ``split`` (module docstring). ``exclude_from_core`` defaults to D_f;
+    pass ``core_model`` to reuse trained core weights (then ``start`` is ignored)."""
+    n = len(split.y)
+    excl = split.forget_idx if exclude_from_core is None else exclude_from_core
+    core_ids, user_ids = choose_core_ids(n, cfg.core_fraction, seed, excl, cfg.user_data)
+    if core_model is None:
+        core_model = train_core(start, split.x[core_ids], split.y[core_ids], train_cfg, seed, cfg.leaky_slope)
+    model = LinearizedModel(core_model, prefixes=cfg.linearize)
+    state = MLState(model, core_ids, user_ids, torch.zeros(0, dtype=torch.long), cfg, split.num_classes, seed)
+    g = torch.Generator().manual_seed(7919 * seed + 11)
+    w, info = fit_user_weights(state, split.x[user_ids], split.y[user_ids], g)
+    model.set_delta_flat(w)
+    state.train_info = info
+    return state
+
+
+def check_forget_ids(state: MLState, ids) -> Tensor:
+    """Validate a forgetting request: ids must be user ids not yet forgotten. Clear ``ValueError`` otherwise."""
+    arr = torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(-1))
+    if arr.numel() == 0:
+        raise ValueError("the forgetting request is empty: give at least one sample id")
+    uniq, counts = torch.unique(arr, return_counts=True)
+    if bool((counts > 1).any()):
+        raise ValueError(f"duplicated id(s) in the request: {uniq[counts > 1].tolist()[:10]}")
+    core = uniq[torch.isin(uniq, state.core_ids)]
+    if core.numel():
+        raise ValueError(f"id(s) {core.tolist()[:10]} belong to the core data, which is never forgotten "
+                         "(its information is in the core weights); refusing the request")
+    done = uniq[torch.isin(uniq, state.forgotten_ids)]
+    if done.numel():
+        raise ValueError(f"id(s) {done.tolist()[:10]} were already forgotten by an earlier request; refusing "
+                         "to forget them twice")
+    unknown = uniq[~torch.isin(uniq, state.user_ids)]
+    if unknown.numel():
+        raise ValueError(f"id(s) {unknown.tolist()[:10]} are not user data ids (valid: positions in D)")
+    if len(uniq) >= len(state.remaining_ids()):
+        raise ValueError("the request would forget every remaining user sample; use forget-all instead")
+    return uniq
+
+
+@dataclass
+class ForgetOutcome:
+    """Result of one request: weights before noise (w'), after noise, and the step's info."""
+
+    w_before_noise: Tensor
+    w_after: Tensor
+    info: StepInfo
+
+
+def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: float | None = None,
+                   noise_seed: int = 0, apply: bool = True) -> ForgetOutcome:
+    """ML-Forgetting of one request (thesis §3.3, steps 1–6): on the remaining data D_r (user ids minus the
+    forgotten ones minus ``ids``), Δ = H_{D_r}⁻¹ g_{D_r}(w_u); w' = w_u − Δ; w_u ← w' + σ·ε, ε ~ N(0, I)
+    drawn from ``torch.Generator().manual_seed(noise_seed)``. ``x_all, y_all`` = all of D.
+    With ``apply`` the state is updated (weights and forgotten ids)."""
+    ids = check_forget_ids(state, ids)
+    sigma = state.config.sigma if sigma is None else float(sigma)
+    if sigma < 0:
+        raise ValueError(f"sigma must be ≥ 0, got {sigma}")
+    remaining = state.remaining_ids()
+    remaining = remaining[~torch.isin(remaining, ids)]
+    obj = state.objective(x_all[remaining], y_all[remaining])
+    w = state.model.delta_flat()
+    gen = torch.Generator().manual_seed(int(noise_seed))
+    delta, info = newton_step(obj, w, state.config.solver, generator=gen)
+    w_prime = w - delta
+    eps = torch.randn(w.shape, generator=gen, dtype=w.dtype)
+    w_new = w_prime + sigma * eps if sigma > 0 else w_prime.clone()
+    info.extra["n_remaining"] = int(len(remaining))
+    info.extra["n_forgotten_now"] = int(len(ids))
+    info.extra["sigma"] = sigma
+    if apply:
+        state.model.set_delta_flat(w_new)
+        state.forgotten_ids = torch.sort(torch.cat([state.forgotten_ids, ids])).values
+    return ForgetOutcome(w_prime, w_new, info)
+
+
+def forget_all(state: MLState) -> None:
+    """Forget every user sample: w_u ← 0, so the model is exactly f_{w_c} (seen only D_core)."""
+    state.model.reset_delta()
+    state.forgotten_ids = state.user_ids.clone()
+
+
+def retrain_user_weights(state: MLState, x_all: Tensor, y_all: Tensor) -> Tensor:
+    """ŵ_u: w_u trained from scratch (from 0, same seed and schedule as the original) on the remaining
+    user data of ``state``."""
+    rem = state.remaining_ids()
+    g = torch.Generator().manual_seed(7919 * state.seed + 11)
+    w, _ = fit_user_weights(state, x_all[rem], y_all[rem], g)
+    return w
+
+
+def remaining_information_nats(w_prime: Tensor, w_hat: Tensor, sigma: float) -> float:
+    """‖w' − ŵ‖²/σ² (nats): the thesis's bound on the information left about the forgotten data
+    (T:10102–10120), with w' the scrubbed weights before noise and ŵ the retrained ones. ``inf`` if σ = 0
+    and the two differ, 0 if they are identical."""
+    d2 = float(torch.sum((w_prime.double() - w_hat.double()) ** 2))
+    if sigma == 0:
+        return 0.0 if d2 == 0 else float("inf")
+    return d2 / sigma ** 2
+
+
+def ml_module_with_weights(state: MLState, w: Tensor) -> LinearizedModel:
+    """A copy of the ML module with user weights ``w``."""
+    m = copy.deepcopy(state.model)
+    m.set_delta_flat(w)
+    return m

@@ -1,0 +1,160 @@
+"""ML-Forgetting against closed-form retraining of the user weights (float64, tiny network)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, jacrev
+
+from scrubnet.mlforget import (MLConfig, SolverConfig, build_ml_model, forget_all, forget_request,
+                               remaining_information_nats, retrain_user_weights)
+from scrubnet.mlforget.objective import UserObjective
+from scrubnet.training import TrainConfig
+
+C = 3
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny ops: intra-op threads only add overhead (and contend with other processes)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
+def make_problem(seed=0, n=60, mu=0.05, **solver):
+    torch.manual_seed(seed)
+    core = nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.1), nn.Linear(8, C)).double().eval()
+    x = torch.randn(n, 6, dtype=torch.float64)
+    y = torch.randint(0, C, (n,))
+    split = SimpleNamespace(x=x, y=y, forget_idx=torch.tensor([0, 1]), num_classes=C)
+    cfg = MLConfig(mu=mu, sigma=0.0, core_fraction=0.3, user_data="rest",
+                   solver=SolverConfig(cg_tol=1e-13, cg_max_iter=2000, **solver))
+    state = build_ml_model(None, split, cfg, TrainConfig(), seed=seed, core_model=core)
+    return core, x, y, state
+
+
+def closed_form(core, x, y, mu, scale=5.0):
+    """argmin (1/n) Σ ½‖f0 + J w − s·e_y‖² + (µ/2)‖w‖² from a dense Jacobian (jacrev), by a direct solve."""
+    params = {k: v.detach() for k, v in core.named_parameters()}
+    jac = jacrev(lambda p: functional_call(core, p, (x,)))(params)
+    J = torch.cat([jac[k].reshape(len(x) * C, -1) for k in params], dim=1)
+    r = (scale * F.one_hot(y, C).double() - core(x).detach()).reshape(-1)
+    H = J.T @ J / len(x) + mu * torch.eye(J.shape[1], dtype=torch.float64)
+    return torch.linalg.solve(H, J.T @ r / len(x))
+
+
+def rel(a, b):
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def test_objective_matches_dense_quantities():
+    core, x, y, state = make_problem()
+    obj = UserObjective(state.model, x, y, C, 0.05)
+    w = torch.randn(state.model.num_linearized, dtype=torch.float64)
+    g, loss = obj.gradient(w)
+    wg = w.clone().requires_grad_(True)
+    f = core(x).detach() + state.model.jvp(x, wg)
+    ref = 0.5 * ((f - 5 * F.one_hot(y, C).double()) ** 2).sum() / len(x) + 0.025 * (wg ** 2).sum()
+    ref.backward()
+    torch.testing.assert_close(g, wg.grad, rtol=1e-10, atol=1e-12)
+    assert abs(loss - float(ref.detach())) < 1e-10
+    H = obj.dense_hessian()
+    torch.testing.assert_close(H, H.T, rtol=0, atol=1e-12)
+
+
+def test_training_is_the_closed_form_minimiser():
+    core, x, y, state = make_problem()
+    ids = state.user_ids
+    assert rel(state.model.delta_flat(), closed_form(core, x[ids], y[ids], 0.05)) < 1e-8
+
+
+def test_one_request_without_noise_equals_retraining():
+    core, x, y, state = make_problem()
+    request = state.deletable_ids()[:5]
+    out = forget_request(state, x, y, request, sigma=0.0, noise_seed=3)
+    rem = state.remaining_ids()
+    assert not torch.isin(request, rem).any()
+    assert len(rem) == len(state.user_ids) - 5
+    expected = closed_form(core, x[rem], y[rem], 0.05)
+    assert rel(out.w_before_noise, expected) < 1e-5
+    assert rel(state.model.delta_flat(), expected) < 1e-5
+    # and the step was not trivial: the weights moved by much more than the tolerance
+    before = closed_form(core, x[state.user_ids], y[state.user_ids], 0.05)
+    assert rel(before, expected) > 1e-3
+
+
+def test_ten_sequential_requests_equal_retraining():
+    core, x, y, state = make_problem(seed=1, n=80)
+    deletable = state.deletable_ids()
+    for k in range(10):
+        forget_request(state, x, y, deletable[2 * k:2 * k + 2], sigma=0.0, noise_seed=k)
+        rem = state.remaining_ids()
+        assert rel(state.model.delta_flat(), closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
+    assert len(state.forgotten_ids) == 20
+    # retraining from scratch through the library gives the same weights
+    assert rel(retrain_user_weights(state, x, y), state.model.delta_flat()) < 1e-8
+
+
+def test_noise_is_sigma_scaled_and_remaining_information():
+    core, x, y, state = make_problem()
+    request = state.deletable_ids()[:3]
+    out = forget_request(state, x, y, request, sigma=1e-3, noise_seed=7)
+    noise = out.w_after - out.w_before_noise
+    p = noise.numel()
+    assert 0.7 < float(noise.pow(2).sum()) / (p * 1e-6) < 1.3
+    w_hat = retrain_user_weights(state, x, y)
+    info = remaining_information_nats(out.w_before_noise, w_hat, 1e-3)
+    assert 0 <= info < 1e-6  # exact step: w' = ŵ up to the solver tolerance
+    assert remaining_information_nats(w_hat + 1e-3, w_hat, 1e-3) == pytest.approx(p)
+
+
+def test_sgd_on_the_auxiliary_quadratic_approaches_the_newton_step():
+    core, x, y, state = make_problem(mu=0.5)
+    request = state.deletable_ids()[:5]
+    rem = state.remaining_ids()
+    rem = rem[~torch.isin(rem, request)]
+    expected = closed_form(core, x[rem], y[rem], 0.5)
+    before = state.model.delta_flat()
+    lam_max = float(torch.linalg.eigvalsh(UserObjective(state.model, x[rem], y[rem], C, 0.5).dense_hessian())[-1])
+    state.config.solver = SolverConfig(solver="sgd", sgd_epochs=300, sgd_lr=1.0 / lam_max, sgd_momentum=0.9,
+                                       sgd_lr_decay=1.0, sgd_batch_size=len(rem))
+    out = forget_request(state, x, y, request, sigma=0.0)
+    assert rel(out.w_before_noise, expected) < 1e-3 * rel(before, expected)
+    assert out.info.relative_residual < 1e-2
+
+
+def test_kfac_preconditioned_cg_gives_the_same_step():
+    core, x, y, state = make_problem(precond="kfac")
+    request = state.deletable_ids()[:4]
+    out = forget_request(state, x, y, request, sigma=0.0)
+    rem = state.remaining_ids()
+    assert rel(out.w_before_noise, closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
+
+
+def test_forget_all_gives_the_core_model():
+    core, x, y, state = make_problem()
+    assert not torch.equal(state.model(x), core(x))
+    forget_all(state)
+    assert torch.equal(state.model(x), core(x))
+    assert torch.equal(state.remaining_ids(), torch.zeros(0, dtype=torch.long))
+
+
+def test_bad_requests_are_refused():
+    core, x, y, state = make_problem()
+    with pytest.raises(ValueError, match="core data"):
+        forget_request(state, x, y, state.core_ids[:1])
+    req = state.deletable_ids()[:2]
+    forget_request(state, x, y, req)
+    with pytest.raises(ValueError, match="already forgotten"):
+        forget_request(state, x, y, req[:1])
+    with pytest.raises(ValueError, match="empty"):
+        forget_request(state, x, y, [])
+    with pytest.raises(ValueError, match="duplicated"):
+        forget_request(state, x, y, [int(state.deletable_ids()[0])] * 2)
+    with pytest.raises(ValueError, match="not user data"):
+        forget_request(state, x, y, [10_000])
+    with pytest.raises(ValueError):
+        MLConfig(mu=0.0)
