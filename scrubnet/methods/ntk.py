@@ -1,0 +1,321 @@
+"""NTK one-shot scrubbing ("Forgetting Outside the Box"), computed matrix-free; and NTK + Fisher noise.
+
+Spec: ntk-lqf-mlforgetting.md §1.3, README decisions 1–2. Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
+c classes, J_S the (|S|·c × p) Jacobian of the logits on a set S at the linearisation point w* (eval mode),
+Θ_S = J_S J_Sᵀ, λ_S = wd·|S| (the training loss is a *mean* CE + (wd/2)‖w − w_0‖²), r_S the per-sample
+residual (CE: softmax(f) − onehot(y), i.e. the loss Hessian in logit space replaced by I; MSE:
+f − t for the loss ½‖f − t‖², t = ``mse_target_scale``·onehot(y)).
+
+Linearised training on S reaches
+
+    pull="point" (authors' code, default):  w_lin(S) = w* − J_Sᵀ (Θ_S + λ_S I)⁻¹ r_S
+    pull="w0"    (the exact training pull): w_lin(S) = w_0 + J_Sᵀ (Θ_S + λ_S I)⁻¹ (J_S (w* − w_0) − r_S)
+
+("point" pulls toward w*, which is what the code does; "w0" keeps the pull toward w_0 of the real objective,
+and for a linear model with MSE it makes w_lin(S) the exact ridge solution from any w*). The scrub direction
+
+    δw = w_lin(D_r) − w_lin(D) = Jᵀ a − J_rᵀ a_r,   a = (Θ + λ_D)⁻¹ b_D,  a_r = (Θ_rr + λ_r)⁻¹ b_r
+
+(b = r, or r − J(w* − w_0)) is two ridge solves on one Gram Θ over [D_r; D_f] (Θ_rr is its leading block)
+and a single VJP; J is never stored (``scrubnet.curvature.ntk``). This equals P·J_fᵀ·M·V_c of the
+corrected Proposition 2 when one ridge is used in all three Grams (tests).
+
+Step length (decision 2, "trapezium"): scale = 1 + 2|cos θ|·‖m‖/‖δw‖ with
+m = (w(D) − w_0) − (w_lin(D_r) − w*) and θ the angle between δw and m; ``trapezium=False`` uses scale 1.
+The scrubbed weights are w(D) + scale·δw (always applied at the trained weights, even when linearised at
+w_0, as in the code). With ``ctx.reference`` the info also logs the actual scale ‖w(D_r) − w(D)‖/‖δw‖
+and the cosine between δw and w(D_r) − w(D).
+
+Defaults (decided on the embedded default, MLP on MNIST-1D, wd 0.03, seeds 0–2; readouts as
+(seed 0 / 1 / 2), retrain in brackets, original in braces):
+
+* ``pull="w0"`` (default) vs the code's ``pull="point"``: with the pull toward w(D) the linearised
+  problem ignores the balance (1/N)Jᵀr ≈ −wd(w(D) − w_0) that holds at the trained weights, so δw is
+  tiny (‖w(D_r) − w(D)‖/‖δw‖ = 8.2 / 6.7 / 8.3, cos(δw, w(D_r) − w(D)) = 0.17 / 0.18 / 0.15) and the
+  scrub barely moves: loss_forget 0.066 / 0.065 / 0.056 [0.268 / 0.180 / 0.189] {0.051 / 0.049 / 0.047}.
+  With the exact pull the step is 2.6 / 2.4 / 2.7 times too short in norm but better aligned
+  (cos 0.28 / 0.33 / 0.29).
+* ``trapezium=False`` (default): with ``pull="w0"`` the trapezium scale is 3.8 / 3.2 / 3.3 and overshoots
+  (loss_forget 0.61 / 0.35 / 0.37, error_forget 0.20 / 0.16 / 0.20 [0.12 / 0.04 / 0.08]), farther from
+  the retrain mean than the original on loss_forget; the unit step gives loss_forget 0.122 / 0.099 / 0.094
+  and mia_forget 0.84 / 0.88 / 0.92 [0.76 / 0.76 / 0.72] {0.96 / 1.0 / 1.0}, both closer to retrain than
+  the original, with error_retain/error_test unchanged (0.0 / 0.0 / 0.002, 0.294 / 0.342 / 0.288).
+  The trapezium scale is always computed and logged (``trapezium_scale``). The authors' configuration
+  is ``pull="point", trapezium=True``.
+
+Solvers: float64 Cholesky with jitter escalation (reported) when the Nc×Nc Gram fits in half of
+``memory_budget_bytes``, else (or with ``solver="cg"``) conjugate gradient on Θ-vector products
+Θu = J(Jᵀu), which never forms Θ.
+
+``ntk-fisher`` then adds the Fisher noise at the scrubbed point (``scrubnet.methods.fisher.fisher_noise``
+on D_r, α default 1e-9 as in the authors' code for NTK+Fisher) and, with the reference, reports the
+white-box ``info_weights_nats`` (same procedure on the retrain model) and the black-box
+``info_activations_nats_{forget,retain,test}`` (``scrubnet.readouts.activation_info``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.curvature.ntk import (DEFAULT_BUDGET, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
+                                    solve_gram, solve_ntk_cg)
+from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+
+LINEARIZE_AT = ("trained", "w0")
+PULLS = ("point", "w0")
+LOSSES = ("ce", "mse")
+SOLVERS = ("auto", "cholesky", "cg")
+RIDGES = ("set_size", "fixed")
+
+
+@dataclass
+class NTKStep:
+    """Result of :func:`ntk_direction` (flat vectors of length p, float64)."""
+
+    delta_w: Tensor                 # w_lin(D_r) − w_lin(D)
+    retain_displacement: Tensor     # w_lin(D_r) − w*
+    info: dict[str, float] = field(default_factory=dict)
+
+
+def residuals(logits: Tensor, y: Tensor, loss: str, num_classes: int, mse_target_scale: float = 1.0) -> Tensor:
+    """Per-sample residual (N, c): ∂loss/∂logits for CE (softmax − onehot), f − t for ½‖f − t‖²."""
+    onehot = F.one_hot(y, num_classes).to(logits.dtype)
+    if loss == "ce":
+        return torch.softmax(logits, dim=1) - onehot
+    if loss == "mse":
+        return logits - mse_target_scale * onehot
+    raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+
+
+def _model_at(model: nn.Module, flat: Tensor) -> nn.Module:
+    return set_flat(copy.deepcopy(model), flat.to(get_flat(model).dtype)).eval()
+
+
+def _solve(model, x, theta, rhs, ridge, solver, cg_tol, cg_max_iter):
+    if solver == "cg":
+        return solve_ntk_cg(model, x, rhs, ridge, tol=cg_tol, max_iter=cg_max_iter)
+    sol, info = solve_gram(theta, rhs.reshape(-1), ridge)
+    return sol.reshape(rhs.shape), info
+
+
+def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple[Tensor, Tensor], *,
+                  wd: float, w0: Tensor, num_classes: int, lin_model: nn.Module | None = None,
+                  loss: str = "ce", pull: str = "point", ridge: str = "set_size", ridge_value: float | None = None,
+                  solver: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8,
+                  cg_max_iter: int = 1000, mse_target_scale: float = 1.0, batch_size: int = 256) -> NTKStep:
+    """δw = w_lin(D_r) − w_lin(D) at the linearisation point ``lin_model`` (default ``model``).
+
+    retain/forget: (x, y) tensors; w0: flat (p,) fine-tuning start. ``ridge="set_size"`` uses λ_D = wd·N and
+    λ_r = wd·N_r; ``ridge="fixed"`` uses ``ridge_value`` (default wd) for both (the Proposition-2 setting).
+    """
+    for name, val, allowed in (("loss", loss, LOSSES), ("pull", pull, PULLS), ("solver", solver, SOLVERS),
+                               ("ridge", ridge, RIDGES)):
+        if val not in allowed:
+            raise ValueError(f"unknown {name} {val!r}; choose one of {', '.join(allowed)}")
+    if not wd > 0 and not (ridge == "fixed" and ridge_value and ridge_value > 0):
+        raise ValueError("the NTK scrub needs a positive ridge: wd > 0 (or ridge='fixed' with ridge_value > 0)")
+    x_r, y_r = retain
+    x_f, y_f = forget
+    if len(y_r) == 0:
+        raise ValueError("the retain set is empty")
+    lin = model if lin_model is None else lin_model
+    n_r, n = len(y_r), len(y_r) + len(y_f)
+    x = torch.cat([x_r, x_f]) if len(y_f) else x_r
+    y = torch.cat([y_r, y_f]) if len(y_f) else y_r
+    lam_d, lam_r = (wd * n, wd * n_r) if ridge == "set_size" else ((ridge_value or wd),) * 2
+    info: dict[str, float] = {"ridge_full": lam_d, "ridge_retain": lam_r, "gram_rows": float(n * num_classes)}
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        was = lin.training
+        lin.eval()
+        logits = torch.cat([lin(x[s:s + batch_size]) for s in range(0, n, batch_size)])
+        lin.train(was)
+    if logits.shape[1] != num_classes:
+        raise ValueError(f"model has {logits.shape[1]} outputs, num_classes is {num_classes}")
+    b = residuals(logits, y, loss, num_classes, mse_target_scale).to(torch.float64)
+    w_star = get_flat(lin).to(torch.float64)
+    delta0 = w_star - w0.to(torch.float64)
+    if pull == "w0":
+        b = b - jacobian_jvp(lin, x, delta0, batch_size=batch_size).to(torch.float64)
+
+    if solver == "auto":
+        solver = "cholesky" if gram_bytes(n * num_classes) <= memory_budget_bytes // 2 else "cg"
+    info["solver_cg"] = float(solver == "cg")
+    theta = None
+    if solver == "cholesky":
+        theta = ntk_gram(lin, x, memory_budget_bytes=memory_budget_bytes)
+        info["gram_seconds"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    a, sd = _solve(lin, x, theta, b, lam_d, solver, cg_tol, cg_max_iter)
+    theta_rr = None if theta is None else theta[:n_r * num_classes, :n_r * num_classes]
+    a_r, sr = _solve(lin, x_r, theta_rr, b[:n_r], lam_r, solver, cg_tol, cg_max_iter)
+    info.update(sd.as_dict("solve_full_"))
+    info.update(sr.as_dict("solve_retain_"))
+    info["solve_seconds"] = time.perf_counter() - t1
+    del theta, theta_rr
+
+    coef = a.clone()
+    coef[:n_r] -= a_r
+    dt = get_flat(lin).dtype
+    delta_w = jacobian_vjp(lin, x, coef.to(dt), batch_size=batch_size).to(torch.float64)
+    retain_disp = -jacobian_vjp(lin, x_r, a_r.to(dt), batch_size=batch_size).to(torch.float64)
+    if pull == "w0":
+        retain_disp = retain_disp - delta0
+    info["direction_seconds"] = time.perf_counter() - t0
+    return NTKStep(delta_w, retain_disp, info)
+
+
+def trapezium_scale(delta_w: Tensor, m: Tensor) -> tuple[float, float]:
+    """(scale, cos θ) with scale = 1 + 2|cos θ|·‖m‖/‖δw‖ and cos θ = ⟨δw, m⟩/(‖δw‖‖m‖) (spec §1.3 step 5)."""
+    dn, mn = float(delta_w.norm()), float(m.norm())
+    if dn == 0.0:
+        return 1.0, 0.0
+    if mn == 0.0:
+        return 1.0, 0.0
+    cos = float(torch.dot(delta_w, m)) / (dn * mn)
+    return 1.0 + 2.0 * abs(cos) * mn / dn, cos
+
+
+def _cosine(u: Tensor, v: Tensor) -> float:
+    d = float(u.norm() * v.norm())
+    return float(torch.dot(u, v)) / d if d > 0 else 0.0
+
+
+@register("ntk")
+class NTKScrub(ForgettingMethod):
+    """NTK one-shot scrubbing (module docstring).
+
+    Options: linearize_at ("trained" = w(D), default, as the authors' code | "w0"), pull ("w0", default |
+    "point", the authors' code), trapezium (bool, default False; see the module docstring), loss ("ce" | "mse"), mse_target_scale, ridge ("set_size" | "fixed"),
+    ridge_value, solver ("auto" | "cholesky" | "cg"), memory_budget_bytes, cg_tol, cg_max_iter, batch_size.
+    """
+
+    def __init__(self, linearize_at: str = "trained", pull: str = "w0", trapezium: bool = False,
+                 loss: str = "ce", mse_target_scale: float = 1.0, ridge: str = "set_size",
+                 ridge_value: float | None = None, solver: str = "auto",
+                 memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8, cg_max_iter: int = 1000,
+                 batch_size: int = 256):
+        if linearize_at not in LINEARIZE_AT:
+            raise ValueError(f"linearize_at must be one of {', '.join(LINEARIZE_AT)}, got {linearize_at!r}")
+        for name, val, allowed in (("loss", loss, LOSSES), ("pull", pull, PULLS), ("solver", solver, SOLVERS),
+                                   ("ridge", ridge, RIDGES)):
+            if val not in allowed:
+                raise ValueError(f"unknown {name} {val!r}; choose one of {', '.join(allowed)}")
+        if int(memory_budget_bytes) <= 0:
+            raise ValueError("memory_budget_bytes must be positive")
+        self.linearize_at, self.pull, self.trapezium = linearize_at, pull, bool(trapezium)
+        self.loss, self.mse_target_scale = loss, float(mse_target_scale)
+        self.ridge, self.ridge_value, self.solver = ridge, ridge_value, solver
+        self.memory_budget_bytes, self.cg_tol, self.cg_max_iter = int(memory_budget_bytes), cg_tol, cg_max_iter
+        self.batch_size = int(batch_size)
+
+    def _w0_flat(self, model: nn.Module, ctx: ForgetContext) -> Tensor:
+        params = trainable_params(model)
+        if ctx.w0 is None or set(params) - set(ctx.w0):
+            raise ValueError("the NTK scrub needs ctx.w0 with every trainable parameter of the model")
+        return flatten({k: ctx.w0[k].detach().to(v.dtype) for k, v in params.items()})
+
+    def _options_key(self) -> tuple:
+        return (self.linearize_at, self.pull, self.loss, self.mse_target_scale, self.ridge, self.ridge_value,
+                self.solver, self.cg_tol, self.cg_max_iter)
+
+    def direction(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> tuple[NTKStep, Tensor]:
+        """δw for this model and data, memoised in ``ctx.cache`` (so ntk and ntk-fisher share one Gram)."""
+        w0 = self._w0_flat(model, ctx)
+        w = get_flat(model).to(torch.float64)
+        key = ("ntk_direction", self._options_key(), float(ctx.config.wd), float(w.sum()), float(w.abs().sum()),
+               float(w0.double().abs().sum()), len(retain[1]), float(retain[0].double().sum()), len(forget[1]),
+               float(forget[0].double().sum()) if len(forget[1]) else 0.0)
+        if ctx.cache is not None and key in ctx.cache:
+            step = ctx.cache[key]
+            return NTKStep(step.delta_w, step.retain_displacement, {**step.info, "cached": 1.0}), w0
+        lin = model if self.linearize_at == "trained" else _model_at(model, w0)
+        step = ntk_direction(model, retain, forget, wd=float(ctx.config.wd), w0=w0, num_classes=ctx.num_classes,
+                             lin_model=lin, loss=self.loss, pull=self.pull, ridge=self.ridge,
+                             ridge_value=self.ridge_value, solver=self.solver,
+                             memory_budget_bytes=self.memory_budget_bytes, cg_tol=self.cg_tol,
+                             cg_max_iter=self.cg_max_iter, mse_target_scale=self.mse_target_scale,
+                             batch_size=self.batch_size)
+        if ctx.cache is not None:
+            ctx.cache[key] = step
+        return step, w0
+
+    def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
+        if ctx.num_classes < 1:
+            raise ValueError("the NTK scrub needs ctx.num_classes")
+        t0 = time.perf_counter()
+        step, w0 = self.direction(model, retain, forget, ctx)
+        w_d = get_flat(model).to(torch.float64)
+        m = (w_d - w0.to(torch.float64)) - step.retain_displacement
+        tscale, cos_m = trapezium_scale(step.delta_w, m)
+        scale = tscale if self.trapezium else 1.0
+        scrubbed = _model_at(model, w_d + scale * step.delta_w)
+        info = dict(step.info)
+        info.update({"scale": scale, "trapezium_scale": tscale, "cos_delta_m": cos_m,
+                     "delta_w_norm": float(step.delta_w.norm()), "m_norm": float(m.norm()),
+                     "ntk_seconds": time.perf_counter() - t0})
+        if ctx.reference is not None:
+            true_dir = get_flat(ctx.reference).to(torch.float64) - w_d
+            dn = float(step.delta_w.norm())
+            info["actual_scale"] = float(true_dir.norm()) / dn if dn > 0 else float("nan")
+            info["cos_delta_true"] = _cosine(step.delta_w, true_dir)
+            info["residual_to_retrain_rel"] = float((w_d + scale * step.delta_w - w_d - true_dir).norm()
+                                                    / max(float(true_dir.norm()), 1e-300))
+        return ScrubResult(model=scrubbed, info=info)
+
+
+@register("ntk-fisher")
+class NTKFisherScrub(NTKScrub):
+    """NTK scrub followed by Fisher noise at the scrubbed point (spec §1.3 step 7).
+
+    Extra options: alpha (default 1e-9, the authors' NTK+Fisher value), form ("code" | "paper"),
+    information (report info_weights_nats(_code) and info_activations_nats_{forget,retain,test}(_code) when
+    ctx.reference is given: full c×c covariance with the ½, and ``_code`` = the authors' diagonal no-½
+    variant), max_queries (cap on each query set for the activation bound; None = all).
+    """
+
+    def __init__(self, alpha: float = 1e-9, form: str = "code", information: bool = True,
+                 max_queries: int | None = None, **ntk_options):
+        super().__init__(**ntk_options)
+        if not float(alpha) > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if form not in ("code", "paper"):
+            raise ValueError(f"form must be 'code' or 'paper', got {form!r}")
+        if max_queries is not None and int(max_queries) < 1:
+            raise ValueError("max_queries must be positive or None")
+        self.alpha, self.form, self.information = float(alpha), form, bool(information)
+        self.max_queries = None if max_queries is None else int(max_queries)
+
+    def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
+        from scrubnet.methods.fisher import fisher_noise
+        res = super().scrub(model, retain, forget, ctx)
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(10_007 * int(ctx.seed) + 41)
+        opts = dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form)
+        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, **opts)
+        info = dict(res.info)
+        info["alpha"] = self.alpha
+        info["fisher_seconds"] = time.perf_counter() - t0
+        if self.information and ctx.reference is not None:
+            from scrubnet.readouts.activation_info import activation_information_sets
+            from scrubnet.readouts.information import weight_information
+            t1 = time.perf_counter()
+            _, mean_r, var_r = fisher_noise(ctx.reference, retain, generator=torch.Generator().manual_seed(0),
+                                            cache=ctx.cache, **opts)
+            info.update(weight_information(mean_s, var_s, mean_r, var_r))
+            queries = {"forget": forget[0], "retain": retain[0]}
+            if ctx.split is not None and getattr(ctx.split, "x_test", None) is not None:
+                queries["test"] = ctx.split.x_test
+            info.update(activation_information_sets(res.model, mean_s, var_s, ctx.reference, mean_r, var_r,
+                                                    queries, max_queries=self.max_queries,
+                                                    memory_budget_bytes=self.memory_budget_bytes))
+            info["information_seconds"] = time.perf_counter() - t1
+        return ScrubResult(model=noisy.eval(), info=info)
