@@ -81,6 +81,9 @@ def _flat_in_order(model: nn.Module, d: Mapping[str, Tensor], what: str) -> Tens
 
 def model_with(model: nn.Module, weights: Mapping[str, Tensor]) -> nn.Module:
     """A deep copy of ``model`` whose trainable parameters are taken from ``weights`` (e.g. a noise mean)."""
+    missing = [k for k, p in model.named_parameters() if p.requires_grad and k not in weights]
+    if missing:
+        raise ValueError(f"weights lack parameters: {', '.join(missing[:5])}")
     out = copy.deepcopy(model)
     with torch.no_grad():
         for k, p in out.named_parameters():
