@@ -104,9 +104,8 @@ def test_rows_iterator_covers_every_parameter_once():
     model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
     jac = dense_jacobian(model, x)
     rebuilt = torch.zeros_like(jac)
-    for sl, parts in iter_jacobian_rows(model, x, memory_budget_bytes=5000):
-        for (lo, hi), rows in parts:
-            rebuilt[sl.start * C:sl.stop * C, lo:hi] += rows
+    for sl, (lo, hi), rows in iter_jacobian_rows(model, x, memory_budget_bytes=5000):
+        rebuilt[sl.start * C:sl.stop * C, lo:hi] += rows
     assert torch.allclose(rebuilt, jac, rtol=1e-12, atol=1e-12)
 
 

@@ -461,33 +461,41 @@ def ntk_diag_blocks(model: nn.Module, x: Tensor, param_weights: Tensor | None = 
     c = engine.num_classes
     if param_weights is not None and param_weights.numel() != engine.p:
         raise ValueError(f"param_weights has {param_weights.numel()} entries, model has {engine.p} parameters")
-    dtype = next(iter(engine.params.values())).dtype
-    isz = torch.tensor([], dtype=dtype).element_size()
-    micro = _micro_batch(engine, isz, memory_budget_bytes // 2)
     out = torch.zeros(len(x), c, c, dtype=out_dtype)
-    for s in range(0, len(x), micro):
-        xb = x[s:s + micro]
-        b = len(xb)
-        for (lo, hi), r in engine.all_rows(xb):
-            r3 = r.reshape(b, c, -1)
-            if param_weights is None:
-                out[s:s + b] += torch.bmm(r3, r3.transpose(1, 2)).to(out_dtype)
-            else:
-                w = param_weights[lo:hi].to(r.dtype)
-                out[s:s + b] += torch.bmm(r3 * w, r3.transpose(1, 2)).to(out_dtype)
+    for sl, (lo, hi), r in _rows_stream(engine, x, memory_budget_bytes):
+        b = sl.stop - sl.start
+        r3 = r.reshape(b, c, -1)
+        if param_weights is None:
+            out[sl] += torch.bmm(r3, r3.transpose(1, 2)).to(out_dtype)
+        else:
+            w = param_weights[lo:hi].to(r.dtype)
+            out[sl] += torch.bmm(r3 * w, r3.transpose(1, 2)).to(out_dtype)
     return out
 
 
-def iter_jacobian_rows(model: nn.Module, x: Tensor, *, memory_budget_bytes: int = DEFAULT_BUDGET
-                       ) -> Iterator[tuple[slice, list[tuple[tuple[int, int], Tensor]]]]:
-    """Yield (sample slice, [(param slice, per-row gradients (B·c, numel))]) over micro-batches: every
-    Jacobian row computed once, one micro-batch at a time (the floor cost of any exact Gram method)."""
-    engine = JacobianRows(model, x)
+def _rows_stream(engine: JacobianRows, x: Tensor, budget: int):
     dtype = next(iter(engine.params.values())).dtype
     isz = torch.tensor([], dtype=dtype).element_size()
-    micro = _micro_batch(engine, isz, memory_budget_bytes // 2)
+    micro = _micro_batch(engine, isz, budget // 2)
     for s in range(0, len(x), micro):
-        yield slice(s, min(len(x), s + micro)), engine.all_rows(x[s:s + micro])
+        xb = x[s:s + micro]
+        sl = slice(s, s + len(xb))
+        cap = engine.capture(xb)
+        for lay in engine.layers:
+            for ps, r in engine.rows(cap, lay):
+                yield sl, ps, r
+        del cap
+        for ps, r in engine.generic_rows(xb):
+            yield sl, ps, r
+
+
+def iter_jacobian_rows(model: nn.Module, x: Tensor, *, memory_budget_bytes: int = DEFAULT_BUDGET
+                       ) -> Iterator[tuple[slice, tuple[int, int], Tensor]]:
+    """Yield (sample slice, (start, stop) in the flat parameters, per-row gradients (B·c, stop − start)):
+    every Jacobian row computed exactly once, one micro-batch and one layer at a time (the floor cost of
+    any exact method that needs the Gram)."""
+    engine = JacobianRows(model, x)
+    yield from _rows_stream(engine, x, memory_budget_bytes)
 
 
 # --------------------------------------------------------------------------------------------------
