@@ -1,0 +1,109 @@
+"""ML-Forgetting (thesis Ch. 6) and its gold standard, as methods of the default protocol.
+
+* ``mlforget`` — trains the Mixed-Linear model of the seed (core weights w_c: w_0 fine-tuned with CE on 30 %
+  of D drawn from D_r; user weights w_u: linear, MSE to 5·one-hot, µ‖w_u‖²/2; see
+  :mod:`scrubnet.mlforget.model`), forgets D_f in one request (exact residual gradient on D_r, Newton step by
+  CG on JVP/VJP products, noise σ·ε) and returns the scrubbed ML module. Its ``reference`` is the ML model
+  retrained from scratch on the remaining data (same seed, same solver, same noise level; this is what
+  ``mlforget-retrain`` returns) and its ``original`` the ML model before forgetting, so the runner measures
+  activation distance and the re-learn threshold inside the ML family. The activation distance of both
+  methods is measured to the *noiseless* retrained ML model ŵ_u, so the retrain's own noise draw gives the
+  band a non-zero width (the scrub and the retrain differ only by the solver error and the noise draw).
+  ``info_weights_nats`` = ‖w'_u − ŵ_u‖²/σ² (w'_u: scrubbed before noise; ŵ_u: retrained), thesis T:10102.
+* ``mlforget-retrain`` — the ML model retrained without D_f (plus the same σ noise, the thesis's baseline
+  S_0(w) = w + z, with its own noise draw).
+
+The returned modules are :class:`~scrubnet.models.linearized.LinearizedModel` s: x → logits, and w_u are
+their only trainable parameters (the re-learn readout fine-tunes exactly those). The trained ML original is
+cached in ``ctx.cache`` (keyed by the options), so ``mlforget-retrain`` reuses it.
+
+Options: any :class:`~scrubnet.mlforget.model.MLConfig` field (``mu``, ``sigma``, ``linearize``, …) and
+``solver``/``cg_tol``/``precond`` for the Newton step.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import torch
+
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_module_with_weights,
+                                     remaining_information_nats, retrain_user_weights)
+from scrubnet.mlforget.pipeline import train_ml
+from scrubnet.mlforget.solve import SolverConfig
+
+_SOLVER_KEYS = {"solver", "cg_tol", "cg_max_iter", "precond"}
+
+
+def ml_config_from_options(options: dict) -> MLConfig:
+    opts = dict(options)
+    solver = {k: opts.pop(k) for k in list(opts) if k in _SOLVER_KEYS}
+    cfg = MLConfig.from_dict(opts)
+    if solver:
+        cfg.solver = SolverConfig(**{**cfg.solver.__dict__, **solver})
+    return cfg
+
+
+def ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
+    """The ML original, the one-request scrub and the ML retrain for this seed (computed once, cached)."""
+    if ctx.split is None:
+        raise ValueError("ML-Forgetting needs the full split in the context (ctx.split)")
+    key = "mlforget:" + json.dumps(cfg.to_dict(), sort_keys=True)
+    if key in ctx.cache:
+        return ctx.cache[key]
+    split = ctx.split
+    t0 = time.perf_counter()
+    state = train_ml(split, cfg, ctx.config, ctx.seed, start=ctx.start)
+    t_train = time.perf_counter() - t0
+    original = copy.deepcopy(state.model)
+    scrub_state: MLState = state.copy()
+    t0 = time.perf_counter()
+    out = forget_request(scrub_state, split.x, split.y, split.forget_idx, sigma=cfg.sigma,
+                         noise_seed=1_000_003 * ctx.seed + 1)
+    t_forget = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    w_hat = retrain_user_weights(scrub_state, split.x, split.y)
+    t_retrain = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(1_000_003 * ctx.seed + 2)
+    noise = torch.randn(w_hat.shape, generator=g, dtype=w_hat.dtype)
+    retrain_model = ml_module_with_weights(state, w_hat + cfg.sigma * noise)
+    art = {"original": original, "scrubbed": scrub_state.model, "retrain": retrain_model,
+           "retrain_exact": ml_module_with_weights(state, w_hat), "outcome": out,
+           "info_weights_nats": remaining_information_nats(out.w_before_noise, w_hat, cfg.sigma),
+           "times": {"ml_train_s": t_train, "ml_forget_s": t_forget, "ml_retrain_s": t_retrain},
+           "sizes": {"ml_n_core": float(len(state.core_ids)), "ml_n_user": float(len(state.user_ids)),
+                     "ml_num_user_weights": float(state.model.num_linearized)}}
+    ctx.cache[key] = art
+    return art
+
+
+class _MLBase(ForgettingMethod):
+    def __init__(self, **options):
+        self.cfg = ml_config_from_options(options)
+
+
+@register("mlforget")
+class MLForget(_MLBase):
+    """ML-Forgetting of D_f in one request (module docstring)."""
+
+    def scrub(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
+        art = ml_artifacts(ctx, self.cfg)
+        step = art["outcome"].info
+        info = {"info_weights_nats": art["info_weights_nats"], "sigma": self.cfg.sigma,
+                "solver_iterations": float(step.iterations), "solver_relative_residual": step.relative_residual,
+                **art["times"], **art["sizes"]}
+        return ScrubResult(model=copy.deepcopy(art["scrubbed"]), info=info, reference=art["retrain_exact"],
+                           original=art["original"])
+
+
+@register("mlforget-retrain")
+class MLForgetRetrain(_MLBase):
+    """The ML model retrained from scratch without D_f (the band ``mlforget`` must fall into)."""
+
+    def scrub(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
+        art = ml_artifacts(ctx, self.cfg)
+        info = {"sigma": self.cfg.sigma, **art["sizes"]}
+        return ScrubResult(model=copy.deepcopy(art["retrain"]), info=info, reference=art["retrain_exact"],
+                           original=art["original"])
