@@ -233,3 +233,27 @@ def test_bad_options():
     ctx = ForgetContext(w0={k: v for k, v in start.named_parameters()}, config=TrainConfig(wd=0.0), num_classes=C)
     with pytest.raises(ValueError):
         get_method("ntk")(model, (x[:4], y[:4]), (x[4:], y[4:]), ctx)
+
+
+def test_line_figures(tmp_path):
+    from types import SimpleNamespace
+
+    from scrubnet.experiments.ntk_figures import plot_ntk_lines
+    from scrubnet.readouts.basic import activation_l1
+    model, start, shape = _tiny("mlp")
+    x, y = _data(12, shape, seed=7)
+    split = SimpleNamespace(retain=(x[:8], y[:8]), forget=(x[8:10], y[8:10]), test=(x[10:], y[10:]))
+    retrain = copy.deepcopy(start)
+    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
+                        config=TrainConfig(wd=0.05), num_classes=C)
+    scrubbed = get_method("ntk")(model, split.retain, split.forget, ctx).model
+    sr = SimpleNamespace(seed=0, original=model, retrain=retrain, split=split, ctx=ctx)
+    out = plot_ntk_lines(sr, tmp_path, scrubbed=scrubbed, alphas=[0.0, 0.5, 1.0], betas=[0.0, 1.0])
+    d = out["data"]
+    assert d["l1_forget"][0] == pytest.approx(activation_l1(model, retrain, split.forget[0]))
+    assert d["l1_retain"][2] == pytest.approx(activation_l1(scrubbed, retrain, split.retain[0]), rel=1e-9)
+    with torch.no_grad():
+        want = float(nn.functional.cross_entropy(retrain(split.test[0]), split.test[1]))
+    assert d["loss_test"][1] == pytest.approx(want, rel=1e-9)
+    for f in ("ntk_activation_line.png", "ntk_loss_line.png", "ntk_lines.json"):
+        assert (tmp_path / f).stat().st_size > 0
