@@ -73,7 +73,7 @@ def test_preconditioner_is_the_damped_inverse():
     x = torch.randn(20, 4, dtype=torch.float64)
     facs = compute_kfac(lin, x, loss="mse")
     names = ["weight", "bias"]
-    pre = KFACPreconditioner({"": facs[""]}, [".weight", ".bias"], [lin.weight.shape, lin.bias.shape], damping=0.3)
+    pre = KFACPreconditioner({"": facs[""]}, ["weight", "bias"], [lin.weight.shape, lin.bias.shape], damping=0.3)
     g = torch.randn(15, dtype=torch.float64)
     dense = kron_in_param_order(facs[""], 3, 4) + 0.3 * torch.eye(15, dtype=torch.float64)
     torch.testing.assert_close(pre(g), torch.linalg.solve(dense, g), rtol=1e-9, atol=1e-12)

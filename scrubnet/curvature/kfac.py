@@ -88,6 +88,11 @@ def _loss_hessian_sqrt(logits: Tensor, loss: str) -> Tensor:
     raise ValueError(f"unknown loss {loss!r}: use 'mse' or 'ce'")
 
 
+def param_name(module_name: str, what: str) -> str:
+    """Full parameter name of ``what`` ('weight'/'bias') of the module called ``module_name`` ('' = root)."""
+    return f"{module_name}.{what}" if module_name else what
+
+
 def kfac_layers(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
     """The factorable layers of ``model`` by module name (optionally only those in ``names``)."""
     out = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))}
@@ -178,8 +183,8 @@ def kfac_inverse_apply(factor: KFACFactor, weight_grad: Tensor, bias_grad: Tenso
 class KFACPreconditioner:
     """P(g) = (G ⊗ A + λI)⁻¹ g per factored layer, identity on the other parameters.
 
-    ``param_names`` lists the parameters (``"<module>.weight"``, ``"<module>.bias"``) in the order of the
-    flat vectors passed to :meth:`__call__` and ``shapes`` their shapes.
+    ``param_names`` lists the parameters (``"<module>.weight"``, ``"<module>.bias"``; see :func:`param_name`)
+    in the order of the flat vectors passed to :meth:`__call__`, and ``shapes`` their shapes.
     """
 
     def __init__(self, factors: dict[str, KFACFactor], param_names: list[str], shapes: list[torch.Size],
@@ -203,7 +208,7 @@ class KFACPreconditioner:
             raise ValueError(f"gradient has {g.numel()} entries, preconditioner expects {self.size}")
         out = g.clone()
         for mod, fac in self.factors.items():
-            wn, bn = f"{mod}.weight", f"{mod}.bias"
+            wn, bn = param_name(mod, "weight"), param_name(mod, "bias")
             if wn not in self.offsets:
                 continue
             i, k, s = self.offsets[wn]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from scrubnet.curvature.kfac import KFACPreconditioner, compute_kfac, kfac_layers
+from scrubnet.curvature.kfac import KFACPreconditioner, compute_kfac, kfac_layers, param_name
 from scrubnet.curvature.solvers import conjugate_gradient
 from scrubnet.mlforget.objective import UserObjective
 
@@ -68,8 +68,8 @@ def kfac_preconditioner(obj: UserObjective, samples: int, generator: torch.Gener
     lin = set(model.linearized_names)
     layers = []
     for name, mod in kfac_layers(model.base).items():
-        w = f"{name}.weight"
-        b = f"{name}.bias"
+        w = param_name(name, "weight")
+        b = param_name(name, "bias")
         if w in lin and (mod.bias is None or b in lin):
             layers.append(name)
     if not layers:
