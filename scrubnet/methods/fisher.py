@@ -115,7 +115,7 @@ def sample_gaussian_weights(model: nn.Module, mean: dict[str, Tensor], var: dict
     with torch.no_grad():
         for name, p in noisy.named_parameters():
             if name in mean:
-                eps = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+                eps = torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)  # CPU generator
                 p.copy_(mean[name] + var[name].sqrt() * eps)
     return noisy
 

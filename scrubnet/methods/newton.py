@@ -27,6 +27,14 @@ diagonal plus the pull; the pull keeps B > 0 where the data carry no curvature, 
 same procedure is applied to the retrain model and ``info_weights_nats`` (and ``_code``) are reported.
 Without noise the distributions are point masses and the bound is infinite; ``newton_dist_ratio`` =
 ‖h(w_o) − w_r‖ / ‖w_o − w_r‖ is reported instead (< 1: the step moved toward the retrain model).
+
+Measured on the embedded default (MLP on MNIST-1D, wd 0.03, 3 seeds, ``scrubnet run``): CG converges to
+tol 1e-5 in 61 ± 2 iterations (≈ 2 s); the deterministic Newton scrub lands in the retrain band on the
+forget-set readouts while keeping retain/test error (loss_forget 0.243 ± 0.031 vs retrain 0.194 ± 0.024 and
+original 0.049; error_forget 13.3 % vs 8.0 % / 0 %; mia_forget 74.7 % vs 76.0 % / 98.7 %; re-learn time
+100 = retrain's; error_retain 1.0 %, error_test 30.9 % vs original 31.1 %). In weight space it moves farther
+from w_r (newton_dist_ratio ≈ 1.7): the step changes directions the retain data barely constrain, which the
+readouts cannot see.
 """
 from __future__ import annotations
 
@@ -53,10 +61,10 @@ def pull_mask_and_anchor(model: nn.Module, w0: dict[str, Tensor] | None) -> tupl
         if w0 is not None and name in w0:
             if w0[name].shape != p.shape:
                 raise ValueError(f"w0[{name!r}] has shape {tuple(w0[name].shape)}, parameter {tuple(p.shape)}")
-            masks.append(torch.ones(p.numel(), dtype=p.dtype))
-            anchors.append(w0[name].detach().reshape(-1).to(p.dtype))
+            masks.append(torch.ones(p.numel(), dtype=p.dtype, device=p.device))
+            anchors.append(w0[name].detach().reshape(-1).to(p.device, p.dtype))
         else:
-            masks.append(torch.zeros(p.numel(), dtype=p.dtype))
+            masks.append(torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
             anchors.append(p.detach().reshape(-1))
     return torch.cat(masks), torch.cat(anchors)
 
