@@ -116,6 +116,27 @@ def test_layerwise_with_vmap_fallback_equals_loop(kind):
     assert float(slow["scale"].abs().max()) > 0 and float(slow["shared.weight"].abs().max()) > 0
 
 
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.b.weight = self.a.weight      # tied: one parameter, two modules
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def test_tied_weights_and_no_grad_context():
+    torch.manual_seed(5)
+    m = _Tied().double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    with torch.no_grad():  # the caller's no_grad must not break the computation
+        fast = fisher_diag(m, x, batch_size=4)
+    assert _max_rel(fast, fisher_diag_loop(m, x)) < 1e-10
+
+
 def test_layerwise_conv1d_model_equals_loop():
     m = build_model("cnn1d", (12,), 4, seed=0, channels=3).double()
     x = torch.randn(7, 12, dtype=torch.float64)

@@ -128,7 +128,9 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> 
 
     Covered: weight/bias of nn.Linear, nn.Conv1d/2d (groups = 1, zero padding, numeric padding) and affine
     BatchNorm with running statistics, when the module is called exactly once per forward (checked on one
-    sample ``x1``). Everything else goes to the vmap path."""
+    sample ``x1``) and the parameter is not tied to another module. Everything else goes to the vmap path.
+    Assumes, as every ``nn.Module`` in the zoo does, that a module's parameters are only used by its own
+    forward."""
     calls: dict[nn.Module, int] = {}
     handles = []
     for mod in model.modules():
@@ -140,6 +142,10 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> 
     finally:
         for h in handles:
             h.remove()
+    # a parameter object registered under two names (tied weights) is used by two modules: vmap handles it
+    owners: dict[int, int] = {}
+    for _, t in model.named_parameters(remove_duplicate=False):
+        owners[id(t)] = owners.get(id(t), 0) + 1
     plan = {}
     for prefix, mod in model.named_modules():
         if calls.get(mod, 0) != 1:
@@ -151,7 +157,8 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> 
             continue
         for pname in ("weight", "bias"):
             full = f"{prefix}.{pname}" if prefix else pname
-            if full in params and getattr(mod, pname, None) is not None:
+            tensor = getattr(mod, pname, None)
+            if full in params and tensor is not None and owners.get(id(tensor), 0) == 1:
                 plan[full] = (mod, pname)
     return plan
 
@@ -262,7 +269,7 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
     p_count = sum(t.numel() for t in params.values())
     itemsize = next(iter(params.values())).element_size()
     acc = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in params.items()}
-    with eval_mode(model):
+    with eval_mode(model), torch.enable_grad():
         plan = _layerwise_plan(model, params, x[:1]) if method != "vmap" else {}
         rest = [k for k in params if k not in plan]
         if batch_size is None:
@@ -301,7 +308,7 @@ def fisher_diag_loop(model: nn.Module, x: Tensor, y: Tensor | None = None, *, ki
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     acc = {k: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for k, p in named}
     tensors = [p for _, p in named]
-    with eval_mode(model):
+    with eval_mode(model), torch.enable_grad():
         for i in range(len(x)):
             log_p = torch.log_softmax(model(x[i:i + 1]), dim=-1)[0]
             if kind == "true":

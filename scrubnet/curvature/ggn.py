@@ -128,7 +128,7 @@ def mean_loss_and_grad(model: nn.Module, x: Tensor, y: Tensor, *, loss: str = "c
     params = [p for p in model.parameters() if p.requires_grad]
     total = 0.0
     acc = [torch.zeros_like(p) for p in params]
-    with eval_mode(model):
+    with eval_mode(model), torch.enable_grad():
         for i in range(0, len(x), batch_size):
             lb = per_sample_loss(model(x[i:i + batch_size]), y[i:i + batch_size], loss).sum()
             grads = torch.autograd.grad(lb, params)
