@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--forget", type=int, default=25, help="|D_f| (the last samples of D)")
     ap.add_argument("--size", type=int, default=32, help="image side")
     ap.add_argument("--memory-budget-mb", type=float, default=None,
-                    help="budget for the Gram's buffers (default: 1000 MB if p < 5 M else 3500 MB)")
+                    help="budget for the Gram buffers (default: 1500 MB if p < 5 M else 5000 MB)")
     ap.add_argument("--retrain-epochs", type=int, default=30)
     ap.add_argument("--retrain-measure-epochs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1,
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     n_r = args.n - args.forget
     p = sum(t.numel() for t in model.parameters() if t.requires_grad)
     rows = args.n * args.classes
-    budget = int((args.memory_budget_mb or (1000 if p < 5e6 else 3500)) * 2**20)
+    budget = int((args.memory_budget_mb or (1500 if p < 5e6 else 5000)) * 2**20)
     print(f"model {args.model} width {args.width}: p = {p:,} parameters; N = {args.n}, c = {args.classes}, "
           f"N·c = {rows} rows; threads {torch.get_num_threads()}; Gram budget {gb(budget)}")
     print(f"dense Jacobian (authors' code, float32): p × N·c × 4 B = {gb(4.0 * p * rows)}")

@@ -146,6 +146,7 @@ class JacobianRows:
 
     # ---- shapes ------------------------------------------------------------------------------
     def _probe(self, x1: Tensor) -> None:
+        self.all_outputs_per_sample = activation_numel_per_sample(self.model, x1)
         cap = self.capture(x1, need_grads=False)
         self.act_numel_per_sample = 0
         for lay in self.layers:
@@ -170,8 +171,8 @@ class JacobianRows:
         c = self.num_classes
         unf = max([lay.positions * lay.d_in for lay in self.layers] or [0])
         per_row_grad = max([lay.numel for lay in self.layers] or [0])
-        graph = 3 * self.act_numel_per_sample
-        return itemsize * (graph + c * self.act_numel_per_sample + unf + c * per_row_grad
+        graph = 2 * self.all_outputs_per_sample + self.act_numel_per_sample  # saved tensors + hook clones
+        return itemsize * (graph + c * self.act_numel_per_sample + 2 * unf + 2 * c * per_row_grad
                            + c * sum(self.params[k].numel() for k in self.generic_names))
 
     # ---- capture -----------------------------------------------------------------------------
@@ -319,6 +320,30 @@ class JacobianRows:
 # Gram
 # --------------------------------------------------------------------------------------------------
 
+def activation_numel_per_sample(model: nn.Module, x1: Tensor) -> int:
+    """Σ of the output sizes of every leaf module for one sample (what autograd keeps for a backward)."""
+    total = [0]
+
+    def hook(mod, inp, out):
+        if isinstance(out, Tensor):
+            total[0] += out[0].numel() if out.ndim else 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.no_grad(), _EvalMode(model):
+            model(x1[:1])
+    finally:
+        for h in handles:
+            h.remove()
+    return max(total[0], int(x1[:1].numel()))
+
+
+def batch_for_budget(model: nn.Module, x: Tensor, budget: int, cap: int = 256) -> int:
+    """Samples per forward+backward so that the autograd activations stay within ``budget`` bytes."""
+    per = 3 * activation_numel_per_sample(model, x) * max(x.element_size(), 4)
+    return max(1, min(cap, int(budget // max(per, 1))))
+
+
 def _micro_batch(engine: JacobianRows, itemsize: int, budget: int) -> int:
     return max(1, int(budget // max(engine.bytes_per_sample(itemsize), 1)))
 
@@ -368,7 +393,7 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     dtype = next(iter(engine.params.values())).dtype
     isz = torch.tensor([], dtype=dtype).element_size()
     n, m = len(x), len(x2)
-    micro = _micro_batch(engine, isz, memory_budget_bytes // 4)
+    micro = _micro_batch(engine, isz, memory_budget_bytes // 5)
     full_rows_i = n * c
 
     def use_ghost(lay, rows_i, rows_j):
@@ -388,33 +413,37 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
             held_per_sample += c * lay.numel
     held_per_sample += c * sum(engine.params[k].numel() for k in engine.generic_names)
     held_per_sample *= isz
-    chunk_i = max(1, min(n, int((memory_budget_bytes // 2) // max(held_per_sample, 1))))
+    chunk_i = max(1, min(n, int((2 * memory_budget_bytes // 5) // max(held_per_sample, 1))))
     theta = torch.zeros(n * c, m * c, dtype=out_dtype)
-    contraction_budget = memory_budget_bytes // 4
+    contraction_budget = memory_budget_bytes // 5
 
     for i0 in range(0, n, chunk_i):
         i1 = min(n, i0 + chunk_i)
-        # ---- hold chunk I ----
-        held_rows: dict[tuple[int, int], list[Tensor]] = {}
-        held_ghost: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
+        # ---- hold chunk I (preallocated, filled in place: no concatenation copies) ----
+        rows_i: dict[tuple[int, int], Tensor] = {}
+        ghost_i: dict[str, tuple[Tensor, Tensor]] = {}
         for s in range(i0, i1, micro):
             xb = x[s:min(i1, s + micro)]
+            lo, hi = (s - i0), (s - i0) + len(xb)
             cap = engine.capture(xb)
             for lay in engine.layers:
                 if ghost_sel[lay.name]:
                     a, g = engine.ghost(cap, lay)
-                    held_ghost.setdefault(lay.name, ([], []))
-                    held_ghost[lay.name][0].append(a)
-                    held_ghost[lay.name][1].append(g)
+                    if lay.name not in ghost_i:
+                        ghost_i[lay.name] = (a.new_empty((i1 - i0,) + tuple(a.shape[1:])),
+                                             g.new_empty(((i1 - i0) * c,) + tuple(g.shape[1:])))
+                    ghost_i[lay.name][0][lo:hi] = a
+                    ghost_i[lay.name][1][lo * c:hi * c] = g
                 else:
                     for sl, r in engine.rows(cap, lay):
-                        held_rows.setdefault(sl, []).append(r)
-            for sl, r in engine.generic_rows(xb):
-                held_rows.setdefault(sl, []).append(r)
+                        if sl not in rows_i:
+                            rows_i[sl] = r.new_empty(((i1 - i0) * c, r.shape[1]))
+                        rows_i[sl][lo * c:hi * c] = r
             del cap
-        rows_i = {sl: torch.cat(v) for sl, v in held_rows.items()}
-        ghost_i = {k: (torch.cat(v[0]), torch.cat(v[1])) for k, v in held_ghost.items()}
-        del held_rows, held_ghost
+            for sl, r in engine.generic_rows(xb):
+                if sl not in rows_i:
+                    rows_i[sl] = r.new_empty(((i1 - i0) * c, r.shape[1]))
+                rows_i[sl][lo * c:hi * c] = r
         ri0, ri1 = i0 * c, i1 * c
         # ---- diagonal block from the held chunk ----
         j_start = 0

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.curvature.ntk import (DEFAULT_BUDGET, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
+from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
                                     solve_gram, solve_ntk_cg)
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
@@ -98,9 +98,9 @@ def _model_at(model: nn.Module, flat: Tensor) -> nn.Module:
     return set_flat(copy.deepcopy(model), flat.to(get_flat(model).dtype)).eval()
 
 
-def _solve(model, x, theta, rhs, ridge, solver, cg_tol, cg_max_iter):
+def _solve(model, x, theta, rhs, ridge, solver, cg_tol, cg_max_iter, batch_size):
     if solver == "cg":
-        return solve_ntk_cg(model, x, rhs, ridge, tol=cg_tol, max_iter=cg_max_iter)
+        return solve_ntk_cg(model, x, rhs, ridge, tol=cg_tol, max_iter=cg_max_iter, batch_size=batch_size)
     sol, info = solve_gram(theta, rhs.reshape(-1), ridge)
     return sol.reshape(rhs.shape), info
 
@@ -109,7 +109,8 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
                   wd: float, w0: Tensor, num_classes: int, lin_model: nn.Module | None = None,
                   loss: str = "ce", pull: str = "point", ridge: str = "set_size", ridge_value: float | None = None,
                   solver: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8,
-                  cg_max_iter: int = 1000, mse_target_scale: float = 1.0, batch_size: int = 256) -> NTKStep:
+                  cg_max_iter: int = 1000, mse_target_scale: float = 1.0, batch_size: int | None = None
+                  ) -> NTKStep:
     """δw = w_lin(D_r) − w_lin(D) at the linearisation point ``lin_model`` (default ``model``).
 
     retain/forget: (x, y) tensors; w0: flat (p,) fine-tuning start. ``ridge="set_size"`` uses λ_D = wd·N and
@@ -130,6 +131,8 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
     x = torch.cat([x_r, x_f]) if len(y_f) else x_r
     y = torch.cat([y_r, y_f]) if len(y_f) else y_r
     lam_d, lam_r = (wd * n, wd * n_r) if ridge == "set_size" else ((ridge_value or wd),) * 2
+    if batch_size is None:
+        batch_size = batch_for_budget(lin, x, memory_budget_bytes // 4)
     info: dict[str, float] = {"ridge_full": lam_d, "ridge_retain": lam_r, "gram_rows": float(n * num_classes)}
 
     t0 = time.perf_counter()
@@ -154,9 +157,9 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
         theta = ntk_gram(lin, x, memory_budget_bytes=memory_budget_bytes)
         info["gram_seconds"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    a, sd = _solve(lin, x, theta, b, lam_d, solver, cg_tol, cg_max_iter)
+    a, sd = _solve(lin, x, theta, b, lam_d, solver, cg_tol, cg_max_iter, batch_size)
     theta_rr = None if theta is None else theta[:n_r * num_classes, :n_r * num_classes]
-    a_r, sr = _solve(lin, x_r, theta_rr, b[:n_r], lam_r, solver, cg_tol, cg_max_iter)
+    a_r, sr = _solve(lin, x_r, theta_rr, b[:n_r], lam_r, solver, cg_tol, cg_max_iter, batch_size)
     info.update(sd.as_dict("solve_full_"))
     info.update(sr.as_dict("solve_retain_"))
     info["solve_seconds"] = time.perf_counter() - t1
@@ -202,7 +205,7 @@ class NTKScrub(ForgettingMethod):
                  loss: str = "ce", mse_target_scale: float = 1.0, ridge: str = "set_size",
                  ridge_value: float | None = None, solver: str = "auto",
                  memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8, cg_max_iter: int = 1000,
-                 batch_size: int = 256):
+                 batch_size: int | None = None):
         if linearize_at not in LINEARIZE_AT:
             raise ValueError(f"linearize_at must be one of {', '.join(LINEARIZE_AT)}, got {linearize_at!r}")
         for name, val, allowed in (("loss", loss, LOSSES), ("pull", pull, PULLS), ("solver", solver, SOLVERS),
@@ -215,7 +218,7 @@ class NTKScrub(ForgettingMethod):
         self.loss, self.mse_target_scale = loss, float(mse_target_scale)
         self.ridge, self.ridge_value, self.solver = ridge, ridge_value, solver
         self.memory_budget_bytes, self.cg_tol, self.cg_max_iter = int(memory_budget_bytes), cg_tol, cg_max_iter
-        self.batch_size = int(batch_size)
+        self.batch_size = None if batch_size is None else int(batch_size)
 
     def _w0_flat(self, model: nn.Module, ctx: ForgetContext) -> Tensor:
         params = trainable_params(model)
