@@ -164,8 +164,9 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> 
 
 
 def _sq_sum0(t: Tensor) -> Tensor:
-    """Σ over dim 0 of t², in one fused pass (a norm kernel; no squared temporary)."""
-    return torch.linalg.vector_norm(t, ord=2, dim=0) ** 2
+    """Σ over dim 0 of t² (flattened so the reduction runs over one contiguous outer dimension)."""
+    flat = t.reshape(t.shape[0], -1)
+    return (flat * flat).sum(0).reshape(t.shape[1:])
 
 
 def _layer_sq_sums(mod: nn.Module, a: Tensor, g: Tensor) -> dict[str, Tensor]:
@@ -222,17 +223,18 @@ def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str
         for h in handles:
             h.remove()
     outs = [outputs[m] for m in modules]
-    if kind == "true":
-        weights = log_p.detach().exp().sqrt()                                  # (B, K)
-        scalars = [(weights[:, k] * log_p[:, k]).sum() for k in range(log_p.shape[1])]
+    b, k = log_p.shape
+    if kind == "true":  # cotangent k: √p_k(x_i) on column k of log p — all K backward passes in one batched call
+        w = log_p.detach().exp().sqrt()                                        # (B, K)
+        cot = w.T.unsqueeze(-1) * torch.eye(k, dtype=w.dtype, device=w.device).unsqueeze(1)  # [k,i,j]=w_ik δ_kj
     else:
-        scalars = [log_p.gather(1, yb.view(-1, 1)).sum()]
-    per_class = [torch.autograd.grad(s, outs, retain_graph=j < len(scalars) - 1, allow_unused=True)
-                 for j, s in enumerate(scalars)]
+        cot = torch.zeros(1, b, k, dtype=log_p.dtype, device=log_p.device)
+        cot[0, torch.arange(b), yb] = 1.0
+    grads = torch.autograd.grad(log_p, outs, grad_outputs=cot, is_grads_batched=True, allow_unused=True)
     acc: dict[str, Tensor] = {}
     for idx, m in enumerate(modules):
-        g = torch.stack([gr[idx].detach() if gr[idx] is not None else torch.zeros_like(outs[idx])
-                         for gr in per_class])                                 # (K, B, ...)
+        g = grads[idx].detach() if grads[idx] is not None else \
+            torch.zeros((cot.shape[0], *outs[idx].shape), dtype=outs[idx].dtype)  # (K, B, ...)
         sq = _layer_sq_sums(m, inputs[m], g)
         for name, (mm, pname) in plan.items():
             if mm is m:
@@ -278,8 +280,9 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
             classes = probe.shape[-1] if kind == "true" else 1
             if rest:  # vmap holds B·K·p per-sample gradients at once
                 batch_size = auto_batch_size(p_count, classes, itemsize, budget_bytes)
-            else:     # layerwise holds at most B·p (one class at a time)
-                batch_size = max(1, min(256, budget_bytes // max(1, p_count * itemsize)))
+            else:     # layerwise materialises B·K per-sample gradients of convolutions only
+                p_conv = sum(params[n].numel() for n, (m, _) in plan.items() if isinstance(m, (nn.Conv1d, nn.Conv2d)))
+                batch_size = max(1, min(256, budget_bytes // max(1, (classes * p_conv + p_count) * itemsize)))
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
         n = len(x)
