@@ -198,6 +198,9 @@ def test_fisher_method_information_readout_and_bad_options():
     assert res.info["info_weights_nats"] == pytest.approx(want["info_weights_nats"], rel=1e-5)
     assert res.info["info_weights_nats_code"] == pytest.approx(want["info_weights_nats_code"], rel=1e-5)
     assert res.info["info_weights_nats"] > 0
+    from scrubnet.readouts.information import fisher_weight_information
+    direct = fisher_weight_information(model, ref, retain, alpha=1e-6, num_classes=3)
+    assert direct["info_weights_nats"] == pytest.approx(res.info["info_weights_nats"], rel=1e-9)
     # more noise → less information
     res_big = get_method("fisher", alpha=1e-4)(model, retain, forget, ctx)
     assert res_big.info["info_weights_nats"] < res.info["info_weights_nats"]

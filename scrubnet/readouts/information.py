@@ -86,3 +86,21 @@ def scrub_information(noise_of: Callable[[nn.Module], tuple[dict, dict]], origin
     if set(mean_o) != set(mean_r):
         raise ValueError("original and reference have different parameters")
     return weight_information(mean_o, var_o, mean_r, var_r)
+
+
+def fisher_weight_information(original: nn.Module, reference: nn.Module, retain, *, alpha: float,
+                              num_classes: int, forget_class: int | None = None, form: str = "code",
+                              cache: dict | None = None, **noise_options) -> dict[str, float]:
+    """The white-box bound of Fisher forgetting: both models get the Fisher-forgetting noise of
+    :func:`scrubnet.methods.fisher.fisher_noise_variance` from their own true Fisher on ``retain`` = (x, y);
+    returns ``info_weights_nats`` and ``info_weights_nats_code``. ``noise_options``: clamp, per_output_mean,
+    boost, kind, batch_size."""
+    from scrubnet.methods.fisher import fisher_noise
+
+    def noise_of(model):
+        _, mean, var = fisher_noise(model, retain, alpha=alpha, num_classes=num_classes, forget_class=forget_class,
+                                    form=form, generator=torch.Generator().manual_seed(0), cache=cache,
+                                    **noise_options)
+        return mean, var
+
+    return scrub_information(noise_of, original, reference)
