@@ -20,7 +20,7 @@ def _fmt(r: str, s: dict) -> str:
     m, sd = s["mean"], s["std"]
     if r in PERCENT:
         return f"{100 * m:.1f} ± {100 * sd:.1f}"
-    if abs(m) >= 1000:
+    if abs(m) >= 1000 or (m != 0 and abs(m) < 1e-2):
         return f"{m:.3g} ± {sd:.2g}"
     return f"{m:.3f} ± {sd:.3f}"
 
