@@ -158,3 +158,30 @@ def test_bad_requests_are_refused():
         forget_request(state, x, y, [10_000])
     with pytest.raises(ValueError):
         MLConfig(mu=0.0)
+
+
+def test_methods_mlforget_and_retrain_share_the_cached_ml_model():
+    from scrubnet.methods import ForgetContext, get_method
+    from scrubnet.models import build_model
+
+    torch.manual_seed(0)
+    n = 40
+    x, y = torch.randn(n, 6), torch.randint(0, C, (n,))
+    split = SimpleNamespace(x=x, y=y, forget_idx=torch.tensor([1, 5, 9]), num_classes=C)
+    start = build_model("mlp", (6,), C, seed=0, hidden=8)
+    ctx = ForgetContext(w0={}, config=TrainConfig(max_epochs=3, extra_epochs=0), num_classes=C, seed=0,
+                        split=split, start=start)
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[split.forget_idx] = False
+    res = get_method("mlforget", sigma=1e-3, cg_tol=1e-8)(start, (x[keep], y[keep]), (x[~keep], y[~keep]), ctx)
+    ret = get_method("mlforget-retrain", sigma=1e-3, cg_tol=1e-8)(start, (x[keep], y[keep]), (x[~keep], y[~keep]),
+                                                                 ctx)
+    assert len(ctx.cache) == 1 and res.original is ret.original
+    assert [n for n, p in res.model.named_parameters() if p.requires_grad] == \
+        [f"delta.{i}" for i in range(len(res.model.delta))]
+    assert 0.0 <= res.info["info_weights_nats"] < 1.0  # float32 CG error ≪ σ
+    d = (res.model.delta_flat() - ret.model.delta_flat()).norm() / (res.model.num_linearized ** 0.5)
+    assert d < 3e-3  # the two differ by two noise draws of std 1e-3
+    assert res.model(x).shape == (n, C)
+    with pytest.raises(ValueError):
+        get_method("mlforget", bogus=1)
