@@ -194,6 +194,9 @@ def test_method_applies_trapezium_and_leaves_input_alone():
     off = get_method("ntk", trapezium=False)(model, (xr, yr), (xf, yf), ctx)
     assert off.info["scale"] == 1.0 and off.info["trapezium_scale"] == pytest.approx(scale, rel=1e-6)
     assert off.info.get("cached") == 1.0  # the direction came from ctx.cache
+    fixed = get_method("ntk", trapezium=True, step_scale=2.0)(model, (xr, yr), (xf, yf), ctx)
+    assert fixed.info["scale"] == 2.0
+    assert torch.allclose(get_flat(fixed.model), before + 2.0 * delta, rtol=1e-6, atol=1e-9)
 
 
 def test_ntk_fisher_reports_information():
@@ -220,7 +223,7 @@ def test_ntk_fisher_reports_information():
 
 def test_bad_options():
     for bad in (dict(linearize_at="middle"), dict(pull="zero"), dict(loss="hinge"), dict(solver="lu"),
-                dict(memory_budget_bytes=0)):
+                dict(memory_budget_bytes=0), dict(step_scale=-1.0)):
         with pytest.raises(ValueError):
             get_method("ntk", **bad)
     with pytest.raises(ValueError):
