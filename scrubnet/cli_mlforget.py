@@ -89,12 +89,13 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
           data_options: Optional[str] = typer.Option(None, help="JSON object of DataConfig fields"),
           model_options: Optional[str] = typer.Option(None, help="JSON object of architecture options"),
           train_options: Optional[str] = typer.Option(None, help="JSON object of TrainConfig fields (core)"),
-          ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, …)")):
+          ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, linearize, "
+                                                   "…) and solver fields (solver, cg_tol, precond)")):
     """Pre-train, train the core weights (CE) and the user weights (linear, MSE) and save the checkpoint."""
     import torch
 
     from scrubnet.data import DataConfig, load_split
-    from scrubnet.mlforget.model import MLConfig
+    from scrubnet.methods.mlforget import ml_config_from_options
     from scrubnet.mlforget.pipeline import train_ml
     from scrubnet.mlforget.store import save_new
     from scrubnet.training import TrainConfig
@@ -104,7 +105,7 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
     dcfg = DataConfig.from_dict({"dataset": dataset, "data_dir": str(data_dir) if data_dir else None,
                                  **_json_option(data_options, "--data-options")})
     tcfg = TrainConfig.from_dict({**TrainConfig(wd=0.03).to_dict(), **_json_option(train_options, "--train-options")})
-    mcfg = MLConfig.from_dict(_json_option(ml_options, "--ml-options"))
+    mcfg = ml_config_from_options(_json_option(ml_options, "--ml-options"))
     mopts = _json_option(model_options, "--model-options")
     split = load_split(dcfg)
     state = train_ml(split, mcfg, tcfg, seed, model_name=model, model_options=mopts,
