@@ -56,8 +56,17 @@ def render_report(results: dict) -> str:
         return out
 
     lines += ["## Readouts", ""] + table(core) + [""]
-    if extra:
-        lines += ["## Method measurements", ""] + table(extra) + [""]
+    info = [r for r in extra if r.startswith("info_") or r in ("loss_retain", "loss_test")]
+    if info:
+        lines += ["## Losses and information (nats)", ""] + table(info) + [""]
+    other = [r for r in extra if r not in info]
+    if other:
+        lines += ["## What each method measured", ""]
+        for m, d in ms.items():
+            keys = [r for r in other if r in d.get("summary", {})]
+            if keys:
+                lines.append(f"- **{m}**: " + ", ".join(f"`{k}` {_fmt(k, d['summary'][k])}" for k in keys))
+        lines.append("")
     checks = results.get("checks", {})
     if checks:
         lines += ["## Checks", ""]
