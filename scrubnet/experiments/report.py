@@ -75,6 +75,10 @@ def render_report(results: dict) -> str:
                 r = k[len("band_separated_"):]
                 lines.append(f"- original vs retrain on `{r}`: |Δmean| = {v['gap']:.4f}, 2·std(retrain) = "
                              f"{v['two_std_retrain']:.4f} → {'separated' if v['separated'] else 'NOT separated'}")
+            elif k.endswith("_inside_band"):
+                inside = [r for r, ok in v["readouts"].items() if ok]
+                lines.append(f"- `{k[:-len('_inside_band')]}` inside the `{v['band']}` band on {len(inside)}/"
+                             f"{len(v['readouts'])} readouts" + (f": {', '.join(inside)}" if inside else ""))
             else:
                 lines.append(f"- `{k}`: distance to original {v['distance_to_original']:.4f}, to retrain "
                              f"{v['distance_to_retrain']:.4f} → closer to {v['closer_to']}"

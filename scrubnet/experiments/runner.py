@@ -199,6 +199,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
                 _extra_figures(methods, sr, Path(out_dir))
     for m in methods:
         results["methods"][m]["summary"] = summarise(results["methods"][m]["runs"])
+        results["methods"][m]["band"] = band_reference(m)
     results["checks"] = separation_checks(results)
     if out_dir is not None:
         from scrubnet.experiments.report import write_outputs
@@ -214,6 +215,26 @@ def _extra_figures(methods: list[str], sr: SeedRun, out_dir: Path) -> None:
         except ImportError:
             return
         plot_ntk_lines(sr, out_dir)
+
+
+def band_reference(method: str) -> str:
+    """The method whose band ``method`` is judged against: ``retrain`` unless the method's class names
+    another in ``band_reference`` (e.g. ML-Forgetting is judged against the retrained mixed-linear model)."""
+    from scrubnet.methods.base import _REGISTRY
+    cls = _REGISTRY.get(method)
+    return getattr(cls, "band_reference", "retrain") if cls is not None else "retrain"
+
+
+def inside_band(results: dict, method: str) -> dict[str, bool]:
+    """For every core readout: is the method's mean inside its reference's mean ± std band?"""
+    ms = results["methods"]
+    ref = ms.get(ms[method].get("band", "retrain"), {}).get("summary", {})
+    out = {}
+    for r in CORE_READOUTS:
+        if r in ref and r in ms[method].get("summary", {}):
+            v, b = ms[method]["summary"][r]["mean"], ref[r]
+            out[r] = bool(abs(v - b["mean"]) <= b["std"] + 1e-9)
+    return out
 
 
 def separation_checks(results: dict) -> dict:
@@ -233,15 +254,22 @@ def separation_checks(results: dict) -> dict:
             gap = abs(so[r]["mean"] - sr[r]["mean"])
             out[f"band_separated_{r}"] = {"gap": gap, "two_std_retrain": 2 * sr[r]["std"],
                                           "separated": bool(gap > 2 * sr[r]["std"])}
+    refs = {d.get("band", "retrain") for d in ms.values()}
     for m, d in ms.items():
         if m in ("original", "retrain") or "loss_forget" not in d.get("summary", {}):
             continue
+        if m in refs or d.get("band", "retrain") != "retrain":
+            continue  # judged against its own band below
         v = d["summary"]["loss_forget"]["mean"]
         do, dr = abs(v - so["loss_forget"]["mean"]), abs(v - sr["loss_forget"]["mean"])
         lo, hi = sr["loss_forget"]["mean"] - sr["loss_forget"]["std"], sr["loss_forget"]["mean"] + sr["loss_forget"]["std"]
         out[f"{m}_loss_forget"] = {"distance_to_original": do, "distance_to_retrain": dr,
                                    "closer_to": "original" if do < dr else "retrain",
                                    "inside_retrain_band": bool(lo <= v <= hi)}
+    for m, d in ms.items():
+        if m in ("original", "retrain") or d.get("band", "retrain") == m:
+            continue
+        out[f"{m}_inside_band"] = {"band": d.get("band", "retrain"), "readouts": inside_band(results, m)}
     return out
 
 
