@@ -185,3 +185,30 @@ def test_methods_mlforget_and_retrain_share_the_cached_ml_model():
     assert res.model(x).shape == (n, C)
     with pytest.raises(ValueError):
         get_method("mlforget", bogus=1)
+
+
+@pytest.mark.parametrize("protocol", ["sequential", "class"])
+def test_ml_protocols_write_results_and_track_the_retrain(protocol, tmp_path):
+    import json
+
+    from scrubnet.experiments.ml_protocols import run_ml_protocol
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(seeds=[0], method_options={"mlforget": {"sigma": 1e-4, "cg_tol": 1e-5}})
+    res = run_ml_protocol(protocol, cfg, tmp_path, progress=False, n_requests=3, request_fraction=0.04)
+    n_req = 3 if protocol == "sequential" else 1
+    assert len(res["summary"]["mlforget"]) == n_req
+    sizes = res["seeds"][0]["request_sizes"]
+    assert sizes == ([4, 4, 4] if protocol == "sequential" else sizes) and len(sizes) == n_req
+    for k in range(n_req):
+        m, r = res["summary"]["mlforget"][k], res["summary"]["mlforget-retrain"][k]
+        for key in ("error_forget", "error_test", "mia_forget"):
+            assert abs(m[key]["mean"] - r[key]["mean"]) <= 0.02
+        assert m["info_weights_nats"]["mean"] < 100
+    if protocol == "class":  # a whole class forgotten: the retrain (and the scrub) get it all wrong
+        assert res["summary"]["mlforget"][0]["error_forget"]["mean"] > 0.8
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["protocol"] == protocol
+    assert (tmp_path / "report.md").is_file() and (tmp_path / f"{protocol}_loss_forget.png").is_file()
+    with pytest.raises(ValueError, match="unknown ML protocol"):
+        run_ml_protocol("nope", cfg, None, progress=False)
