@@ -22,6 +22,22 @@ What is here
   conjugate gradient on Θ-vector products when the Gram is too large to hold).
 * :func:`dense_jacobian` — the obviously-correct twin for tests (``torch.func.jacrev`` of the whole batch).
 
+Why this algorithm (compute.md §2, §12): on CPU a layerwise per-row-gradient / outer-product kernel beat
+``vmap(jacrev)`` 5.6–25×; here the c backward passes go to the layer *outputs* only (no weight gradients), and
+per-row weight gradients are a batched GEMM of (output-gradient, unfolded input). Measured with
+``benchmarks/ntk_scale.py`` (CIFAR ResNet-18, 32×32, c = 5, one thread on the shared 2-core box, so
+absolute times vary ×2 with the load of other jobs):
+
+* width 0.4 (p = 1.79 M), N = 500: scrub 477 s / 996 s (two runs under different load), of which the Gram
+  456 / 975 s; one pass of every Jacobian row 66 / 78 s; peak RSS 2.03 GiB with the old 0.98 GiB budget
+  split, 1.38 GiB with the current one at a 1.46 GiB budget; the dense Jacobian would be 16.7 GiB;
+* width 1.0 (p = 11.2 M), N = 100: scrub 80 s, Jacobian pass 29 s (ratio 2.8), peak RSS 3.08 GiB
+  (budget 4.88 GiB); the dense Jacobian would be 20.8 GiB (104 GiB at N = 500).
+
+The Gram costs several Jacobian passes at N = 500 because (i) the explicit contraction of the early layers
+is R²·p_explicit multiply-adds, (ii) the held chunk of rows that fits the budget forces the later rows to
+be recomputed once per held chunk. A GPU or a larger budget shrinks (ii); (i) is the price of exactness.
+
 Memory: ``memory_budget_bytes`` bounds the large buffers (the held block of rows, the captured layer
 inputs/output-gradients of one micro-batch, the contraction temporaries); chunk sizes are derived from
 it with a one-sample probe of the layer shapes. The budget is a target for these buffers, not a hard cap
