@@ -126,12 +126,19 @@ def test_sgd_on_the_auxiliary_quadratic_approaches_the_newton_step():
     assert out.info.relative_residual < 1e-2
 
 
-def test_kfac_preconditioned_cg_gives_the_same_step():
-    core, x, y, state = make_problem(precond="kfac")
+@pytest.mark.parametrize("precond", ["kfac", "nystrom"])
+def test_preconditioned_cg_gives_the_same_step(precond):
+    core, x, y, state = make_problem(precond=precond, precond_rank=20)
     request = state.deletable_ids()[:4]
     out = forget_request(state, x, y, request, sigma=0.0)
     rem = state.remaining_ids()
     assert rel(out.w_before_noise, closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
+    if precond == "nystrom":  # built once and reused by the next request
+        pre = state.precond
+        forget_request(state, x, y, state.deletable_ids()[:2], sigma=0.0)
+        assert state.precond is pre
+        rem = state.remaining_ids()
+        assert rel(state.model.delta_flat(), closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
 
 
 def test_forget_all_gives_the_core_model():

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet.mlforget.objective import UserObjective
-from scrubnet.mlforget.solve import SGDTrainConfig, SolverConfig, StepInfo, fit_user_weights_sgd, newton_step
+from scrubnet.mlforget.solve import (NystromPreconditioner, SGDTrainConfig, SolverConfig, StepInfo,
+                                    fit_user_weights_sgd, newton_step)
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -102,6 +103,7 @@ class MLState:
     num_classes: int
     seed: int
     train_info: dict = field(default_factory=dict)
+    precond: object = None  # a preconditioner of H built once (Nyström) and reused by later requests
 
     def remaining_ids(self) -> Tensor:
         """User ids not yet forgotten (sorted)."""
@@ -232,7 +234,15 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     obj = state.objective(x_all[remaining], y_all[remaining])
     w = state.model.delta_flat()
     gen = torch.Generator().manual_seed(int(noise_seed))
-    delta, info = newton_step(obj, w, state.config.solver, generator=gen)
+    precond = None
+    if state.config.solver.solver == "cg" and state.config.solver.precond == "nystrom":
+        if state.precond is None:  # built once, on the data before this request, then reused
+            full = state.remaining_ids()
+            state.precond = NystromPreconditioner(state.objective(x_all[full], y_all[full]),
+                                                  state.config.solver.precond_rank,
+                                                  torch.Generator().manual_seed(state.seed))
+        precond = state.precond
+    delta, info = newton_step(obj, w, state.config.solver, generator=gen, precond=precond)
     w_prime = w - delta
     eps = torch.randn(w.shape, generator=gen, dtype=w.dtype)
     w_new = w_prime + sigma * eps if sigma > 0 else w_prime.clone()
