@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from scrubnet.curvature.ntk import dense_jacobian
-from scrubnet.curvature.params import get_flat, set_flat
+from scrubnet.curvature.params import get_flat
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.ntk import ntk_direction, residuals, trapezium_scale
 from scrubnet.models.zoo import build_model
@@ -76,9 +76,10 @@ def test_matrix_free_delta_equals_dense(name, pull, loss):
     want, disp = _dense_delta(model, xr, yr, xf, yf, w0, wd * 10, wd * 7, loss, pull)
     assert float((step.delta_w - want).norm() / want.norm()) < 1e-6
     assert float((step.retain_displacement - disp).norm() / disp.norm()) < 1e-6
-    cg = ntk_direction(model, (xr, yr), (xf, yf), wd=wd, w0=w0, num_classes=C, loss=loss, pull=pull, solver="cg",
-                       cg_tol=1e-12)
-    assert float((cg.delta_w - want).norm() / want.norm()) < 1e-6
+    if name == "mlp" and loss == "ce":  # the matrix-free CG path (Θ never formed) on a subset of the grid
+        cg = ntk_direction(model, (xr, yr), (xf, yf), wd=wd, w0=w0, num_classes=C, loss=loss, pull=pull,
+                           solver="cg", cg_tol=1e-12)
+        assert float((cg.delta_w - want).norm() / want.norm()) < 1e-6
 
 
 @pytest.mark.parametrize("loss", ["ce", "mse"])

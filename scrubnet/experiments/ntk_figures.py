@@ -15,7 +15,6 @@ import copy
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import nn
 

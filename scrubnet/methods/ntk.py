@@ -63,7 +63,6 @@ white-box ``info_weights_nats`` (same procedure on the retrain model) and the bl
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import dataclass, field
 
