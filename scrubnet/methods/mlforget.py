@@ -88,6 +88,8 @@ class _MLBase(ForgettingMethod):
 class MLForget(_MLBase):
     """ML-Forgetting of D_f in one request (module docstring)."""
 
+    band_reference = "mlforget-retrain"  # judged against the retrained mixed-linear model, not the DNN
+
     def scrub(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
         art = ml_artifacts(ctx, self.cfg)
         step = art["outcome"].info
