@@ -8,7 +8,8 @@ from scrubnet.data.registry import DataConfig
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.training import TrainConfig
 
-torch.set_num_threads(2)
+# tiny models: one thread is fastest and immune to OpenMP oversubscription on a busy machine
+torch.set_num_threads(1)
 
 
 def tiny_config(**over) -> ExperimentConfig:
