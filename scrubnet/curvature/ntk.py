@@ -28,15 +28,18 @@ per-row weight gradients are a batched GEMM of (output-gradient, unfolded input)
 ``benchmarks/ntk_scale.py`` (CIFAR ResNet-18, 32×32, c = 5, one thread on the shared 2-core box, so
 absolute times vary ×2 with the load of other jobs):
 
-* width 0.4 (p = 1.79 M), N = 500: scrub 477 s / 996 s (two runs under different load), of which the Gram
-  456 / 975 s; one pass of every Jacobian row 66 / 78 s; peak RSS 2.03 GiB with the old 0.98 GiB budget
-  split, 1.38 GiB with the current one at a 1.46 GiB budget; the dense Jacobian would be 16.7 GiB;
+* width 0.4 (p = 1.79 M), N = 500, budget 1.46 GiB: scrub 731 s (Gram 722 s), one pass of every Jacobian
+  row 60 s (ratio 12.2), peak RSS 1.39 GiB; the dense Jacobian would be 16.7 GiB. (An earlier run with a
+  0.98 GiB budget and a looser memory split: scrub 477 s, pass 66 s, ratio 7.3, peak 2.03 GiB.)
 * width 1.0 (p = 11.2 M), N = 100: scrub 80 s, Jacobian pass 29 s (ratio 2.8), peak RSS 3.08 GiB
-  (budget 4.88 GiB); the dense Jacobian would be 20.8 GiB (104 GiB at N = 500).
+  (budget 4.88 GiB); the dense Jacobian would be 20.8 GiB (104 GiB at N = 500, where the scrub's resident
+  high-water mark stayed at 3.3 GiB for the 45 min it ran before the session's deadline stopped it).
 
-The Gram costs several Jacobian passes at N = 500 because (i) the explicit contraction of the early layers
-is R²·p_explicit multiply-adds, (ii) the held chunk of rows that fits the budget forces the later rows to
-be recomputed once per held chunk. A GPU or a larger budget shrinks (ii); (i) is the price of exactness.
+Where the time goes (profile, width 0.4, N = 150, 0.45 GiB budget, 93 s): the c backward passes 28 s
+(the rows of later chunks are recomputed once per held chunk of rows, and small micro-batches run
+below full CPU efficiency), the explicit contraction G_I G_Jᵀ 27 s (R²·p_explicit multiply-adds),
+per-row gradient GEMMs 13 s, ghost blocks 6 s, convolutions and unfolding 9 s. A larger budget (fewer
+held chunks) or a GPU shrinks the first; the second is the price of an exact Gram.
 
 Memory: ``memory_budget_bytes`` bounds the large buffers (the held block of rows, the captured layer
 inputs/output-gradients of one micro-batch, the contraction temporaries); chunk sizes are derived from
