@@ -145,9 +145,13 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
         retrain_mode: Optional[str] = typer.Option(None, help="replace | remove"),
         protocol: str = typer.Option("default", help="default | sequential | class (ML-Forgetting protocols)"),
         config: Optional[Path] = typer.Option(None, help="TOML configuration file"),
+        threads: int = typer.Option(1, help="torch CPU threads; 1 (default) makes the numbers independent of "
+                                            "the machine's core count and is fastest for the small models"),
         quiet: bool = typer.Option(False, help="no progress bar")):
     """Run the forgetting protocol: methods × seeds → results.json, report.md, figures."""
     from scrubnet.experiments.runner import get_split, resolve_methods, run_experiment
+
+    _set_threads(threads)
 
     cfg = _build_config(config, dataset, data_dir, model, methods, seeds, forget_class, forget_count, forget_ids,
                         retrain_mode)
@@ -165,6 +169,15 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
     results = run_experiment(cfg, out, progress=not quiet, console=console)
     _print_summary(results)
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
+
+
+def _set_threads(threads: Optional[int]) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise UserError("--threads must be at least 1")
+    import torch
+    torch.set_num_threads(threads)
 
 
 def _print_summary(results: dict) -> None:
