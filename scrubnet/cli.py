@@ -386,6 +386,11 @@ _register_extensions()
 
 
 def main() -> None:  # console-script entry point
+    import os
+
+    import torch
+    # one thread unless asked otherwise (see `run --threads`); SCRUBNET_THREADS sets it for every command
+    torch.set_num_threads(max(1, int(os.environ.get("SCRUBNET_THREADS", "1") or 1)))
     app()
 
 
