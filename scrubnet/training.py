@@ -19,12 +19,13 @@ the same seed gives identical weights on CPU.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet._config import strict_from_dict
 from scrubnet.models import freeze_batchnorm, replace_head
 
 
@@ -51,11 +52,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown training option(s): {', '.join(unknown)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "training")
 
 
 @dataclass

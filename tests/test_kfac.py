@@ -6,15 +6,6 @@ from torch.func import functional_call, jacrev
 
 from scrubnet.curvature.kfac import KFACPreconditioner, compute_kfac
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: intra-op threads only add overhead (and contend with other processes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 
 def dense_ggn(model, x, loss):
     """(1/N) Σ_n J_nᵀ Λ_n J_n over all parameters (weight row-major, then bias)."""

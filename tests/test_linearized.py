@@ -4,16 +4,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky, select_parameter_names
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: intra-op threads only add overhead (and contend with other processes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
+from scrubnet.models.linearized import (
+    LinearizedModel,
+    convert_relu_to_leaky,
+    select_parameter_names,
+)
 
 
 def tiny_net(seed=0):

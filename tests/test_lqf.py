@@ -3,15 +3,14 @@ import pytest
 import torch
 from torch import nn
 
-from scrubnet.methods.lqf import LQFConfig, full_loss, influence_on_prediction, lqf_model, solve_lqf, train_lqf
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from scrubnet.methods.lqf import (
+    LQFConfig,
+    full_loss,
+    influence_on_prediction,
+    lqf_model,
+    solve_lqf,
+    train_lqf,
+)
 
 
 def problem(net, n=30, d=5, c=3, seed=0):

@@ -7,20 +7,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from scrubnet.mlforget import (MLConfig, SolverConfig, build_ml_model, forget_all, forget_request,
-                               remaining_information_nats, retrain_user_weights)
+from scrubnet.mlforget import (
+    MLConfig,
+    SolverConfig,
+    build_ml_model,
+    forget_all,
+    forget_request,
+    remaining_information_nats,
+    retrain_user_weights,
+)
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.training import TrainConfig
 
 C = 3
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: intra-op threads only add overhead (and contend with other processes)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 

@@ -1,8 +1,12 @@
-import numpy as np
 import pytest
 import torch
 
-from scrubnet.data.splits import SplitError, make_split, select_forget, validate_forget_ids
+from scrubnet.data.splits import (
+    SplitError,
+    make_split,
+    select_forget,
+    validate_forget_ids,
+)
 
 
 def _pools():

@@ -1,8 +1,9 @@
 """Build a :class:`Split` by dataset name, with the papers' default split for each dataset."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
+from scrubnet._config import strict_from_dict
 from scrubnet.data.splits import Split, make_split
 
 DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagefolder")
@@ -31,11 +32,7 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown data option(s): {', '.join(unknown)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "data")
 
 
 def load_pools(cfg: DataConfig):

@@ -25,15 +25,22 @@ and its only trainable parameters are w_u.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from scrubnet._config import strict_from_dict
 from scrubnet.mlforget.objective import UserObjective
-from scrubnet.mlforget.solve import (NystromPreconditioner, SGDTrainConfig, SolverConfig, StepInfo,
-                                    fit_user_weights_sgd, newton_step)
+from scrubnet.mlforget.solve import (
+    NystromPreconditioner,
+    SGDTrainConfig,
+    SolverConfig,
+    StepInfo,
+    fit_user_weights_sgd,
+    newton_step,
+)
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -84,11 +91,7 @@ class MLConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MLConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown ML-Forgetting option(s): {', '.join(unknown)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "ML-Forgetting")
 
 
 @dataclass
