@@ -31,9 +31,9 @@ absolute times vary ×2 with the load of other jobs):
 * width 0.4 (p = 1.79 M), N = 500, budget 1.46 GiB: scrub 731 s (Gram 722 s), one pass of every Jacobian
   row 60 s (ratio 12.2), peak RSS 1.39 GiB; the dense Jacobian would be 16.7 GiB. (An earlier run with a
   0.98 GiB budget and a looser memory split: scrub 477 s, pass 66 s, ratio 7.3, peak 2.03 GiB.)
-* width 1.0 (p = 11.2 M), N = 100: scrub 80 s, Jacobian pass 29 s (ratio 2.8), peak RSS 3.08 GiB
-  (budget 4.88 GiB); the dense Jacobian would be 20.8 GiB (104 GiB at N = 500, where the scrub's resident
-  high-water mark stayed at 3.3 GiB for the 45 min it ran before the session's deadline stopped it).
+* width 1.0 (p = 11.2 M), N = 500, budget 4.88 GiB: scrub 1854 s (Gram 1819 s), Jacobian pass 129 s
+  (ratio 14.4), peak RSS 3.15 GiB; the dense Jacobian would be 104 GiB. At N = 100: scrub 80 s, pass 29 s
+  (ratio 2.8), peak RSS 3.08 GiB.
 
 Where the time goes (profile, width 0.4, N = 150, 0.45 GiB budget, 93 s): the c backward passes 28 s
 (the rows of later chunks are recomputed once per held chunk of rows, and small micro-batches run
