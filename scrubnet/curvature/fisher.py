@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
 from scrubnet.curvature.params import trainable_params
+from scrubnet.models import eval_mode
 
 FISHER_KINDS = ("true", "empirical")
 
@@ -44,27 +45,6 @@ FISHER_KINDS = ("true", "empirical")
 _DEFAULT_BUDGET_BYTES = 32 * 2**20
 
 
-class _EvalMode:
-    """Context manager: put a module in eval mode and restore its previous train/eval flags afterwards."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.flags: list[tuple[nn.Module, bool]] = []
-
-    def __enter__(self):
-        self.flags = [(m, m.training) for m in self.model.modules()]
-        self.model.eval()
-        return self.model
-
-    def __exit__(self, *exc):
-        for m, flag in self.flags:
-            m.training = flag
-        return False
-
-
-def eval_mode(model: nn.Module) -> _EvalMode:
-    """``with eval_mode(model): ...`` runs the block with every submodule in eval mode, then restores them."""
-    return _EvalMode(model)
 
 
 def _check_inputs(model: nn.Module, x: Tensor, y: Tensor | None, kind: str) -> None:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vjp
 
-from scrubnet.curvature.fisher import eval_mode
 from scrubnet.curvature.params import flatten, trainable_params, unflatten
+from scrubnet.models import eval_mode
 
 LOSSES = ("ce", "mse")
 

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.params import trainable_params
 from scrubnet.curvature.solvers import SolveInfo, cholesky_solve_jitter, conjugate_gradient
+from scrubnet.models import eval_mode
 
 DEFAULT_BUDGET = 1 << 30  # 1 GiB
 
@@ -66,26 +67,10 @@ DEFAULT_BUDGET = 1 << 30  # 1 GiB
 # model plumbing
 # --------------------------------------------------------------------------------------------------
 
-class _EvalMode:
-    """Context manager: model in eval mode, previous per-module modes restored on exit."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.modes: list[tuple[nn.Module, bool]] = []
-
-    def __enter__(self):
-        self.modes = [(m, m.training) for m in self.model.modules()]
-        self.model.eval()
-        return self.model
-
-    def __exit__(self, *exc):
-        for m, t in self.modes:
-            m.training = t
-        return False
 
 
 def _num_outputs(model: nn.Module, x: Tensor) -> int:
-    with torch.no_grad(), _EvalMode(model):
+    with torch.no_grad(), eval_mode(model):
         out = model(x[:1])
     if out.ndim != 2:
         raise ValueError(f"expected logits of shape (batch, c), got {tuple(out.shape)}")
@@ -222,7 +207,7 @@ class JacobianRows:
         for lay in self.layers:
             handles.append(lay.module.register_forward_hook(make_hook(lay.name)))
         try:
-            with _EvalMode(self.model), torch.enable_grad():
+            with eval_mode(self.model), torch.enable_grad():
                 if need_grads:
                     logits = self.model(x)
                 else:
@@ -311,7 +296,7 @@ class JacobianRows:
         def f_single(pfree, xi):
             return functional_call(self.model, ({**fixed, **pfree}, buffers), (xi.unsqueeze(0),)).squeeze(0)
 
-        with _EvalMode(self.model):
+        with eval_mode(self.model):
             jac = vmap(jacrev(f_single), in_dims=(None, 0))(free, x)   # name -> (B, c, *shape)
         b, c = len(x), self.num_classes
         return [(self.offsets[k], jac[k].reshape(b * c, -1)) for k in self.generic_names]
@@ -349,7 +334,7 @@ def activation_numel_per_sample(model: nn.Module, x1: Tensor) -> int:
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
-        with torch.no_grad(), _EvalMode(model):
+        with torch.no_grad(), eval_mode(model):
             model(x1[:1])
     finally:
         for h in handles:
@@ -562,7 +547,7 @@ def jacobian_vjp(model: nn.Module, x: Tensor, a: Tensor, *, batch_size: int = 25
     out = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
     if a.shape[0] != len(x):
         raise ValueError(f"a has {a.shape[0]} rows, x has {len(x)} samples")
-    with _EvalMode(model), torch.enable_grad():
+    with eval_mode(model), torch.enable_grad():
         for s in range(0, len(x), batch_size):
             f = model(x[s:s + batch_size])
             gs = torch.autograd.grad((f * a[s:s + batch_size].to(f.dtype)).sum(), params, allow_unused=True)
@@ -574,12 +559,13 @@ def jacobian_vjp(model: nn.Module, x: Tensor, a: Tensor, *, batch_size: int = 25
 def jacobian_jvp(model: nn.Module, x: Tensor, v: Tensor, *, batch_size: int = 256) -> Tensor:
     """J v (eval mode) by forward-mode AD (``torch.func.jvp``): flat v (p,) → (N, c)."""
     from torch.func import functional_call, jvp
+
     from scrubnet.curvature.params import unflatten
     params = trainable_params(model)
     tangent = unflatten(v.to(next(iter(params.values())).dtype), params)
     buffers = dict(model.named_buffers())
     outs = []
-    with _EvalMode(model):
+    with eval_mode(model):
         for s in range(0, len(x), batch_size):
             xb = x[s:s + batch_size]
             _, jv = jvp(lambda p: functional_call(model, (p, buffers), (xb,)), (params,), (tangent,))
@@ -597,7 +583,7 @@ def dense_jacobian(model: nn.Module, x: Tensor) -> Tensor:
     from torch.func import functional_call, jacrev
     params = trainable_params(model)
     buffers = dict(model.named_buffers())
-    with _EvalMode(model):
+    with eval_mode(model):
         jac = jacrev(lambda p: functional_call(model, (p, buffers), (x,)).reshape(-1))(params)
     return torch.cat([j.reshape(j.shape[0], -1) for j in jac.values()], dim=1)
 

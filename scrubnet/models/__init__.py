@@ -1,7 +1,17 @@
 """The model zoo. Every model is a plain ``nn.Module`` whose final layer is the attribute ``head``
 (an ``nn.Linear``), so fine-tuning can swap in a fresh head for the task classes."""
-from scrubnet.models.zoo import (MODELS, AllCNN, CNN1D, CNN2D, MLP, ResNet18, build_model, freeze_batchnorm,
-                                 replace_head)
+from scrubnet.models.zoo import (
+                                 CNN1D,
+                                 CNN2D,
+                                 MLP,
+                                 MODELS,
+                                 AllCNN,
+                                 ResNet18,
+                                 build_model,
+                                 eval_mode,
+                                 freeze_batchnorm,
+                                 replace_head,
+)
 
-__all__ = ["MODELS", "MLP", "CNN1D", "CNN2D", "AllCNN", "ResNet18", "build_model", "freeze_batchnorm",
+__all__ = ["MODELS", "MLP", "CNN1D", "CNN2D", "AllCNN", "ResNet18", "build_model", "eval_mode", "freeze_batchnorm",
            "replace_head"]

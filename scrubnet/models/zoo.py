@@ -12,6 +12,29 @@ import torch
 from torch import nn
 
 
+class _EvalMode:
+    """Context manager: put a module in eval mode and restore its previous train/eval flags afterwards."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.flags: list[tuple[nn.Module, bool]] = []
+
+    def __enter__(self):
+        self.flags = [(m, m.training) for m in self.model.modules()]
+        self.model.eval()
+        return self.model
+
+    def __exit__(self, *exc):
+        for m, flag in self.flags:
+            m.training = flag
+        return False
+
+
+def eval_mode(model: nn.Module) -> _EvalMode:
+    """``with eval_mode(model): ...`` runs the block with every submodule in eval mode, then restores them."""
+    return _EvalMode(model)
+
+
 class MLP(nn.Module):
     def __init__(self, in_shape, num_classes: int, hidden: int = 256, depth: int = 2, act: str = "relu"):
         super().__init__()
