@@ -18,7 +18,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="scrubnet: make a trained network forget a cohort of its training data, and measure it.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs get the full table
 err_console = Console(stderr=True)
 
 
@@ -181,15 +181,22 @@ def _set_threads(threads: Optional[int]) -> None:
 
 
 def _print_summary(results: dict) -> None:
-    cols = ["error_retain", "error_forget", "error_test", "loss_forget", "mia_forget", "relearn_epochs"]
-    t = Table(title="readouts (mean ± std over seeds)")
-    t.add_column("method")
-    for c in cols:
-        t.add_column(c)
+    cols = [("error_retain", "err D_r %"), ("error_forget", "err D_f %"), ("error_test", "err test %"),
+            ("loss_forget", "loss D_f"), ("mia_forget", "MIA D_f %"), ("relearn_epochs", "relearn")]
+    t = Table(title="readouts (mean ± std over seeds; retrain is the target)")
+    t.add_column("method", no_wrap=True)
+    for _, title in cols:
+        t.add_column(title, no_wrap=True)
+
+    def cell(c, s):
+        if c not in s:
+            return "–"
+        k = 100.0 if c in ("error_retain", "error_forget", "error_test", "mia_forget") else 1.0
+        fmt = ".1f" if k == 100.0 or c == "relearn_epochs" else ".3f"
+        return f"{k * s[c]['mean']:{fmt}}±{k * s[c]['std']:{fmt}}"
+
     for m, d in results["methods"].items():
-        s = d["summary"]
-        t.add_row(m + (" (target)" if m == "retrain" else ""),
-                  *[f"{s[c]['mean']:.3f}±{s[c]['std']:.3f}" if c in s else "–" for c in cols])
+        t.add_row(m, *[cell(c, d["summary"]) for c, _ in cols])
     console.print(t)
 
 
