@@ -8,8 +8,8 @@ f − t for the loss ½‖f − t‖², t = ``mse_target_scale``·onehot(y)).
 
 Linearised training on S reaches
 
-    pull="point" (authors' code, default):  w_lin(S) = w* − J_Sᵀ (Θ_S + λ_S I)⁻¹ r_S
-    pull="w0"    (the exact training pull): w_lin(S) = w_0 + J_Sᵀ (Θ_S + λ_S I)⁻¹ (J_S (w* − w_0) − r_S)
+    pull="point" (authors' code):           w_lin(S) = w* − J_Sᵀ (Θ_S + λ_S I)⁻¹ r_S
+    pull="w0"    (exact training pull, default): w_lin(S) = w_0 + J_Sᵀ (Θ_S + λ_S I)⁻¹ (J_S (w* − w_0) − r_S)
 
 ("point" pulls toward w*, which is what the code does; "w0" keeps the pull toward w_0 of the real objective,
 and for a linear model with MSE it makes w_lin(S) the exact ridge solution from any w*). The scrub direction
