@@ -111,6 +111,20 @@ def test_noise_is_sigma_scaled_and_remaining_information():
     assert remaining_information_nats(w_hat + 1e-3, w_hat, 1e-3) == pytest.approx(p)
 
 
+def test_reference_noise_common_random_numbers_or_independent():
+    from scrubnet.mlforget.model import reference_noise
+    core, x, y, state = make_problem()
+    out = forget_request(state, x, y, state.deletable_ids()[:3], sigma=1e-3, noise_seed=7)
+    w_hat = retrain_user_weights(state, x, y)
+    coupled = reference_noise(MLConfig(sigma=1e-3), out, seed=1)
+    assert torch.equal(coupled, out.w_after - out.w_before_noise)
+    # scrub and reference then differ only by the solver error
+    assert rel(out.w_after, w_hat + coupled) < 1e-8
+    indep = reference_noise(MLConfig(sigma=1e-3, coupled_noise=False), out, seed=1)
+    assert not torch.allclose(indep, coupled)
+    assert 0.4 < float(indep.pow(2).mean()) / 1e-6 < 2.0  # ~80 weights: a loose check of the scale
+
+
 def test_sgd_on_the_auxiliary_quadratic_approaches_the_newton_step():
     core, x, y, state = make_problem(mu=0.5)
     request = state.deletable_ids()[:5]

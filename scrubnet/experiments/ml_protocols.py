@@ -8,7 +8,8 @@ For each seed: w_0 as in the default protocol, the ML model (:mod:`scrubnet.mlfo
 ``cfg.method_options["mlforget"]``), then the requests in order. After request k the scrubbed model is
 evaluated with the runner's readouts against the ML model retrained from scratch on the remaining data
 (same seed and solver; activation distance measured to it, re-learn threshold = the ML original's D_f loss,
-D_f = everything forgotten so far); the retrained model itself (plus its own σ noise draw) gives the band.
+D_f = everything forgotten so far); the retrained model itself (plus σ noise, by default the scrub's own
+draw: ``MLConfig.coupled_noise``) gives the band.
 ``info_weights_nats`` = ‖w'_u − ŵ_u‖²/σ² after every request.
 
 Outputs in ``out_dir``: ``results.json``, ``report.md`` and one figure per readout (value vs request index,
@@ -27,7 +28,7 @@ import torch
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import CORE_READOUTS, SeedRun, evaluate, get_split
 from scrubnet.methods.mlforget import ml_config_from_options
-from scrubnet.mlforget.model import (MLState, build_ml_model, forget_request, ml_module_with_weights,
+from scrubnet.mlforget.model import (MLState, build_ml_model, forget_request, ml_module_with_weights, reference_noise,
                                      remaining_information_nats, retrain_user_weights)
 from scrubnet.mlforget.pipeline import fine_tuning_start
 
@@ -86,9 +87,8 @@ def run_ml_protocol(protocol: str, cfg: ExperimentConfig, out_dir: Path | str | 
                 t1 = time.perf_counter()
                 w_hat = retrain_user_weights(state, split.x, split.y)
                 t_retrain = time.perf_counter() - t1
-                g = torch.Generator().manual_seed(2_000_003 * seed + k)
-                noise = torch.randn(w_hat.shape, generator=g, dtype=w_hat.dtype)
-                retrain_noisy = ml_module_with_weights(state, w_hat + ml_cfg.sigma * noise)
+                retrain_noisy = ml_module_with_weights(state, w_hat + reference_noise(ml_cfg, out,
+                                                                                     2_000_003 * seed + k))
                 retrain_exact = ml_module_with_weights(state, w_hat)
                 forgotten = state.forgotten_ids[~torch.isin(state.forgotten_ids, state.core_ids)]
                 split_k = split.with_forget(forgotten, forget_class=split.forget_class if protocol == "class"

@@ -7,11 +7,12 @@
   retrained from scratch on the remaining data (same seed, same solver, same noise level; this is what
   ``mlforget-retrain`` returns) and its ``original`` the ML model before forgetting, so the runner measures
   activation distance and the re-learn threshold inside the ML family. The activation distance of both
-  methods is measured to the *noiseless* retrained ML model ŵ_u, so the retrain's own noise draw gives the
-  band a non-zero width (the scrub and the retrain differ only by the solver error and the noise draw).
+  methods is measured to the *noiseless* retrained ML model ŵ_u, so the noise gives the band a non-zero
+  width.
   ``info_weights_nats`` = ‖w'_u − ŵ_u‖²/σ² (w'_u: scrubbed before noise; ŵ_u: retrained), thesis T:10102.
-* ``mlforget-retrain`` — the ML model retrained without D_f (plus the same σ noise, the thesis's baseline
-  S_0(w) = w + z, with its own noise draw).
+* ``mlforget-retrain`` — the ML model retrained without D_f plus σ noise, the thesis's baseline
+  S_0(w) = w + z. By default z is the scrub's own draw (common random numbers, ``coupled_noise``; see
+  :class:`~scrubnet.mlforget.model.MLConfig`), so the two differ only by the solver error.
 
 The returned modules are :class:`~scrubnet.models.linearized.LinearizedModel` s: x → logits, and w_u are
 their only trainable parameters (the re-learn readout fine-tunes exactly those). The trained ML original is
@@ -26,10 +27,9 @@ import copy
 import json
 import time
 
-import torch
 
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
-from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_module_with_weights,
+from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_module_with_weights, reference_noise,
                                      remaining_information_nats, retrain_user_weights)
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.solve import SolverConfig
@@ -66,9 +66,7 @@ def ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
     t0 = time.perf_counter()
     w_hat = retrain_user_weights(scrub_state, split.x, split.y)
     t_retrain = time.perf_counter() - t0
-    g = torch.Generator().manual_seed(1_000_003 * ctx.seed + 2)
-    noise = torch.randn(w_hat.shape, generator=g, dtype=w_hat.dtype)
-    retrain_model = ml_module_with_weights(state, w_hat + cfg.sigma * noise)
+    retrain_model = ml_module_with_weights(state, w_hat + reference_noise(cfg, out, 1_000_003 * ctx.seed + 2))
     art = {"original": original, "scrubbed": scrub_state.model, "retrain": retrain_model,
            "retrain_exact": ml_module_with_weights(state, w_hat), "outcome": out,
            "info_weights_nats": remaining_information_nats(out.w_before_noise, w_hat, cfg.sigma),

@@ -53,6 +53,12 @@ class MLConfig:
     w_u after each forgetting request (z ~ N(0, σ²I)); linearize: parameter-name prefixes of w_u (None =
     all parameters); core_fraction: share of D put in the core; user_data: 'all' or 'rest' (module
     docstring); train_solver: 'newton' (exact) or 'sgd'.
+    coupled_noise: when evaluating against the retrained reference S_0(ŵ) = ŵ + σ·ε', draw ε' equal to the
+    scrub's ε (common random numbers, the default) instead of independently. Both are samples of the same
+    N(0, σ²I), so the distributions compared are unchanged; pairing them per seed removes the
+    noise-versus-noise spread from readouts such as the activation distance (with independent draws and
+    3 seeds, "inside the band" on those readouts is a coin flip whatever the scrub does), leaving only what
+    differs deterministically: the solver error, which ``info_weights_nats`` measures directly.
     """
 
     mu: float = 0.05
@@ -66,6 +72,7 @@ class MLConfig:
     chunk: int = 4096
     solver: SolverConfig = field(default_factory=SolverConfig)
     sgd_train: SGDTrainConfig = field(default_factory=SGDTrainConfig)
+    coupled_noise: bool = True
 
     def __post_init__(self):
         if isinstance(self.solver, dict):
@@ -220,6 +227,20 @@ class ForgetOutcome:
     w_before_noise: Tensor
     w_after: Tensor
     info: StepInfo
+
+    @property
+    def noise(self) -> Tensor:
+        """The noise added by this request, σ·ε = w_after − w'."""
+        return self.w_after - self.w_before_noise
+
+
+def reference_noise(cfg: MLConfig, out: ForgetOutcome, seed: int) -> Tensor:
+    """σ·ε' for the retrained reference ŵ + σ·ε': the scrub's own draw when ``cfg.coupled_noise``
+    (common random numbers), else an independent draw from ``seed``."""
+    if cfg.coupled_noise:
+        return out.noise.clone()
+    g = torch.Generator().manual_seed(int(seed))
+    return cfg.sigma * torch.randn(out.w_after.shape, generator=g, dtype=out.w_after.dtype)
 
 
 def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: float | None = None,
