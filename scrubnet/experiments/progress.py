@@ -5,14 +5,16 @@ import contextlib
 
 
 class _NullProgress:
+    """Accepts the calls a rich ``Progress`` gets and does nothing with them."""
+
     def add_task(self, *a, **k):
         return 0
 
     def update(self, *a, **k):
-        pass
+        return None
 
     def advance(self, *a, **k):
-        pass
+        return None
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ is imported on first use, so adding a method is adding a module.
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -80,8 +81,8 @@ class ScrubResult:
     original: nn.Module | None = None
 
 
-class ForgettingMethod:
-    """Base class: subclasses set ``name`` and implement :meth:`scrub`.
+class ForgettingMethod(ABC):
+    """Base class: subclasses set ``name`` (via :func:`register`) and implement :meth:`scrub`.
 
     ``needs_retain`` is False for methods that use only D_f. Options are constructor keyword arguments.
     """
@@ -89,8 +90,9 @@ class ForgettingMethod:
     name: ClassVar[str] = ""
     needs_retain: ClassVar[bool] = True
 
-    def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def scrub(self, model: nn.Module, retain: Data, forget: Data, ctx: ForgetContext) -> ScrubResult:
+        """Return the scrubbed copy of ``model`` and what was measured; ``model`` itself is left untouched."""
 
     def __call__(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
         return self.scrub(model, as_tensors(retain), as_tensors(forget), ctx)
