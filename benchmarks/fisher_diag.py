@@ -49,7 +49,7 @@ def _rss_kib(field: str) -> int:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
-        pass
+        pass  # no /proc (not Linux): fall back to getrusage's high-water mark
     import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 

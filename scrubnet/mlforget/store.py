@@ -71,7 +71,7 @@ def _fsync_dir(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        pass  # some filesystems cannot fsync a directory; the renamed files themselves were fsynced
     finally:
         os.close(fd)
 
