@@ -1,0 +1,312 @@
+"""Per-example forgetting statistics as pure NumPy functions: usable on logits from models trained anywhere.
+
+* :func:`logit_confidence` — the LiRA statistic φ(x, y) = log p_y − log Σ_{y'≠y} p_{y'}, computed stably from
+  logits as z_y − logsumexp_{y'≠y} z_{y'}.
+* :func:`ulira` — U-LiRA (Hayes et al. 2024, "Inexact unlearning needs more careful evaluations"): per-example
+  Gaussians of φ for IN (models that *unlearned* x) and OUT (models that never trained on x), fitted on shadow
+  models, a likelihood-ratio test on held-out target models. 0.5 balanced accuracy = the unlearned models are
+  indistinguishable from never having trained on x.
+* :func:`example_epsilons`, :func:`forget_score`, :func:`epsilon_score` — the NeurIPS-2023 unlearning
+  challenge's per-example ε from U unlearned and R retrained models of one original and one forget set, its
+  bucketed forget score and the final score scaled by retain and test accuracy relative to retraining.
+
+Missing values: in the φ matrices ``[models, examples]`` a NaN marks "this model does not belong to this
+group for this example" (e.g. the model did not unlearn x), so one matrix can hold a whole pool.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: δ of the (ε, δ) definition, as in the challenge's metric code
+DELTA = 1e-5
+#: ε reported for perfectly separated samples (both error rates 0) or a degenerate spread; the challenge's cap
+EPSILON_CAP = 50.0
+#: threshold grid density of the challenge: 100 thresholds per unit of φ
+THRESHOLDS_PER_UNIT = 100
+#: the two-sided (interval) rule scans left ends within ±2 of the right end minus the peakier sample's range,
+#: and right ends from min + range − 2 to max + 2 of the peakier sample (the challenge's "buffer")
+INTERVAL_BUFFER = 2.0
+#: if one sample's range is below 1 % of the other's, the challenge returns the cap (a point mass is not private)
+RANGE_RATIO_MIN = 0.01
+#: ε buckets of width 0.5 worth 1, ½, ¼, …; the last bucket ends at ceil(ln(U − 1)) (7 at U = 512)
+BUCKET_WIDTH = 0.5
+#: smallest standard deviation of a fitted Gaussian (φ units): keeps the likelihood finite for point masses
+MIN_STD = 1e-3
+
+
+def logit_confidence(logits, labels) -> np.ndarray:
+    """φ = z_y − logsumexp_{y'≠y} z_{y'} = log p_y − log(1 − p_y).
+
+    ``logits``: ``[..., n, c]``; ``labels``: ``[n]`` ints. Returns ``[..., n]`` (float64).
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if z.ndim < 2 or z.shape[-2] != len(y):
+        raise ValueError(f"logits {z.shape} do not match {len(y)} labels")
+    zy = np.take_along_axis(z, np.broadcast_to(y[:, None], z.shape[:-1] + (1,)), axis=-1)[..., 0]
+    others = z.copy()
+    np.put_along_axis(others, np.broadcast_to(y[:, None], z.shape[:-1] + (1,)), -np.inf, axis=-1)
+    m = np.max(others, axis=-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.sum(np.exp(others - m), axis=-1))
+    return zy - lse
+
+
+# ----------------------------------------------------------------------------------------------- U-LiRA
+@dataclass
+class ULiRAResult:
+    """Outcome of :func:`ulira`. Rates are fractions; ``per_example_accuracy`` is NaN for an example without
+    both a positive and a negative target sample."""
+
+    balanced_accuracy: float
+    auc: float
+    tpr_at_1pct_fpr: float
+    tpr_at_01pct_fpr: float
+    per_example_accuracy: np.ndarray
+    fpr: np.ndarray = field(repr=False)
+    tpr: np.ndarray = field(repr=False)
+    n_positive: int = 0
+    n_negative: int = 0
+
+    def spread(self) -> dict[str, float]:
+        """mean, std, 10th/50th/90th percentile of the per-example balanced accuracies."""
+        a = self.per_example_accuracy[np.isfinite(self.per_example_accuracy)]
+        if a.size == 0:
+            return {k: float("nan") for k in ("mean", "std", "p10", "p50", "p90")}
+        return {"mean": float(a.mean()), "std": float(a.std()), "p10": float(np.percentile(a, 10)),
+                "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90))}
+
+
+def _fit(phi: np.ndarray, fixed_variance: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-column mean and std of the non-NaN entries of ``phi`` ``[M, n]``, and the count per column.
+
+    The std is per column (ddof=1) where a column has ≥ 2 entries, else the pooled std of all residuals;
+    ``fixed_variance`` uses the pooled std everywhere (one σ per side, robust with few models)."""
+    ok = np.isfinite(phi)
+    cnt = ok.sum(0)
+    mu = np.where(cnt > 0, np.nansum(np.where(ok, phi, 0.0), 0) / np.maximum(cnt, 1), np.nan)
+    resid = np.where(ok, phi - mu, 0.0)
+    dof = max(int(cnt.sum() - np.count_nonzero(cnt)), 1)
+    pooled = math.sqrt(float(np.sum(resid ** 2)) / dof) if cnt.sum() > np.count_nonzero(cnt) else 1.0
+    if fixed_variance:
+        sd = np.full(phi.shape[1], pooled)
+    else:
+        sd = np.where(cnt >= 2, np.sqrt(np.sum(resid ** 2, 0) / np.maximum(cnt - 1, 1)), pooled)
+    return mu, np.maximum(sd, MIN_STD), cnt
+
+
+def _log_normal(x, mu, sd):
+    return -0.5 * ((x - mu) / sd) ** 2 - np.log(sd) - 0.5 * math.log(2 * math.pi)
+
+
+def roc_curve(pos: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ROC of "score ≥ t ⇒ positive" over every threshold t: (fpr, tpr), starting at (0, 0)."""
+    pos, neg = np.sort(np.asarray(pos, float)), np.sort(np.asarray(neg, float))
+    thr = np.unique(np.concatenate([pos, neg]))[::-1]
+    tpr = (len(pos) - np.searchsorted(pos, thr, "left")) / max(len(pos), 1)
+    fpr = (len(neg) - np.searchsorted(neg, thr, "left")) / max(len(neg), 1)
+    return np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr])
+
+
+def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, level: float) -> float:
+    """Largest TPR among the thresholds whose FPR ≤ ``level``."""
+    ok = fpr <= level + 1e-12
+    return float(np.max(tpr[ok])) if np.any(ok) else 0.0
+
+
+def auc_score(pos: np.ndarray, neg: np.ndarray) -> float:
+    """P(score_pos > score_neg) + ½ P(tie) (Mann–Whitney)."""
+    pos, neg = np.asarray(pos, float), np.asarray(neg, float)
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    allv = np.concatenate([pos, neg])
+    order = np.argsort(allv, kind="mergesort")
+    ranks = np.empty(len(allv))
+    sorted_v = allv[order]
+    # average ranks of ties
+    _, start, counts = np.unique(sorted_v, return_index=True, return_counts=True)
+    avg = start + (counts + 1) / 2.0
+    ranks[order] = np.repeat(avg, counts)
+    r_pos = ranks[:len(pos)].sum()
+    return float((r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def ulira(phi_in, phi_out, shadow_in, shadow_out, *, fixed_variance: bool = False) -> ULiRAResult:
+    """U-LiRA on φ matrices.
+
+    ``phi_in``  ``[M_in, n]``: φ of example j under model i if model i *unlearned* j (j was in its forget set),
+                NaN otherwise;
+    ``phi_out`` ``[M_out, n]``: φ of j under model i if model i never trained on j, NaN otherwise;
+    ``shadow_in`` ``[M_in]``, ``shadow_out`` ``[M_out]``: True for shadow models (used to fit), False for
+                target models (used to test).
+
+    Per example j, N(μ_in, σ_in²) and N(μ_out, σ_out²) are fitted on the shadow rows (per-example σ, or one
+    pooled σ per side with ``fixed_variance``); a target φ gets the score log N_in(φ) − log N_out(φ).
+    Positives are target IN entries, negatives target OUT entries. Balanced accuracy = ½(TPR + TNR) of the
+    likelihood-ratio test "score > 0 ⇒ unlearned", pooled over every (example, target model) pair; the ROC,
+    AUC and TPR at 1 % and 0.1 % FPR sweep the threshold over the pooled scores; the per-example accuracy is
+    the same balanced accuracy restricted to one example. Examples without a shadow IN and a shadow OUT
+    sample are left out.
+    """
+    phi_in, phi_out = np.asarray(phi_in, float), np.asarray(phi_out, float)
+    shadow_in, shadow_out = np.asarray(shadow_in, bool), np.asarray(shadow_out, bool)
+    if phi_in.ndim != 2 or phi_out.ndim != 2 or phi_in.shape[1] != phi_out.shape[1]:
+        raise ValueError(f"phi_in {phi_in.shape} and phi_out {phi_out.shape} must be [models, examples] "
+                         "with the same examples")
+    if shadow_in.shape != (phi_in.shape[0],) or shadow_out.shape != (phi_out.shape[0],):
+        raise ValueError("shadow_in / shadow_out must have one flag per model row")
+    mu_i, sd_i, c_i = _fit(phi_in[shadow_in], fixed_variance)
+    mu_o, sd_o, c_o = _fit(phi_out[shadow_out], fixed_variance)
+    usable = (c_i > 0) & (c_o > 0)
+    s_in = _log_normal(phi_in[~shadow_in], mu_i, sd_i) - _log_normal(phi_in[~shadow_in], mu_o, sd_o)
+    s_out = _log_normal(phi_out[~shadow_out], mu_i, sd_i) - _log_normal(phi_out[~shadow_out], mu_o, sd_o)
+    s_in[:, ~usable] = np.nan
+    s_out[:, ~usable] = np.nan
+    pos, neg = s_in[np.isfinite(s_in)], s_out[np.isfinite(s_out)]
+    if pos.size == 0 or neg.size == 0:
+        raise ValueError("U-LiRA needs target models with IN and OUT samples of examples seen by the shadows")
+    bal = 0.5 * (float(np.mean(pos > 0)) + float(np.mean(neg <= 0)))
+    fpr, tpr = roc_curve(pos, neg)
+    with np.errstate(invalid="ignore"):
+        tp = np.sum(s_in > 0, 0) / np.sum(np.isfinite(s_in), 0)
+        tn = np.sum(s_out <= 0, 0) / np.sum(np.isfinite(s_out), 0)
+    return ULiRAResult(bal, auc_score(pos, neg), tpr_at_fpr(fpr, tpr, 0.01), tpr_at_fpr(fpr, tpr, 0.001),
+                       0.5 * (tp + tn), fpr, tpr, int(pos.size), int(neg.size))
+
+
+# ----------------------------------------------------------------------------------------- ε-score
+def _epsilon_from_rates(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> float:
+    """max over thresholds of ε_t = max(log(1 − δ − FPR) − log FNR, log(1 − δ − FNR) − log FPR), clipped ≥ 0.
+
+    Thresholds with exactly one of FPR, FNR equal to 0 are dropped (too few samples to tell); both 0 is a
+    perfect separation, ε = ∞ (capped by the caller)."""
+    both = (fpr == 0) & (fnr == 0)
+    if np.any(both):
+        return math.inf
+    keep = (fpr > 0) & (fnr > 0)
+    if not np.any(keep):
+        return 0.0
+    f, n = fpr[keep], fnr[keep]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.fmax(np.log(1 - delta - f) - np.log(n), np.log(1 - delta - n) - np.log(f))
+    e = e[np.isfinite(e)]
+    return float(max(np.max(e), 0.0)) if e.size else 0.0
+
+
+def _count_in(sorted_v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """#{v : lo ≤ v ≤ hi} for sorted ``v``."""
+    return np.searchsorted(sorted_v, hi, "right") - np.searchsorted(sorted_v, lo, "left")
+
+
+def example_epsilon(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP) -> float:
+    """ε of one example from its φ under U unlearned and R retrained models (1-D arrays).
+
+    1. The positive sample is the one with the larger median.
+    2. If the smaller range (max − min) is below ``RANGE_RATIO_MIN`` × the larger, ε = ``cap``.
+    3. Single threshold: "φ ≥ t ⇒ positive" for ``THRESHOLDS_PER_UNIT`` thresholds per unit over the pooled
+       range. Two-sided: "l ≤ φ ≤ r ⇒ peakier sample" (the one with the smaller range), r on a grid from
+       min + width − 2 to max + 2 of the peakier sample, l within r − width ± 2 (400 values), width = the
+       peakier sample's range.
+    4. ε = max over both families of :func:`_epsilon_from_rates`, clipped to [0, cap].
+    """
+    a, b = np.sort(np.asarray(unlearned, float)), np.sort(np.asarray(retrained, float))
+    if a.size < 1 or b.size < 1:
+        raise ValueError("example_epsilon needs at least one unlearned and one retrained value")
+    pos, neg = (b, a) if np.median(b) > np.median(a) else (a, b)
+    r_pos, r_neg = pos[-1] - pos[0], neg[-1] - neg[0]
+    small, large = min(r_pos, r_neg), max(r_pos, r_neg)
+    if large == 0:  # two point masses
+        return 0.0 if pos[0] == neg[0] else float(cap)
+    if small / large < RANGE_RATIO_MIN:
+        return float(cap)
+    eps = []
+    # single threshold
+    lo, hi = min(pos[0], neg[0]), max(pos[-1], neg[-1])
+    t = np.linspace(lo, hi, int(math.ceil((hi - lo) * THRESHOLDS_PER_UNIT)))
+    tpr = (pos.size - np.searchsorted(pos, t, "left")) / pos.size
+    fpr = (neg.size - np.searchsorted(neg, t, "left")) / neg.size
+    eps.append(_epsilon_from_rates(fpr, 1 - tpr, delta))
+    # two thresholds around the peakier sample
+    peak, other = (pos, neg) if r_pos < r_neg else (neg, pos)
+    width = small
+    r_lo, r_hi = peak[0] + width - INTERVAL_BUFFER, peak[-1] + INTERVAL_BUFFER
+    rights = np.linspace(r_lo, r_hi, int(math.ceil((r_hi - r_lo) * THRESHOLDS_PER_UNIT)))
+    offsets = np.linspace(-INTERVAL_BUFFER, INTERVAL_BUFFER, int(math.ceil(2 * INTERVAL_BUFFER * THRESHOLDS_PER_UNIT)))
+    for chunk in np.array_split(rights, max(1, len(rights) // 256)):
+        r = np.repeat(chunk, len(offsets))
+        left = r - width + np.tile(offsets, len(chunk))
+        tpr = _count_in(peak, left, r) / peak.size
+        fpr = _count_in(other, left, r) / other.size
+        eps.append(_epsilon_from_rates(fpr, 1 - tpr, delta))
+        if math.isinf(eps[-1]):
+            break
+    return float(min(max(max(eps), 0.0), cap))
+
+
+def example_epsilons(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP) -> np.ndarray:
+    """Per-example ε for φ matrices ``unlearned`` ``[U, n]`` and ``retrained`` ``[R, n]`` (NaNs ignored)."""
+    u, r = np.asarray(unlearned, float), np.asarray(retrained, float)
+    if u.ndim != 2 or r.ndim != 2 or u.shape[1] != r.shape[1]:
+        raise ValueError(f"unlearned {u.shape} and retrained {r.shape} must be [models, examples]")
+    return np.array([example_epsilon(u[:, j][np.isfinite(u[:, j])], r[:, j][np.isfinite(r[:, j])], delta, cap)
+                     for j in range(u.shape[1])])
+
+
+def bucket_points(num_models: int) -> list[tuple[float, float]]:
+    """(lower edge, points) of each ε bucket: width 0.5, points 1, ½, ¼, …, last bucket ending at
+    ceil(ln(num_models − 1)); ε beyond it earns 0."""
+    if num_models < 3:
+        raise ValueError(f"the ε buckets need at least 3 models per side, got {num_models}")
+    max_eps = math.ceil(math.log(num_models - 1))
+    out, k = [], 0
+    while (k + 1) * BUCKET_WIDTH <= max_eps + 1e-12:
+        out.append((k * BUCKET_WIDTH, 0.5 ** k))
+        k += 1
+    return out
+
+
+def forget_score(epsilons, num_models: int) -> float:
+    """Mean over examples of the points of each ε's bucket (:func:`bucket_points`); 1 = perfect."""
+    buckets = bucket_points(num_models)
+    pts = []
+    for e in np.asarray(epsilons, float):
+        p = 0.0
+        for lo, v in buckets:
+            if e < lo + BUCKET_WIDTH:
+                p = v
+                break
+        pts.append(p)
+    return float(np.mean(pts)) if pts else float("nan")
+
+
+@dataclass
+class EpsilonResult:
+    """Outcome of :func:`epsilon_score`: per-example ε, the forget score F, the final score
+    F·(RA_U/RA_R)·(TA_U/TA_R) and the number of models per side the buckets were sized for."""
+
+    epsilons: np.ndarray
+    forget_score: float
+    score: float
+    num_models: int
+    accuracy_ratio_retain: float
+    accuracy_ratio_test: float
+
+
+def epsilon_score(unlearned, retrained, *, retain_accuracy: tuple[float, float] = (1.0, 1.0),
+                  test_accuracy: tuple[float, float] = (1.0, 1.0), delta: float = DELTA,
+                  cap: float = EPSILON_CAP) -> EpsilonResult:
+    """The NeurIPS-2023 score from φ of the forget examples under U unlearned (``[U, n]``) and R retrained
+    (``[R, n]``) models of one original and one forget set.
+
+    ``retain_accuracy`` / ``test_accuracy``: (unlearned, retrained) accuracies averaged over the models.
+    The buckets are sized for min(U, R) models (the challenge has U = R = 512).
+    """
+    u, r = np.asarray(unlearned, float), np.asarray(retrained, float)
+    eps = example_epsilons(u, r, delta, cap)
+    n_models = min(u.shape[0], r.shape[0])
+    f = forget_score(eps, n_models)
+    ra = retain_accuracy[0] / retain_accuracy[1] if retain_accuracy[1] > 0 else float("nan")
+    ta = test_accuracy[0] / test_accuracy[1] if test_accuracy[1] > 0 else float("nan")
+    return EpsilonResult(eps, f, f * ra * ta, n_models, ra, ta)
