@@ -11,10 +11,11 @@ from scrubnet.curvature.params import get_flat, set_flat
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.fisher import (CLAMP_MAX, CLAMP_MAX_HEAD, FORGOTTEN_ROW_VAR, fisher_noise,
                                      fisher_noise_variance, head_param_names)
-from scrubnet.methods.newton import newton_noise_variance
+from scrubnet.data.embedded import digits_pools
+from scrubnet.methods.newton import _retain_objective, newton_noise_variance, pull_mask_and_anchor
 from scrubnet.models import build_model
 from scrubnet.readouts.information import weight_information
-from scrubnet.training import TrainConfig
+from scrubnet.training import TrainConfig, finetune, train_epochs
 
 
 def _linear_problem(seed=0, n=40, n_forget=6, d=5, k=3):
@@ -64,6 +65,8 @@ def test_newton_scrub_equals_retraining_on_linear_mse_model():
     assert float(torch.linalg.vector_norm(w_d - w_r)) > 1e-2  # forgetting actually moved the weights
     # the forget set really changed the model: not a no-op test
     assert res.info["newton_objective_after"] < res.info["newton_objective_before"]
+    assert res.info["objective_after"] == res.info["newton_objective_after"]
+    assert res.info["newton_step_length"] == 1.0 and res.info["newton_damping_tries"] == 0.0  # full step taken
 
 
 def test_newton_scrub_on_softmax_regression_is_the_closed_form_newton_step():
@@ -85,6 +88,59 @@ def test_newton_scrub_on_softmax_regression_is_the_closed_form_newton_step():
     res = get_method("newton", damping=damping, tol=1e-12, max_iter=200)(model, retain, (x[:nf], y[:nf]), ctx)
     assert torch.allclose(get_flat(res.model), want, atol=1e-9)
     assert res.info["newton_damping"] == damping and res.info["newton_max_iter"] == 200
+    assert res.info["newton_step_length"] == 1.0
+    # every safeguard takes the full step unchanged when it decreases the objective as the model predicts
+    for safeguard in ("backtrack", "none"):
+        other = get_method("newton", damping=damping, tol=1e-12, max_iter=200, safeguard=safeguard)(
+            model, retain, (x[:nf], y[:nf]), ctx)
+        assert torch.equal(get_flat(other.model), get_flat(res.model))
+
+
+def _bn_cnn_on_digits():
+    """A small BatchNorm CNN (eval-mode BN, frozen during fine-tuning) on 300 digits, where the
+    Gauss–Newton model of the retain objective is poor: the undamped Newton step increases it."""
+    x, y, _, _ = digits_pools()
+    x, y = x[:300], y[:300]
+    start = build_model("cnn2d", (1, 8, 8), 10, seed=0, channels=8).train()
+    train_epochs(start, x, y, lr=0.05, momentum=0.9, batch_size=64, epochs=3,
+                 generator=torch.Generator().manual_seed(0))
+    start.eval()
+    wd = 0.1
+    original, _ = finetune(start, x, y, TrainConfig(wd=wd, max_epochs=60), seed=0)
+    w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
+    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=10, seed=0)
+    return original, (x[30:], y[30:]), (x[:30], y[:30]), ctx
+
+
+def _retain_error(model, retain):
+    with torch.no_grad():
+        return float((model.eval()(retain[0]).argmax(1) != retain[1]).float().mean())
+
+
+def test_safeguarded_newton_lowers_the_retain_objective_where_the_plain_step_raises_it():
+    original, retain, forget, ctx = _bn_cnn_on_digits()
+    plain = get_method("newton", safeguard="none")(original, retain, forget, ctx)
+    assert plain.info["objective_after"] > 1.5 * plain.info["objective_before"]  # the failure
+    assert _retain_error(plain.model, retain) > 0.3
+    for safeguard in ("lm", "backtrack"):
+        res = get_method("newton", safeguard=safeguard)(original, retain, forget, ctx)
+        info = res.info
+        assert info["objective_before"] == pytest.approx(plain.info["objective_before"], rel=1e-6)
+        assert info["objective_after"] < info["objective_before"]
+        assert _retain_error(res.model, retain) <= _retain_error(original, retain) + 0.02
+        # the reported objective is the model's: recompute L_r at the returned weights
+        mask, anchor = pull_mask_and_anchor(original, ctx.w0)
+        assert _retain_objective(res.model, get_flat(res.model), *retain, loss="ce", wd=0.1, mask=mask,
+                                 anchor=anchor, batch_size=512) == pytest.approx(info["objective_after"], rel=1e-6)
+        if safeguard == "lm":
+            assert info["newton_damping"] > 0 and info["newton_damping_tries"] >= 1
+        else:
+            assert info["newton_damping"] == 0 and 0 < info["newton_step_length"] < 1
+
+
+def test_newton_rejects_unknown_safeguard():
+    with pytest.raises(ValueError, match="safeguard"):
+        get_method("newton", safeguard="trust")
 
 
 def test_newton_optimal_noise_scale_and_information():
