@@ -17,7 +17,12 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 from torch import nn
+
+from scrubnet.atomic_io import atomic_write_bytes, atomic_write_json
+from scrubnet.models import build_model
 
 FORMAT = "scrubnet-checkpoint/1"
 
@@ -36,7 +41,6 @@ def state_sha256(data: bytes) -> str:
 
 def weights_sha256(model_or_state) -> str:
     """sha256 of the safetensors serialisation of a model's state (or a state dict)."""
-    from safetensors.torch import save
 
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
     return state_sha256(save({k: v.detach().contiguous().cpu() for k, v in state.items()}))
@@ -46,9 +50,7 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, arch: str, in_shape, 
                     arch_options: dict | None = None, config: dict | None = None,
                     data_fingerprint: str | None = None, seed: int | None = None, extra: dict | None = None) -> dict:
     """Write weights + sidecar atomically; returns the sidecar dict."""
-    from safetensors.torch import save
 
-    from scrubnet.experiments.io import atomic_write_bytes, atomic_write_json
 
     path = Path(path)
     state = {k: v.detach().contiguous().cpu().clone() for k, v in model.state_dict().items()}
@@ -83,8 +85,6 @@ def read_meta(path: str | Path) -> dict:
 
 def load_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict, sidecar) after checking the file's sha256 against the sidecar."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
 
     meta = read_meta(path)
     data = Path(path).read_bytes()
@@ -104,7 +104,6 @@ def load_checkpoint(path: str | Path, *, expect_arch: str | None = None, model: 
     Raises :class:`CheckpointError` if the file is missing or corrupt, the architecture differs from
     ``expect_arch``, or tensor names/shapes do not match the architecture.
     """
-    from scrubnet.models import build_model
 
     state, meta = load_state(path)
     arch = meta.get("arch")

@@ -7,14 +7,33 @@ and writes its outputs atomically, so nothing half-written is left at ``--out``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+import torch
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from scrubnet.atomic_io import atomic_write_json
+from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from scrubnet.cli_mlforget import mlforget_app
+from scrubnet.data.registry import DATASETS
+from scrubnet.data.splits import SplitError
+from scrubnet.experiments.config import ExperimentConfig, load_config
+from scrubnet.experiments.ml_protocols import run_ml_protocol
+from scrubnet.experiments.report import report_from_dir
+from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
+    run_experiment
+from scrubnet.experiments.sweep import run_sweep
+from scrubnet.methods.base import ForgetContext, get_method
+from scrubnet.models import MODELS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="scrubnet: make a trained network forget a cohort of its training data, and measure it.")
@@ -33,8 +52,6 @@ def _fail(msg: str) -> None:
 
 def handle_errors(fn):
     """Map expected input errors to one clear message and exit code 2."""
-    from scrubnet.checkpoint import CheckpointError
-    from scrubnet.data.splits import SplitError
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -89,9 +106,6 @@ def _refuse_existing_file(out: Path) -> None:
 
 def _build_config(config: Optional[Path], dataset, data_dir, model, methods, seeds, forget_class, forget_count,
                   forget_ids, retrain_mode):
-    from scrubnet.data.registry import DATASETS
-    from scrubnet.experiments.config import ExperimentConfig, load_config
-    from scrubnet.models import MODELS
 
     cfg = load_config(config) if config else ExperimentConfig()
     if dataset is not None:
@@ -149,7 +163,6 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
                                             "the machine's core count and is fastest for the small models"),
         quiet: bool = typer.Option(False, help="no progress bar")):
     """Run the forgetting protocol: methods × seeds → results.json, report.md, figures."""
-    from scrubnet.experiments.runner import get_split, resolve_methods, run_experiment
 
     _set_threads(threads)
 
@@ -160,7 +173,6 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
     if protocol != "default":
         if protocol not in ("sequential", "class"):
             raise UserError(f"unknown protocol {protocol!r}; choose default, sequential or class")
-        from scrubnet.experiments.ml_protocols import run_ml_protocol
         run_ml_protocol(protocol, cfg, out, progress=not quiet)
         console.print(f"wrote {out}/results.json and report.md")
         return
@@ -176,7 +188,6 @@ def _set_threads(threads: Optional[int]) -> None:
         return
     if threads < 1:
         raise UserError("--threads must be at least 1")
-    import torch
     torch.set_num_threads(threads)
 
 
@@ -210,8 +221,6 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
           retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None)):
     """Pre-train, fine-tune the original model on D and save it (plus w_0, and the retrain reference when a
     forget set is given) as safetensors checkpoints."""
-    from scrubnet.checkpoint import save_checkpoint
-    from scrubnet.experiments.runner import prepare_seed
 
     cfg = _build_config(config, dataset, data_dir, model, None, None, forget_class, forget_count, forget_ids,
                         retrain_mode)
@@ -234,9 +243,7 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
 
 def data_fingerprint(split) -> str:
     """sha256 over core, D and D_test (not the forget set): the data a checkpoint was trained on."""
-    import hashlib
 
-    import numpy as np
     h = hashlib.sha256()
     for t in (split.x_core, split.y_core, split.x, split.y, split.x_test, split.y_test):
         h.update(np.ascontiguousarray(t.numpy()).tobytes())
@@ -245,10 +252,6 @@ def data_fingerprint(split) -> str:
 
 def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path]):
     """Model, its sidecar, the rebuilt split (with the forget ids) and the ForgetContext."""
-    from scrubnet.checkpoint import CheckpointError, load_checkpoint
-    from scrubnet.experiments.config import ExperimentConfig
-    from scrubnet.experiments.runner import get_split
-    from scrubnet.methods.base import ForgetContext
 
     model, meta = load_checkpoint(checkpoint)
     try:
@@ -278,8 +281,6 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint."""
-    from scrubnet.checkpoint import save_checkpoint
-    from scrubnet.methods.base import get_method
 
     _refuse_existing_file(out)
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids)
@@ -292,8 +293,6 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
              "source": str(checkpoint), "source_sha256": meta["sha256"],
              "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}}
     if meta.get("start"):
-        import os
-        import shutil
         start_src = Path(checkpoint).parent / meta["start"]
         start_dst = out.parent / meta["start"]
         if start_src.resolve() != start_dst.resolve() and not start_dst.exists():
@@ -330,9 +329,6 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
              original: Optional[Path] = typer.Option(None, help="original checkpoint (re-learn threshold)"),
              json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON")):
     """Every readout of a checkpoint against a retrain reference."""
-    from scrubnet.checkpoint import load_checkpoint
-    from scrubnet.experiments.io import atomic_write_json
-    from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
 
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids)
     if forget_ids is None and meta.get("forget_ids"):
@@ -355,7 +351,6 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
 @handle_errors
 def report(run_dir: Path = typer.Argument(..., help="a directory written by `scrubnet run`")):
     """Re-render report.md and the figures from RUN_DIR/results.json."""
-    from scrubnet.experiments.report import report_from_dir
 
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
@@ -370,7 +365,6 @@ def sweep(method: str = typer.Option(..., help="method with a noise scale (fishe
           out: Path = typer.Option(..., "--out"), seeds: Optional[int] = typer.Option(None),
           config: Optional[Path] = typer.Option(None), quiet: bool = typer.Option(False)):
     """Trade-off sweep: test error against remaining information over the noise scale alpha."""
-    from scrubnet.experiments.sweep import run_sweep
 
     try:
         values = [float(a) for a in _parse_list(alphas)]
@@ -381,21 +375,11 @@ def sweep(method: str = typer.Option(..., help="method with a noise scale (fishe
     console.print(f"wrote sweep results to {out}")
 
 
-def _register_extensions() -> None:
-    try:
-        from scrubnet.cli_mlforget import mlforget_app
-    except ImportError:
-        return
-    app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
-
-
-_register_extensions()
+app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
 
 
 def main() -> None:  # console-script entry point
-    import os
 
-    import torch
     # one thread unless asked otherwise (see `run --threads`); SCRUBNET_THREADS sets it for every command
     torch.set_num_threads(max(1, int(os.environ.get("SCRUBNET_THREADS", "1") or 1)))
     app()

@@ -15,7 +15,15 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import torch
 import typer
+
+from scrubnet.data import DataConfig, load_split
+from scrubnet.data.splits import SplitError
+from scrubnet.methods.mlforget import ml_config_from_options
+from scrubnet.mlforget.pipeline import train_ml
+from scrubnet.mlforget.store import forget as store_forget, forget_everything, load, read_ledger, save_new
+from scrubnet.training import TrainConfig
 
 mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="ML-Forgetting on checkpoints: train, forget, forget-all, show.")
@@ -29,7 +37,6 @@ def _fail(msg: str) -> None:
 def _handle(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from scrubnet.data.splits import SplitError
         try:
             return fn(*args, **kwargs)
         except (ValueError, SplitError, FileNotFoundError, KeyError, TypeError) as e:
@@ -71,7 +78,6 @@ def parse_ids(ids: Optional[str], ids_file: Optional[Path]) -> list[int]:
 
 
 def _data_loader(meta: dict):
-    from scrubnet.data import DataConfig, load_split
     split = load_split(DataConfig.from_dict(meta["data"]))
     if meta.get("data_fingerprint") and split.fingerprint() != meta["data_fingerprint"]:
         raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "
@@ -92,19 +98,13 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
           ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, linearize, "
                                                    "…) and solver fields (solver, cg_tol, precond)")):
     """Pre-train, train the core weights (CE) and the user weights (linear, MSE) and save the checkpoint."""
-    import torch
 
-    from scrubnet.data import DataConfig, load_split
-    from scrubnet.methods.mlforget import ml_config_from_options
-    from scrubnet.mlforget.pipeline import train_ml
-    from scrubnet.mlforget.store import save_new
-    from scrubnet.training import TrainConfig
 
     if out.exists():
         raise ValueError(f"--out {out} already exists; choose a new checkpoint directory")
     dcfg = DataConfig.from_dict({"dataset": dataset, "data_dir": str(data_dir) if data_dir else None,
                                  **_json_option(data_options, "--data-options")})
-    tcfg = TrainConfig.from_dict({**TrainConfig(wd=0.03).to_dict(), **_json_option(train_options, "--train-options")})
+    tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **_json_option(train_options, "--train-options")})
     mcfg = ml_config_from_options(_json_option(ml_options, "--ml-options"))
     mopts = _json_option(model_options, "--model-options")
     split = load_split(dcfg)
@@ -123,7 +123,6 @@ def forget(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"
            ids_file: Optional[Path] = typer.Option(None, help="file of sample ids"),
            sigma: Optional[float] = typer.Option(None, help="noise std (default: the checkpoint's)")):
     """Forget a set of user samples (one request; recorded in the ledger)."""
-    from scrubnet.mlforget.store import forget as store_forget
 
     id_list = parse_ids(ids, ids_file)
     record, applied = store_forget(checkpoint, id_list, sigma=sigma, data_loader=_data_loader)
@@ -139,7 +138,6 @@ def forget(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"
 @_handle
 def forget_all_cmd(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory")):
     """Forget all user data: the user weights are set to 0 (the model becomes the core model)."""
-    from scrubnet.mlforget.store import forget_everything
 
     record, applied = forget_everything(checkpoint)
     typer.echo(f"request #{record['seq']}: user weights set to 0" if applied
@@ -150,7 +148,6 @@ def forget_all_cmd(checkpoint: Path = typer.Argument(..., help="ML checkpoint di
 @_handle
 def show(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory")):
     """Print the request ledger."""
-    from scrubnet.mlforget.store import load, read_ledger
 
     state, meta = load(checkpoint)
     for r in read_ledger(checkpoint):

@@ -9,7 +9,7 @@
 
    using SGD with momentum, BatchNorm statistics frozen (BN layers in eval mode), until the training
    error is zero and then ``extra_epochs`` more, with a cap of ``max_epochs``.
-4. **Retrain** with the same seed and schedule rule on D_r, in two modes (spec decision 4):
+4. **Retrain** with the same seed and schedule rule on D_r, in two modes (default ``replace``):
    ``remove`` trains on D_r only; ``replace`` replaces each forgotten sample by a copy of a random
    retained one so the number of steps per epoch is unchanged (the authors' code).
 
@@ -29,13 +29,19 @@ from scrubnet._config import strict_from_dict
 from scrubnet.models import freeze_batchnorm, replace_head
 
 
+#: how the gold standard is retrained without D_f by default (the authors' code; see :func:`retrain`)
+DEFAULT_RETRAIN_MODE = "replace"
+RETRAIN_MODES = ("replace", "remove")
+
+
 @dataclass
 class TrainConfig:
     """Hyperparameters of pre-training and fine-tuning (units: learning rates per step, epochs)."""
 
     lr: float = 0.01
     momentum: float = 0.9
-    wd: float = 0.1               # coefficient of (wd/2)‖w − w_0‖² during fine-tuning
+    wd: float = 0.03              # coefficient of (wd/2)‖w − w_0‖² during fine-tuning (papers: 0.1; see
+    #                               docs/decisions.md, "Training protocol")
     batch_size: int = 128
     extra_epochs: int = 5         # epochs after the first zero-training-error epoch
     min_epochs: int = 1
@@ -182,7 +188,7 @@ def replace_forgotten(x: Tensor, y: Tensor, forget_idx: Tensor, seed: int) -> tu
 
 
 def retrain(start: nn.Module, x: Tensor, y: Tensor, forget_idx: Tensor, cfg: TrainConfig, seed: int,
-            mode: str = "remove") -> tuple[nn.Module, TrainHistory]:
+            mode: str = DEFAULT_RETRAIN_MODE) -> tuple[nn.Module, TrainHistory]:
     """The gold standard: fine-tune from the same ``w_0`` with the same seed without D_f.
 
     ``mode='remove'`` trains on D_r only; ``mode='replace'`` keeps |D| by replacing forgotten samples

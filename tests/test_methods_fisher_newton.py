@@ -14,7 +14,8 @@ from scrubnet.methods.fisher import (CLAMP_MAX, CLAMP_MAX_HEAD, FORGOTTEN_ROW_VA
 from scrubnet.data.embedded import digits_pools
 from scrubnet.methods.newton import _retain_objective, newton_noise_variance, pull_mask_and_anchor
 from scrubnet.models import build_model
-from scrubnet.readouts.information import weight_information
+from scrubnet.experiments.runner import noise_information
+from scrubnet.readouts.information import weight_information, weight_step_geometry
 from scrubnet.training import TrainConfig, finetune, train_epochs
 
 
@@ -54,14 +55,16 @@ def test_newton_scrub_equals_retraining_on_linear_mse_model():
     with torch.no_grad():
         retrained.weight.copy_(w_r)
         retrained.bias.copy_(b_r)
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0, reference=retrained)
+    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
     before = get_flat(model)
     res = get_method("newton", loss="mse", tol=1e-12, max_iter=100)(model, retain, (x[:nf], y[:nf]), ctx)
     assert torch.equal(get_flat(model), before)  # input untouched
     assert res.info["newton_cg_converged"] == 1.0 and res.info["newton_cg_iterations"] <= 18
     assert torch.allclose(res.model.weight, w_r, atol=1e-9)
     assert torch.allclose(res.model.bias, b_r, atol=1e-9)
-    assert res.info["newton_dist_ratio"] < 1e-8
+    geometry = weight_step_geometry(dict(model.named_parameters()), dict(res.model.named_parameters()),
+                                    dict(retrained.named_parameters()))
+    assert geometry["weight_distance_ratio"] < 1e-8 and geometry["weight_step_cosine"] == pytest.approx(1.0)
     assert float(torch.linalg.vector_norm(w_d - w_r)) > 1e-2  # forgetting actually moved the weights
     # the forget set really changed the model: not a no-op test
     assert res.info["newton_objective_after"] < res.info["newton_objective_before"]
@@ -154,13 +157,19 @@ def test_newton_optimal_noise_scale_and_information():
     ref = copy.deepcopy(model)  # (a common shift of all biases would be invisible: softmax is shift-invariant)
     set_flat(ref, get_flat(model) + 0.3 * torch.randn(get_flat(model).shape, dtype=torch.float64,
                                                       generator=torch.Generator().manual_seed(1)))
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0, reference=ref)
-    res = get_method("newton", alpha=alpha, tol=1e-10)(model, retain, (x[:nf], y[:nf]), ctx)
-    assert res.info["info_weights_nats"] > 0 and math.isfinite(res.info["info_weights_nats"])
-    det = get_method("newton", tol=1e-10)(model, retain, (x[:nf], y[:nf]), ctx)
+    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
+    method = get_method("newton", alpha=alpha, tol=1e-10)
+    res = method(model, retain, (x[:nf], y[:nf]), ctx)
+    info = noise_information(method, res, ref, retain, (x[:nf], y[:nf]), ctx)
+    assert info["info_weights_nats"] > 0 and math.isfinite(info["info_weights_nats"])
+    det_method = get_method("newton", tol=1e-10)
+    det = det_method(model, retain, (x[:nf], y[:nf]), ctx)
     noise = get_flat(res.model) - get_flat(det.model)
     assert 0 < float(noise.abs().max()) < 1.0
-    assert "info_weights_nats" not in det.info
+    # the Gaussian is centred on the Newton step; the deterministic scrub has none and no bound
+    assert torch.allclose(get_flat(det.model), torch.cat([res.noise.mean[k].reshape(-1) for k, _ in
+                                                          model.named_parameters()]))
+    assert det.noise is None and noise_information(det_method, det, ref, retain, (x[:nf], y[:nf]), ctx) == {}
 
 
 def _small_mlp():
@@ -242,10 +251,12 @@ def test_fisher_method_information_readout_and_bad_options():
     retain, forget = (x[5:], y[5:]), (x[:5], y[:5])
     ref = copy.deepcopy(model)
     set_flat(ref, get_flat(model) + 0.01 * torch.randn(get_flat(model).shape))
-    ctx = ForgetContext(w0={}, num_classes=3, seed=0, reference=ref)
+    ctx = ForgetContext(w0={}, num_classes=3, seed=0)
     before = get_flat(model)
-    res = get_method("fisher", alpha=1e-6)(model, retain, forget, ctx)
+    method = get_method("fisher", alpha=1e-6)
+    res = method(model, retain, forget, ctx)
     assert torch.equal(get_flat(model), before)
+    res.info.update(noise_information(method, res, ref, retain, forget, ctx))
     # recompute by hand: each model with its own Fisher on D_r
     fo, fr = fisher_diag(model, retain[0]), fisher_diag(ref, retain[0])
     mo, vo = fisher_noise_variance(model, fo, alpha=1e-6, num_classes=3)
@@ -254,16 +265,16 @@ def test_fisher_method_information_readout_and_bad_options():
     assert res.info["info_weights_nats"] == pytest.approx(want["info_weights_nats"], rel=1e-5)
     assert res.info["info_weights_nats_code"] == pytest.approx(want["info_weights_nats_code"], rel=1e-5)
     assert res.info["info_weights_nats"] > 0
-    from scrubnet.readouts.information import fisher_weight_information
-    direct = fisher_weight_information(model, ref, retain, alpha=1e-6, num_classes=3)
-    assert direct["info_weights_nats"] == pytest.approx(res.info["info_weights_nats"], rel=1e-9)
+    # the scrub's Gaussian is the one it sampled from
+    for k in mo:
+        assert torch.allclose(res.noise.mean[k], mo[k]) and torch.allclose(res.noise.var[k], vo[k], rtol=1e-6)
     # more noise → less information
-    res_big = get_method("fisher", alpha=1e-4)(model, retain, forget, ctx)
-    assert res_big.info["info_weights_nats"] < res.info["info_weights_nats"]
+    big = get_method("fisher", alpha=1e-4)
+    info_big = noise_information(big, big(model, retain, forget, ctx), ref, retain, forget, ctx)
+    assert info_big["info_weights_nats"] < res.info["info_weights_nats"]
     # the same model as reference carries no information
-    same = get_method("fisher", alpha=1e-6)(model, retain, forget,
-                                            ForgetContext(w0={}, num_classes=3, seed=0, reference=model))
-    assert same.info["info_weights_nats"] == pytest.approx(0.0, abs=1e-9)
+    same = noise_information(method, res, model, retain, forget, ctx)
+    assert same["info_weights_nats"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ValueError, match="alpha"):
         get_method("fisher", alpha=0.0)
     with pytest.raises(ValueError, match="form"):

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 from scrubnet.curvature.ntk import dense_jacobian
-from scrubnet.curvature.params import get_flat
+from scrubnet.curvature.params import flatten, get_flat
+from scrubnet.experiments.runner import noise_information
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.ntk import ntk_direction, residuals, trapezium_scale
 from scrubnet.models.zoo import build_model
+from scrubnet.readouts.information import weight_step_geometry
 from scrubnet.training import TrainConfig
 
 C = 3
@@ -143,13 +145,15 @@ def test_linear_mse_scrub_equals_retrained_model(options):
     grads = torch.autograd.grad(loss, list(model.parameters()))
     assert max(float(g.abs().max()) for g in grads) < 1e-12
     ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
-                        config=TrainConfig(wd=wd), num_classes=C, seed=0, reference=retrained)
+                        config=TrainConfig(wd=wd), num_classes=C, seed=0)
     method = get_method("ntk", loss="mse", trapezium=False, **options)
     res = method(original, (x[:n - nf], y[:n - nf]), (x[n - nf:], y[n - nf:]), ctx)
     got, want = get_flat(res.model), get_flat(retrained)
     assert float((got - want).norm() / want.norm()) < 1e-8
-    assert res.info["actual_scale"] == pytest.approx(1.0, abs=1e-6)
-    assert res.info["cos_delta_true"] == pytest.approx(1.0, abs=1e-8)
+    geometry = weight_step_geometry(dict(original.named_parameters()), dict(res.model.named_parameters()),
+                                    dict(retrained.named_parameters()))
+    assert geometry["weight_step_ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert geometry["weight_step_cosine"] == pytest.approx(1.0, abs=1e-8)
 
 
 def test_trapezium_scale_formula():
@@ -179,7 +183,7 @@ def test_method_applies_trapezium_and_leaves_input_alone():
         for p in reference.parameters():
             p.add_(0.01)
     ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()}, config=TrainConfig(wd=wd),
-                        num_classes=C, seed=0, reference=reference)
+                        num_classes=C, seed=0)
     before = get_flat(model).clone()
     res = get_method("ntk", trapezium=True)(model, (xr, yr), (xf, yf), ctx)
     assert torch.equal(get_flat(model), before)
@@ -190,8 +194,11 @@ def test_method_applies_trapezium_and_leaves_input_alone():
     assert res.info["scale"] == pytest.approx(scale, rel=1e-6)
     assert torch.allclose(get_flat(res.model), before + scale * delta, rtol=1e-6, atol=1e-9)
     true = get_flat(reference) - before
-    assert res.info["actual_scale"] == pytest.approx(float(true.norm() / delta.norm()), rel=1e-6)
-    assert res.info["cos_delta_true"] == pytest.approx(float(delta @ true / (delta.norm() * true.norm())), rel=1e-6)
+    geometry = weight_step_geometry(dict(model.named_parameters()), dict(res.model.named_parameters()),
+                                    dict(reference.named_parameters()))
+    assert geometry["weight_step_ratio"] == pytest.approx(float(true.norm() / (scale * delta.norm())), rel=1e-6)
+    assert geometry["weight_step_cosine"] == pytest.approx(float(delta @ true / (delta.norm() * true.norm())),
+                                                           rel=1e-6)
     off = get_method("ntk", trapezium=False)(model, (xr, yr), (xf, yf), ctx)
     assert off.info["scale"] == 1.0 and off.info["trapezium_scale"] == pytest.approx(scale, rel=1e-6)
     assert off.info.get("cached") == 1.0  # the direction came from ctx.cache
@@ -207,19 +214,21 @@ def test_ntk_fisher_reports_information():
     with torch.no_grad():
         for p in reference.parameters():
             p.mul_(0.98)
-
-    class _S:  # the runner's Split provides the test queries
-        x_test = x[:4]
     ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
-                        config=TrainConfig(wd=0.05), num_classes=C, seed=0, reference=reference, split=_S())
-    res = get_method("ntk-fisher", alpha=1e-6)(model, (x[:9], y[:9]), (x[9:], y[9:]), ctx)
+                        config=TrainConfig(wd=0.05), num_classes=C, seed=0)
+    method = get_method("ntk-fisher", alpha=1e-6)
+    res = method(model, (x[:9], y[:9]), (x[9:], y[9:]), ctx)
     det = get_method("ntk")(model, (x[:9], y[:9]), (x[9:], y[9:]), ctx)
     assert not torch.equal(get_flat(res.model), get_flat(det.model))  # the noise was added
+    # the Gaussian is centred on the deterministic NTK scrub
+    assert torch.equal(flatten(res.noise.mean), get_flat(det.model))
+    info = noise_information(method, res, reference, (x[:9], y[:9]), (x[9:], y[9:]), ctx,
+                             queries={"forget": x[9:], "retain": x[:9], "test": x[:4]})
     for part in ("forget", "retain", "test"):
         for suffix in ("", "_code"):
-            v = res.info[f"info_activations_nats_{part}{suffix}"]
+            v = info[f"info_activations_nats_{part}{suffix}"]
             assert math.isfinite(v) and v > 0
-    assert res.info["info_weights_nats"] > 0 and res.info["alpha"] == 1e-6
+    assert info["info_weights_nats"] > 0 and res.info["alpha"] == 1e-6
 
 
 def test_bad_options():
@@ -251,8 +260,7 @@ def test_line_figures(tmp_path):
     ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
                         config=TrainConfig(wd=0.05), num_classes=C)
     scrubbed = get_method("ntk")(model, split.retain, split.forget, ctx).model
-    sr = SimpleNamespace(seed=0, original=model, retrain=retrain, split=split, ctx=ctx)
-    out = plot_ntk_lines(sr, tmp_path, scrubbed=scrubbed, alphas=[0.0, 0.5, 1.0], betas=[0.0, 1.0])
+    out = plot_ntk_lines(model, scrubbed, retrain, split, tmp_path, alphas=[0.0, 0.5, 1.0], betas=[0.0, 1.0])
     d = out["data"]
     assert d["l1_forget"][0] == pytest.approx(activation_l1(model, retrain, split.forget[0]))
     assert d["l1_retain"][2] == pytest.approx(activation_l1(scrubbed, retrain, split.retain[0]), rel=1e-9)

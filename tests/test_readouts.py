@@ -79,7 +79,7 @@ def test_relearn_time_already_below_threshold_is_one():
     x, y = _linear_problem()
     m = nn.Linear(3, 2)
     _, loss = error_and_loss(m, x[:8], y[:8])
-    assert relearn_time(m, x, y, x[:8], y[:8], threshold=loss) == 1
+    assert relearn_time(m, x, y, x[:8], y[:8], threshold=loss, wd=0.1) == 1
 
 
 def test_relearn_time_matches_a_manual_loop():
@@ -115,4 +115,4 @@ def test_relearn_time_matches_a_manual_loop():
 def test_relearn_time_caps():
     x, y = _linear_problem()
     m = nn.Linear(3, 2)
-    assert relearn_time(m, x, y, x[:8], y[:8], threshold=-1.0, max_epochs=4) == 4
+    assert relearn_time(m, x, y, x[:8], y[:8], threshold=-1.0, wd=0.1, max_epochs=4) == 4

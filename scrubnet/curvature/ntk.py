@@ -55,8 +55,9 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call, jacrev, jvp, vmap
 
-from scrubnet.curvature.params import trainable_params
+from scrubnet.curvature.params import trainable_params, unflatten
 from scrubnet.curvature.solvers import SolveInfo, cholesky_solve_jitter, conjugate_gradient
 from scrubnet.models import eval_mode
 
@@ -288,7 +289,6 @@ class JacobianRows:
         """Per-row gradients of the parameters outside supported layers (vmap(jacrev) on them only)."""
         if not self.generic_names:
             return []
-        from torch.func import functional_call, jacrev, vmap
         fixed = {k: v for k, v in self.params.items() if k not in self.generic_names}
         buffers = dict(self.model.named_buffers())
         free = {k: self.params[k] for k in self.generic_names}
@@ -558,9 +558,7 @@ def jacobian_vjp(model: nn.Module, x: Tensor, a: Tensor, *, batch_size: int = 25
 
 def jacobian_jvp(model: nn.Module, x: Tensor, v: Tensor, *, batch_size: int = 256) -> Tensor:
     """J v (eval mode) by forward-mode AD (``torch.func.jvp``): flat v (p,) → (N, c)."""
-    from torch.func import functional_call, jvp
 
-    from scrubnet.curvature.params import unflatten
     params = trainable_params(model)
     tangent = unflatten(v.to(next(iter(params.values())).dtype), params)
     buffers = dict(model.named_buffers())
@@ -580,7 +578,6 @@ def ntk_matvec(model: nn.Module, x: Tensor, u: Tensor, *, batch_size: int = 256)
 
 def dense_jacobian(model: nn.Module, x: Tensor) -> Tensor:
     """The full J (N·c × p), sample-major rows, by ``torch.func.jacrev`` of the whole batch (tests only)."""
-    from torch.func import functional_call, jacrev
     params = trainable_params(model)
     buffers = dict(model.named_buffers())
     with eval_mode(model):

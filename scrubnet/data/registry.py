@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from scrubnet._config import strict_from_dict
+from scrubnet.data import files
+from scrubnet.data.embedded import digits_pools, mnist1d_pools
 from scrubnet.data.splits import Split, make_split
 
 DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagefolder")
@@ -39,15 +41,12 @@ def load_pools(cfg: DataConfig):
     """(x_train, y_train, x_test, y_test) pools for ``cfg.dataset``."""
     name = cfg.dataset
     if name == "mnist1d":
-        from scrubnet.data.embedded import mnist1d_pools
         return mnist1d_pools(cfg.num_samples)
     if name == "digits":
-        from scrubnet.data.embedded import digits_pools
         return digits_pools()
     if name in ("cifar10", "cifar100", "imagefolder"):
         if not cfg.data_dir:
             raise ValueError(f"dataset {name!r} needs --data-dir pointing at its files")
-        from scrubnet.data import files
         if name == "imagefolder":
             return files.load_image_folder(cfg.data_dir)
         return files.load_cifar(cfg.data_dir, name)

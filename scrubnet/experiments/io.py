@@ -1,39 +1,26 @@
-"""Atomic file writing: write to a temporary file in the same folder, then rename."""
+"""Output helpers of the experiments: the atomic writers of :mod:`scrubnet.atomic_io`, atomic figure saving,
+and figures built without pyplot (no global backend state is touched)."""
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+import io
 from pathlib import Path
 
+from matplotlib.figure import Figure
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from scrubnet.atomic_io import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "atomic_savefig", "subplots"]
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_json(path: str | Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=True) + "\n")
+def subplots(*args, figsize=None, **kwargs):
+    """``(figure, axes)`` like ``pyplot.subplots`` but on a standalone :class:`~matplotlib.figure.Figure`
+    (rendered by Agg on save, freed by the garbage collector; nothing to close)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*args, **kwargs)
 
 
 def atomic_savefig(fig, path: str | Path, **kwargs) -> None:
     """Save a matplotlib figure atomically (format from the path's suffix)."""
-    import io as _io
-    buf = _io.BytesIO()
+    buf = io.BytesIO()
     fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
     atomic_write_bytes(path, buf.getvalue())

@@ -22,10 +22,14 @@ import math
 import time
 from pathlib import Path
 
+import json
+
 import numpy as np
 import torch
 
 from scrubnet.experiments.config import ExperimentConfig
+from scrubnet.experiments.io import atomic_savefig, atomic_write_text, subplots
+from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import CORE_READOUTS, SeedRun, evaluate, get_split
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.model import (MLState, build_ml_model, forget_request, ml_module_with_weights, reference_noise,
@@ -54,7 +58,6 @@ def _requests(protocol: str, state: MLState, split, seed: int, n_requests: int, 
 def run_ml_protocol(protocol: str, cfg: ExperimentConfig, out_dir: Path | str | None, progress: bool = True,
                     n_requests: int = 10, request_fraction: float = 0.01) -> dict:
     """Run ``protocol`` ('sequential' | 'class') over ``cfg.seeds``; write outputs to ``out_dir`` if given."""
-    from scrubnet.experiments.progress import make_progress
 
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown ML protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
@@ -143,9 +146,7 @@ def band_checks(summary: dict) -> dict:
 
 
 def _write(results: dict, out_dir: Path) -> None:
-    import json
 
-    from scrubnet.experiments.io import atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "results.json", json.dumps(results, indent=1, default=float) + "\n")
@@ -154,11 +155,7 @@ def _write(results: dict, out_dir: Path) -> None:
 
 
 def _figures(results: dict, out_dir: Path) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from scrubnet.experiments.io import atomic_savefig
 
     s = results["summary"]
     n = len(s["mlforget"])
@@ -167,7 +164,7 @@ def _figures(results: dict, out_dir: Path) -> list[str]:
     for r in CORE_READOUTS + ["info_weights_nats"]:
         if r not in s["mlforget"][0]:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.2))
+        fig, ax = subplots(figsize=(5, 3.2))
         for m, style in (("mlforget-retrain", None), ("original", "--"), ("mlforget", "-o")):
             if r not in s[m][0]:
                 continue
@@ -186,7 +183,6 @@ def _figures(results: dict, out_dir: Path) -> list[str]:
         fig.tight_layout()
         name = f"{results['protocol']}_{r}.png"
         atomic_savefig(fig, out_dir / name, dpi=110)
-        plt.close(fig)
         names.append(name)
     return names
 

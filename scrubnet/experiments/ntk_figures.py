@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scrubnet.curvature.params import get_flat, set_flat
-from scrubnet.experiments.io import atomic_savefig, atomic_write_json
+from scrubnet.experiments.io import atomic_savefig, atomic_write_json, subplots
 from scrubnet.readouts.basic import activation_l1
 from scrubnet.training import predict_logits
 
@@ -53,54 +53,44 @@ def ntk_line_data(original: nn.Module, scrubbed: nn.Module, retrain: nn.Module, 
     return out
 
 
-def plot_ntk_lines(seed_run, out_dir, *, method: str = "ntk", options: dict | None = None,
-                   scrubbed: nn.Module | None = None, alphas=None, betas=None) -> dict:
+def plot_ntk_lines(original: nn.Module, scrubbed: nn.Module, retrain: nn.Module, split, out_dir, *,
+                   seed: int = 0, method: str = "ntk", alphas=None, betas=None) -> dict:
     """Write the Figure-4 and Figure-6 line plots for one seed of the protocol.
 
-    ``seed_run`` is a :class:`scrubnet.experiments.runner.SeedRun` (original, retrain, split); the scrubbed
-    model is ``scrubbed`` or the result of running ``method`` (default ``ntk``, its configured options plus
-    ``options``) on it — its NTK direction is cached in ``seed_run.ctx.cache``, so this is cheap after the
-    run. Returns {"data": curves, "files": [paths]}.
+    ``original`` = w(D), ``scrubbed`` = the output of ``method`` (named in the titles and the JSON),
+    ``retrain`` = w(D_r); ``split`` provides ``.forget``, ``.retain``, ``.test`` as (x, y).
+    Returns {"data": curves, "files": [paths]}.
     """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if scrubbed is None:
-        from scrubnet.experiments.runner import run_method
-        scrubbed = run_method(method, seed_run, options)[0].model
-    data = ntk_line_data(seed_run.original, scrubbed, seed_run.retrain, seed_run.split, alphas=alphas, betas=betas)
-    data.update({"seed": int(seed_run.seed), "method": method})
+    data = ntk_line_data(original, scrubbed, retrain, split, alphas=alphas, betas=betas)
+    data.update({"seed": int(seed), "method": method})
     files = []
 
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    fig, ax = subplots(figsize=(5.2, 3.6))
     ax.plot(data["alpha"], data["l1_forget"], "o-", ms=3, label="D_f (forget)")
     ax.plot(data["alpha"], data["l1_retain"], "s-", ms=3, label="D_r (retain)")
     ax.axvline(0.0, color="grey", lw=0.8, ls=":")
     ax.axvline(1.0, color="green", lw=0.8, ls="--", label="scrubbed (α = 1)")
     ax.set_xlabel("α  (w(D) + α·(w_scrub − w(D)))")
     ax.set_ylabel("L1 distance of softmax to retrain")
-    ax.set_title(f"NTK scrub direction, seed {seed_run.seed}")
+    ax.set_title(f"NTK scrub direction, seed {seed}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     p1 = out_dir / "ntk_activation_line.png"
     atomic_savefig(fig, p1, dpi=110)
-    plt.close(fig)
     files.append(str(p1))
 
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    fig, ax = subplots(figsize=(5.2, 3.6))
     for part, mk in (("forget", "o-"), ("retain", "s-"), ("test", "^-")):
         ax.plot(data["beta"], data[f"loss_{part}"], mk, ms=3, label=f"D_{part[0] if part != 'test' else 'test'}")
     ax.set_xlabel("β  (w(D) + β·(w(D_r) − w(D)))")
     ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(f"loss from original (β = 0) to retrain (β = 1), seed {seed_run.seed}")
+    ax.set_title(f"loss from original (β = 0) to retrain (β = 1), seed {seed}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     p2 = out_dir / "ntk_loss_line.png"
     atomic_savefig(fig, p2, dpi=110)
-    plt.close(fig)
     files.append(str(p2))
 
     p3 = out_dir / "ntk_lines.json"

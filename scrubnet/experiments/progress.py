@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 class _NullProgress:
     """Accepts the calls a rich ``Progress`` gets and does nothing with them."""
@@ -22,7 +24,6 @@ def make_progress(enabled: bool = True, console=None):
     if not enabled:
         yield _NullProgress()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as p:

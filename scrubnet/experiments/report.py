@@ -5,7 +5,9 @@ import json
 import math
 from pathlib import Path
 
-from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text
+import numpy as np
+
+from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
 
 #: readouts plotted as panels, with their display names
 PANELS = [("error_retain", "error D_r"), ("error_forget", "error D_f"), ("error_test", "error D_test"),
@@ -98,15 +100,12 @@ def render_report(results: dict) -> str:
 
 
 def plot_readouts(results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     ms = results["methods"]
     panels = [(r, t) for r, t in PANELS if any(r in d.get("summary", {}) for d in ms.values())]
     ncol = 3
     nrow = max(1, math.ceil(len(panels) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.8 * nrow), squeeze=False)
+    fig, axes = subplots(nrow, ncol, figsize=(4.2 * ncol, 2.8 * nrow), squeeze=False)
     names = list(ms)
     for ax, (r, title) in zip(axes.flat, panels):
         ret = ms.get("retrain", {}).get("summary", {}).get(r)
@@ -127,19 +126,14 @@ def plot_readouts(results: dict, path: Path) -> None:
         ax.axis("off")
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=110)
-    plt.close(fig)
 
 
 def plot_entropies(hist_data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     methods = list(hist_data)
     if not methods:
         return
-    fig, axes = plt.subplots(len(methods), 3, figsize=(10, 1.6 * len(methods) + 0.6), squeeze=False, sharex=True)
+    fig, axes = subplots(len(methods), 3, figsize=(10, 1.6 * len(methods) + 0.6), squeeze=False, sharex=True)
     for i, m in enumerate(methods):
         for j, part in enumerate(("retain", "forget", "test")):
             h = np.log(np.clip(np.array(hist_data[m][part]), 1e-12, None))
@@ -151,7 +145,6 @@ def plot_entropies(hist_data: dict, path: Path) -> None:
                 ax.set_ylabel(m, fontsize=8)
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)
-    plt.close(fig)
 
 
 def write_outputs(results: dict, hist_data: dict, out_dir: Path) -> None:

@@ -2,7 +2,8 @@
 
 For each seed the whole protocol is re-run: pre-train on the core, fine-tune the original w(D) from w_0,
 retrain the gold standard without D_f (same seed and schedule), then run every method on
-(original, D_r, D_f) and evaluate all readouts. The retrain *band* is mean ± std of the retrain
+(original, D_r, D_f) and evaluate all readouts. Scrub, then measure: the methods never see the retrain
+model; the runner measures every result against it (:func:`evaluate`, :func:`scrub_readouts`). The retrain *band* is mean ± std of the retrain
 readouts over seeds (std with ddof=0, as ``numpy.std``).
 
 ``results.json`` layout::
@@ -25,9 +26,17 @@ from torch import nn
 
 from scrubnet.data import Split, load_split
 from scrubnet.experiments.config import ExperimentConfig
-from scrubnet.methods.base import ForgetContext, ScrubResult, available_methods, get_method
+from scrubnet.experiments.ntk_figures import plot_ntk_lines
+from scrubnet.experiments.progress import make_progress
+from scrubnet.experiments.report import write_outputs
+from scrubnet.curvature.params import trainable_params
+from scrubnet.methods.artifacts import retrain_key
+from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, available_methods, get_method,
+                                   method_class)
 from scrubnet.models import build_model
+from scrubnet.readouts.activation_info import activation_information_sets
 from scrubnet.readouts.basic import activation_l1, error_and_loss, softmax_entropy
+from scrubnet.readouts.information import weight_information, weight_step_geometry
 from scrubnet.readouts.mia import membership_attack
 from scrubnet.readouts.relearn import relearn_time
 from scrubnet.training import TrainHistory, finetune, finetune_start, pretrain, retrain
@@ -93,20 +102,86 @@ def prepare_seed(cfg: ExperimentConfig, seed: int) -> SeedRun:
     ret, h_r = retrain(start, split.x, split.y, split.forget_idx, cfg.train, seed, mode=cfg.retrain_mode)
     w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
     ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=seed,
-                        forget_class=split.forget_class, split=split, start=start, reference=ret,
-                        cache={"retrain": ret, "retrain_mode": cfg.retrain_mode, "original": original})
+                        forget_class=split.forget_class, split=split, start=start, retrain_mode=cfg.retrain_mode)
+    ctx.cache.put(retrain_key(start, split.x, split.y, split.forget_idx, train=cfg.train.to_dict(), seed=seed,
+                              mode=cfg.retrain_mode), ret)
     return SeedRun(seed, split, start, original, ret, ctx, cfg, {"original": h_o, "retrain": h_r})
+
+
+def configured_method(name: str, sr: SeedRun, options: dict | None = None) -> ForgettingMethod:
+    """The method ``name`` with the experiment's options for it, updated by ``options``."""
+    opts = dict(sr.config.method_options.get(name, {}))
+    opts.update(options or {})
+    return get_method(name, **opts)
 
 
 def run_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ScrubResult, float]:
     """Run one method on the seed's original model; returns the result and its wall time (s)."""
-    opts = dict(sr.config.method_options.get(name, {}))
-    opts.update(options or {})
-    method = get_method(name, **opts)
+    method = configured_method(name, sr, options)
     ctx = copy.copy(sr.ctx)  # methods may add to ctx.cache (shared dict) but not rebind the fields
     t0 = time.perf_counter()
     res = method(sr.original, sr.split.retain, sr.split.forget, ctx)
     return res, time.perf_counter() - t0
+
+
+def _weights(model: nn.Module) -> dict:
+    return {k: v.detach() for k, v in trainable_params(model).items()}
+
+
+def scrub_readouts(method: ForgettingMethod, res: ScrubResult, sr: SeedRun, *,
+                   max_queries: int | None = None) -> dict[str, float]:
+    """What the scrub left, measured against the retrain reference (``res.reference`` or the seed's retrain):
+
+    * weight-space geometry of the scrub's deterministic point (the Gaussian's mean for a noisy method) —
+      :func:`scrubnet.readouts.information.weight_step_geometry`, when the three models share parameters;
+    * for a noisy method (``res.noise``): the method's procedure is applied to the reference
+      (:meth:`~scrubnet.methods.base.ForgettingMethod.noise_at`), and the white-box bound
+      (``info_weights_nats``, ``_code``) and the black-box bound per query set
+      (``info_activations_nats_{forget,retain,test}``, ``_code``; first ``max_queries`` of each) are computed
+      from the two Gaussians; ``information_seconds`` is the time this took.
+    """
+    original = sr.original if res.original is None else res.original
+    reference = sr.retrain if res.reference is None else res.reference
+    out: dict[str, float] = {}
+    w_o, w_r = _weights(original), _weights(reference)
+    w_s = res.noise.mean if res.noise is not None else _weights(res.model)
+    if set(w_o) == set(w_s) == set(w_r) and all(w_o[k].shape == w_s[k].shape == w_r[k].shape for k in w_o):
+        out.update(weight_step_geometry(w_o, w_s, w_r))
+    if res.noise is not None:
+        queries = {"forget": sr.split.forget[0], "retain": sr.split.retain[0], "test": sr.split.x_test}
+        out.update(noise_information(method, res, reference, sr.split.retain, sr.split.forget, copy.copy(sr.ctx),
+                                     queries=queries, max_queries=max_queries))
+    return out
+
+
+def noise_information(method: ForgettingMethod, res: ScrubResult, reference: nn.Module, retain, forget,
+                      ctx: ForgetContext, *, queries: dict | None = None,
+                      max_queries: int | None = None) -> dict[str, float]:
+    """The information bounds of a noisy result: ``method``'s procedure applied to ``reference``
+    (:meth:`~scrubnet.methods.base.ForgettingMethod.noise_at`), then ``info_weights_nats`` (+ ``_code``) from
+    the two Gaussians and, for each query set in ``queries`` ({name: x}), ``info_activations_nats_<name>``
+    (+ ``_code``); ``information_seconds`` is the time taken. Empty for a deterministic result."""
+    if res.noise is None:
+        return {}
+    t0 = time.perf_counter()
+    out: dict[str, float] = {}
+    ref = method.noise_at(reference, retain, forget, ctx)
+    if ref is not None:
+        out.update(weight_information(res.noise.mean, res.noise.var, ref.mean, ref.var))
+        if queries:
+            out.update(activation_information_sets(res.model, res.noise.mean, res.noise.var, reference, ref.mean,
+                                                   ref.var, queries, max_queries=max_queries))
+    out["information_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def measure(name: str, res: ScrubResult, sr: SeedRun, options: dict | None = None) -> dict[str, float]:
+    """All readouts of one method's result: :func:`evaluate`, the method's numeric ``info`` and
+    :func:`scrub_readouts`."""
+    readouts = evaluate(res.model, sr, original=res.original, reference=res.reference)
+    readouts.update(_numeric_info(res.info))
+    readouts.update(scrub_readouts(configured_method(name, sr, options), res, sr))
+    return readouts
 
 
 def evaluate(model: nn.Module, sr: SeedRun, *, original: nn.Module | None = None,
@@ -163,7 +238,6 @@ def _numeric_info(info: dict) -> dict[str, float]:
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True,
                    console=None) -> dict:
     """Run methods × seeds; when ``out_dir`` is given write results.json, report.md and figures there."""
-    from scrubnet.experiments.progress import make_progress
 
     split = get_split(cfg)
     methods = resolve_methods(cfg, split)
@@ -189,39 +263,30 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
             for m in methods:
                 bar.update(task, description=f"seed {seed}: {m}")
                 res, t = run_method(m, sr)
-                readouts = evaluate(res.model, sr, original=res.original, reference=res.reference)
-                readouts.update(_numeric_info(res.info))
+                readouts = measure(m, res, sr)
                 results["methods"][m]["runs"].append({"seed": seed, "time_s": t, "readouts": readouts})
                 if seed == cfg.seeds[0]:
                     hist_data[m] = entropies(res.model, split)
+                    if m == "ntk":
+                        ntk_scrubbed = res.model
                 bar.advance(task)
-            if seed == cfg.seeds[0] and out_dir is not None:
-                _extra_figures(methods, sr, Path(out_dir))
+            if seed == cfg.seeds[0] and out_dir is not None and ("ntk" in methods or "ntk-fisher" in methods):
+                # Figures 4 and 6 of the NTK paper, along the deterministic NTK step of the first seed
+                scrubbed = ntk_scrubbed if "ntk" in methods else run_method("ntk", sr)[0].model
+                plot_ntk_lines(sr.original, scrubbed, sr.retrain, sr.split, Path(out_dir), seed=seed)
     for m in methods:
         results["methods"][m]["summary"] = summarise(results["methods"][m]["runs"])
         results["methods"][m]["band"] = band_reference(m)
     results["checks"] = separation_checks(results)
     if out_dir is not None:
-        from scrubnet.experiments.report import write_outputs
         write_outputs(results, hist_data, Path(out_dir))
     return results
-
-
-def _extra_figures(methods: list[str], sr: SeedRun, out_dir: Path) -> None:
-    """Method-specific figures contributed by method modules (e.g. the NTK line plots)."""
-    if "ntk" in methods or "ntk-fisher" in methods:
-        try:
-            from scrubnet.experiments.ntk_figures import plot_ntk_lines
-        except ImportError:
-            return
-        plot_ntk_lines(sr, out_dir)
 
 
 def band_reference(method: str) -> str:
     """The method whose band ``method`` is judged against: ``retrain`` unless the method's class names
     another in ``band_reference`` (e.g. ML-Forgetting is judged against the retrained mixed-linear model)."""
-    from scrubnet.methods.base import _REGISTRY
-    cls = _REGISTRY.get(method)
+    cls = method_class(method)
     return getattr(cls, "band_reference", "retrain") if cls is not None else "retrain"
 
 

@@ -25,25 +25,17 @@ import math
 import time
 from pathlib import Path
 
+import matplotlib.ticker
 import numpy as np
 
 from scrubnet.experiments.config import ExperimentConfig
-from scrubnet.experiments.io import atomic_savefig, atomic_write_json
+from scrubnet.experiments.io import atomic_savefig, atomic_write_json, subplots
+from scrubnet.experiments.progress import make_progress
+from scrubnet.experiments.runner import evaluate, measure, prepare_seed, run_method
+from scrubnet.methods.base import get_method
 
 INFO_READOUTS = ["info_weights_nats", "info_activations_nats_forget", "info_activations_nats_retain",
                  "info_activations_nats_test"]
-
-
-def _numeric(info: dict) -> dict[str, float]:
-    out = {}
-    for k, v in info.items():
-        if isinstance(v, bool):
-            out[k] = float(v)
-        elif isinstance(v, (int, float)):
-            out[k] = float(v)
-        elif hasattr(v, "numel") and v.numel() == 1:
-            out[k] = float(v)
-    return out
 
 
 def _summary(readouts: list[dict]) -> dict[str, dict[str, float]]:
@@ -59,9 +51,6 @@ def run_sweep(method: str, param: str, values: list[float], cfg: ExperimentConfi
               progress: bool = True) -> dict:
     """Run ``method`` with ``{param: v}`` for every v in ``values`` and every seed of ``cfg``; write
     ``out_dir/sweep.json`` (atomically) and ``out_dir/sweep_<method>.png``; return the sweep.json dict."""
-    from scrubnet.experiments.progress import make_progress
-    from scrubnet.experiments.runner import evaluate, prepare_seed, run_method
-    from scrubnet.methods.base import get_method
 
     values = [float(v) for v in values]
     if not values:
@@ -91,8 +80,7 @@ def run_sweep(method: str, param: str, values: list[float], cfg: ExperimentConfi
             for v in values:
                 bar.update(task, description=f"seed {seed}: {method} {param}={v:g}")
                 res, t = run_method(method, sr, {param: v})
-                readouts = evaluate(res.model, sr, original=res.original, reference=res.reference)
-                readouts.update(_numeric(res.info))
+                readouts = measure(method, res, sr, {param: v})
                 runs.append({"value": v, "seed": seed, "time_s": t, "readouts": readouts})
                 bar.advance(task)
     summary = [{"value": v, "readouts": _summary([r["readouts"] for r in runs if r["value"] == v])}
@@ -112,15 +100,11 @@ def _safe(name: str) -> str:
 
 def plot_sweep(result: dict, path: Path | str) -> None:
     """error_test against each information readout present (log x), one point per swept value."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     summary = result["summary"]
     present = [k for k in INFO_READOUTS if any(k in s["readouts"] for s in summary)]
     xs_keys = present or [None]
-    fig, axes = plt.subplots(1, len(xs_keys), figsize=(4.6 * len(xs_keys), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(xs_keys), figsize=(4.6 * len(xs_keys), 3.8), squeeze=False)
     for ax, key in zip(axes[0], xs_keys):
         pts = []
         for s in summary:
@@ -154,4 +138,3 @@ def plot_sweep(result: dict, path: Path | str) -> None:
     fig.suptitle(f"{result['method']}: test error vs information left ({len(result['seeds'])} seed(s))")
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)

@@ -1,6 +1,6 @@
 """Scrubbing methods, one module each, behind :class:`scrubnet.methods.base.ForgettingMethod`."""
-from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, as_tensors, available_methods,
-                                   get_method, register)
+from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, as_tensors,
+                                   available_methods, get_method, method_class, register)
 
-__all__ = ["ForgetContext", "ForgettingMethod", "ScrubResult", "as_tensors", "available_methods", "get_method",
-           "register"]
+__all__ = ["ForgetContext", "ForgettingMethod", "ScrubResult", "WeightGaussian", "as_tensors", "available_methods",
+           "get_method", "method_class", "register"]

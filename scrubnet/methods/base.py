@@ -2,8 +2,14 @@
 
 A method takes the trained model, the retain data D_r and the forget data D_f (plus a
 :class:`ForgetContext` with what the protocol knows: the fine-tuning start ``w0``, the training
-configuration, the seed, …) and returns a :class:`ScrubResult`: the scrubbed model and what it
-measured. Methods never modify the model they are given.
+configuration, the seed, …) and returns a :class:`ScrubResult`: the scrubbed model, the method's own
+diagnostics, and — for a method that ends by adding Gaussian noise — the Gaussian it sampled from
+(:class:`WeightGaussian`). Methods never modify the model they are given.
+
+Scrub, then measure: a method never sees the retrain reference. The information readouts (white-box and
+black-box bounds) are computed by whoever evaluates (:mod:`scrubnet.experiments.runner`), which applies the
+method's noise procedure to the reference through :meth:`ForgettingMethod.noise_at` and compares the two
+Gaussians with :mod:`scrubnet.readouts.information`.
 
 Methods register themselves by name with :func:`register`; :func:`get_method` builds one from its
 name and options (e.g. ``get_method("fisher", alpha=1e-6)``). Every module in ``scrubnet.methods``
@@ -12,15 +18,17 @@ is imported on first use, so adding a method is adding a module.
 from __future__ import annotations
 
 import importlib
-from abc import ABC, abstractmethod
 import pkgutil
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from scrubnet.training import TrainConfig
+from scrubnet.methods.artifacts import ArtifactCache
+from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
 
 Data = tuple[Tensor, Tensor]
 
@@ -49,8 +57,10 @@ class ForgetContext:
     forget_class:  the forgotten class when a whole class is forgotten, else None.
     split:         the full :class:`scrubnet.data.Split` when known (core data, D order, test set).
     start:         the model at ``w0`` (needed by methods that retrain, e.g. ``retrain``).
-    reference:     the same-seed retrain model: for diagnostics and bounds only, never for the scrub.
-    cache:         a dict shared by the methods of one seed to reuse expensive artifacts.
+    retrain_mode:  how the protocol retrains without D_f ("replace" | "remove", see
+                   :func:`scrubnet.training.retrain`).
+    cache:         the :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed
+                   (Fisher diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
     """
 
     w0: dict[str, Tensor]
@@ -60,16 +70,29 @@ class ForgetContext:
     forget_class: int | None = None
     split: Any = None
     start: nn.Module | None = None
-    reference: nn.Module | None = None
-    cache: dict = field(default_factory=dict)
+    retrain_mode: str = DEFAULT_RETRAIN_MODE
+    cache: ArtifactCache = field(default_factory=ArtifactCache)
+
+
+@dataclass
+class WeightGaussian:
+    """N(mean, diag var) over named trainable parameters: what a noisy scrub samples its weights from.
+
+    ``mean`` and ``var`` map parameter names to tensors of the parameters' shapes (var > 0 wherever noise is
+    added). The scrubbed weights are w = mean + √var ⊙ ε with ε ~ N(0, I).
+    """
+
+    mean: dict[str, Tensor]
+    var: dict[str, Tensor]
 
 
 @dataclass
 class ScrubResult:
-    """The scrubbed model and what the method measured.
+    """The scrubbed model and what the method reports about itself.
 
-    ``info`` holds numbers (seconds, scales, solver iterations, ``info_weights_nats`` …); every
-    numeric entry is copied into the run's readouts by the experiment runner.
+    ``info`` holds numbers (seconds, scales, solver iterations …); every numeric entry is copied into the
+    run's readouts by the experiment runner. ``noise`` is the Gaussian a noisy method sampled ``model`` from
+    (None for a deterministic method); the evaluator turns it into the information readouts.
     ``reference`` / ``original`` let a method that trains its own model family (e.g. ML-Forgetting)
     supply the models its readouts must be compared with (activation distance to the retrain model,
     re-learn threshold); left ``None`` the protocol's retrain and original models are used.
@@ -77,6 +100,7 @@ class ScrubResult:
 
     model: nn.Module
     info: dict[str, float] = field(default_factory=dict)
+    noise: WeightGaussian | None = None
     reference: nn.Module | None = None
     original: nn.Module | None = None
 
@@ -93,6 +117,12 @@ class ForgettingMethod(ABC):
     @abstractmethod
     def scrub(self, model: nn.Module, retain: Data, forget: Data, ctx: ForgetContext) -> ScrubResult:
         """Return the scrubbed copy of ``model`` and what was measured; ``model`` itself is left untouched."""
+
+    def noise_at(self, model: nn.Module, retain: Data, forget: Data, ctx: ForgetContext) -> WeightGaussian | None:
+        """The Gaussian this method's noise procedure S_0 gives when applied to ``model`` in place of the
+        trained model (each model with its own curvature). The evaluator applies it to the same-seed retrain
+        model: the white-box bound is KL(scrub's Gaussian ‖ this one). None for a deterministic method."""
+        return None
 
     def __call__(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
         return self.scrub(model, as_tensors(retain), as_tensors(forget), ctx)
@@ -117,8 +147,7 @@ def _load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    import scrubnet.methods as pkg
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if not mod.name.startswith("_"):
             importlib.import_module(f"scrubnet.methods.{mod.name}")
     _LOADED = True
@@ -127,6 +156,12 @@ def _load_all() -> None:
 def available_methods() -> list[str]:
     _load_all()
     return sorted(_REGISTRY)
+
+
+def method_class(name: str) -> type[ForgettingMethod] | None:
+    """The class registered as ``name``, or None."""
+    _load_all()
+    return _REGISTRY.get(name)
 
 
 def get_method(name: str, **options) -> ForgettingMethod:

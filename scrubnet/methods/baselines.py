@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.methods.artifacts import retrain_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
 from scrubnet.models import freeze_batchnorm
-from scrubnet.training import l2_pull
+from scrubnet.training import RETRAIN_MODES, l2_pull, retrain as retrain_fn
 
 
 def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int, lr: float | None,
@@ -66,32 +67,31 @@ class Original(ForgettingMethod):
 class Retrain(ForgettingMethod):
     """The gold standard: fine-tune from w_0 with the same seed and schedule without D_f.
 
-    Uses ``ctx.cache['retrain']`` when the protocol has already trained it; otherwise needs
-    ``ctx.start`` (the model at w_0). ``mode='replace'`` (needs ``ctx.split``) keeps |D| by replacing
-    forgotten samples with copies of random retained ones; ``mode='remove'`` trains on D_r only.
+    Needs ``ctx.start`` (the model at w_0); the model is an artifact of ``ctx.cache`` (the protocol stores the
+    one it trained). ``mode`` (default: the protocol's ``ctx.retrain_mode``): ``'replace'`` (needs
+    ``ctx.split``) keeps |D| by replacing forgotten samples with copies of random retained ones;
+    ``'remove'`` trains on D_r only.
     """
 
     def __init__(self, mode: str | None = None):
-        if mode not in (None, "remove", "replace"):
-            raise ValueError(f"retrain mode must be 'remove' or 'replace', got {mode!r}")
+        if mode is not None and mode not in RETRAIN_MODES:
+            raise ValueError(f"retrain mode must be one of {', '.join(RETRAIN_MODES)}, got {mode!r}")
         self.mode = mode
 
     def scrub(self, model, retain, forget, ctx):
-        cached = ctx.cache.get("retrain")
-        if cached is not None and (self.mode is None or self.mode == ctx.cache.get("retrain_mode")):
-            return ScrubResult(copy.deepcopy(cached).eval())
         if ctx.start is None:
             raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
-        from scrubnet.training import finetune, retrain as retrain_fn
-        mode = self.mode or "remove"
-        if mode == "replace":
-            if ctx.split is None:
-                raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
-            m, _ = retrain_fn(ctx.start, ctx.split.x, ctx.split.y, ctx.split.forget_idx, ctx.config, ctx.seed,
-                              mode="replace")
+        mode = self.mode or ctx.retrain_mode
+        if ctx.split is not None:
+            x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx
+        elif mode == "remove":
+            x, y, forget_idx = retain[0], retain[1], torch.zeros(0, dtype=torch.long)
         else:
-            m, _ = finetune(ctx.start, retain[0], retain[1], ctx.config, ctx.seed)
-        return ScrubResult(m)
+            raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
+        key = retrain_key(ctx.start, x, y, forget_idx, train=ctx.config.to_dict(), seed=ctx.seed, mode=mode)
+        trained = ctx.cache.get_or_compute(
+            key, lambda: retrain_fn(ctx.start, x, y, forget_idx, ctx.config, ctx.seed, mode=mode)[0])
+        return ScrubResult(copy.deepcopy(trained).eval())
 
 
 @register("finetune")

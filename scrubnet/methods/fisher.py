@@ -31,8 +31,9 @@ forget-set loss into the retrain band (mean 0.21 vs 0.21) at a cost of ≈ 10 po
 ≈ 5–8 points of test error, the trade Tables 2.1–2.2 report for Fisher (D_r error 5–10 %, test +4–7).
 ``scrubnet sweep --method fisher`` shows the whole trade-off.
 
-The white-box bound (``info_weights_nats``, :mod:`scrubnet.readouts.information`) is reported when the
-protocol provides the same-seed retrain model: the same procedure is applied to it with its own Fisher.
+The result carries the Gaussian N(μ, diag v) it sampled from; :meth:`FisherForgetting.noise_at` gives the
+same procedure at another model (its own Fisher), from which the evaluator computes the white-box bound
+(``info_weights_nats``, :mod:`scrubnet.readouts.information`) against the same-seed retrain model.
 """
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
-from scrubnet.readouts.information import weight_information
+from scrubnet.methods.artifacts import ArtifactCache, fisher_key
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
 
 DEFAULT_ALPHA = 3e-6
 FORMS = ("code", "paper")
@@ -121,24 +122,19 @@ def sample_gaussian_weights(model: nn.Module, mean: dict[str, Tensor], var: dict
 
 
 def _cached_fisher(model: nn.Module, x: Tensor, y: Tensor, kind: str, batch_size: int | None,
-                   cache: dict | None) -> dict[str, Tensor]:
-    """fisher_diag, memoised in ``cache`` per (model object, its weights' checksum, data size, kind)."""
+                   cache: ArtifactCache | None) -> dict[str, Tensor]:
+    """fisher_diag, memoised in ``cache`` (key: the model's weights, the data, the Fisher kind)."""
     if cache is None:
         return fisher_diag(model, x, y, kind=kind, batch_size=batch_size)
-    with torch.no_grad():
-        checksum = float(sum(p.detach().double().sum() + p.detach().double().abs().sum()
-                             for p in model.parameters()))
-    key = ("fisher_diag", kind, id(model), checksum, len(x), float(x.double().sum()))
-    if key not in cache:
-        cache[key] = fisher_diag(model, x, y, kind=kind, batch_size=batch_size)
-    return cache[key]
+    return cache.get_or_compute(fisher_key(model, x, y, kind),
+                                lambda: fisher_diag(model, x, y, kind=kind, batch_size=batch_size))
 
 
 def fisher_noise(model: nn.Module, retain, *, alpha: float, num_classes: int, forget_class: int | None = None,
                  form: str = "code", generator: torch.Generator | None = None, seed: int | None = None,
                  kind: str = "true", clamp: bool = True, per_output_mean: bool = True, boost: float = 10.0,
                  fisher: dict[str, Tensor] | None = None, batch_size: int | None = None,
-                 cache: dict | None = None) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor]]:
+                 cache: ArtifactCache | None = None) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor]]:
     """Fisher forgetting of ``model`` with its own diagonal Fisher on ``retain`` = (x, y).
 
     Returns ``(noisy_model, mean, var)``: a new model with w = μ + √v ⊙ ε, and μ, v as dicts over the
@@ -167,13 +163,11 @@ class FisherForgetting(ForgettingMethod):
     """Fisher forgetting: w + √(α·v(F)) ε with the authors' options (module docstring).
 
     Options: alpha (default :data:`DEFAULT_ALPHA`), form ("code" | "paper"), kind ("true" | "empirical"
-    Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch), information (compute the
-    white-box bound when the retrain reference is known).
+    Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch).
     """
 
     def __init__(self, alpha: float = DEFAULT_ALPHA, form: str = "code", kind: str = "true", clamp: bool = True,
-                 per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None,
-                 information: bool = True):
+                 per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None):
         if not float(alpha) > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
         if form not in FORMS:
@@ -182,7 +176,7 @@ class FisherForgetting(ForgettingMethod):
             raise ValueError(f"unknown Fisher kind {kind!r}; choose one of {', '.join(FISHER_KINDS)}")
         self.alpha, self.form, self.kind = float(alpha), form, kind
         self.clamp, self.per_output_mean, self.boost = bool(clamp), bool(per_output_mean), float(boost)
-        self.batch_size, self.information = batch_size, bool(information)
+        self.batch_size = batch_size
 
     def _options(self, ctx: ForgetContext) -> dict:
         return dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form,
@@ -200,11 +194,13 @@ class FisherForgetting(ForgettingMethod):
             "fisher_seconds": time.perf_counter() - t0,
             "noise_std_median": float(torch.cat([v.reshape(-1).double() for v in var.values()]).sqrt().median()),
         }
-        if self.information and ctx.reference is not None:
-            t1 = time.perf_counter()
-            # same procedure on the retrain model, with its own Fisher on D_r (noise draw irrelevant to the KL)
-            _, mean_r, var_r = fisher_noise(ctx.reference, retain, generator=torch.Generator().manual_seed(0),
-                                            **self._options(ctx))
-            info.update(weight_information(mean, var, mean_r, var_r))
-            info["information_seconds"] = time.perf_counter() - t1
-        return ScrubResult(model=noisy.eval(), info=info)
+        return ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean, var))
+
+    def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
+        """The Fisher-forgetting Gaussian of ``model`` with its own Fisher on D_r."""
+        x, y = retain
+        fisher = _cached_fisher(model, x, y, self.kind, self.batch_size, ctx.cache)
+        mean, var = fisher_noise_variance(model, fisher, alpha=self.alpha, num_classes=ctx.num_classes,
+                                          forget_class=ctx.forget_class, form=self.form, clamp=self.clamp,
+                                          per_output_mean=self.per_output_mean, boost=self.boost)
+        return WeightGaussian(mean, var)

@@ -24,10 +24,9 @@ Options: any :class:`~scrubnet.mlforget.model.MLConfig` field (``mu``, ``sigma``
 from __future__ import annotations
 
 import copy
-import json
 import time
 
-
+from scrubnet.methods.artifacts import mlforget_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
 from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_module_with_weights, reference_noise,
                                      remaining_information_nats, retrain_user_weights)
@@ -50,9 +49,11 @@ def ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
     """The ML original, the one-request scrub and the ML retrain for this seed (computed once, cached)."""
     if ctx.split is None:
         raise ValueError("ML-Forgetting needs the full split in the context (ctx.split)")
-    key = "mlforget:" + json.dumps(cfg.to_dict(), sort_keys=True)
-    if key in ctx.cache:
-        return ctx.cache[key]
+    key = mlforget_key(ctx.start, ctx.split, train=ctx.config.to_dict(), ml=cfg.to_dict(), seed=ctx.seed)
+    return ctx.cache.get_or_compute(key, lambda: _ml_artifacts(ctx, cfg))
+
+
+def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
     split = ctx.split
     t0 = time.perf_counter()
     state = train_ml(split, cfg, ctx.config, ctx.seed, start=ctx.start)
@@ -73,7 +74,6 @@ def ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
            "times": {"ml_train_s": t_train, "ml_forget_s": t_forget, "ml_retrain_s": t_retrain},
            "sizes": {"ml_n_core": float(len(state.core_ids)), "ml_n_user": float(len(state.user_ids)),
                      "ml_num_user_weights": float(state.model.num_linearized)}}
-    ctx.cache[key] = art
     return art
 
 

@@ -23,12 +23,14 @@ diagonal plus the pull; the pull keeps B > 0 where the data carry no curvature, 
 
     S(w) = h(w) + n,   n ~ N(0, diag(√alpha · B^{-1/2})).
 
-``alpha = 0`` (default) gives the deterministic Newton step. With noise and the retrain reference known, the
-same procedure is applied to the retrain model and ``info_weights_nats`` (and ``_code``) are reported.
-Without noise the distributions are point masses and the bound is infinite; ``newton_dist_ratio`` =
-‖h(w_o) − w_r‖ / ‖w_o − w_r‖ is reported instead (< 1: the step moved toward the retrain model).
+``alpha = 0`` (default) gives the deterministic Newton step. With noise the result carries the Gaussian
+N(h(w), diag v) and :meth:`NewtonScrub.noise_at` applies the same procedure (Newton step, then noise) to
+another model, from which the evaluator reports ``info_weights_nats`` against the retrain model. Without
+noise the distributions are point masses and the bound is infinite; the evaluator's
+``weight_distance_ratio`` = ‖h(w_o) − w_r‖ / ‖w_o − w_r‖ says whether the step moved toward the retrain
+model (< 1).
 
-**Safeguard** (:func:`newton_step`; "Newton safeguard" in docs/decisions.md): the step is accepted only
+**Safeguard** (:func:`retain_newton_step`; "Newton safeguard" in docs/decisions.md): the step is accepted only
 where L_r decreases — Levenberg–Marquardt damping on the Gauss–Newton model (default), Armijo backtracking,
 or the paper's plain step (``safeguard="none"``). On the embedded default (MLP on MNIST-1D, wd 0.03) the
 plain step raises L_r on every seed and reaches the retrain band only by that overshoot; the safeguarded
@@ -47,10 +49,9 @@ from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
 from scrubnet.methods.fisher import sample_gaussian_weights
 from scrubnet.models import eval_mode
-from scrubnet.readouts.information import weight_information
 
 
 def pull_mask_and_anchor(model: nn.Module, w0: dict[str, Tensor] | None) -> tuple[Tensor, Tensor]:
@@ -84,7 +85,7 @@ def _retain_objective(model: nn.Module, flat: Tensor, x: Tensor, y: Tensor, *, l
     return total / len(x) + 0.5 * wd * float(pull @ pull)
 
 
-def newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
+def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
                 damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500, batch_size: int = 512,
                 safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
                 max_damping_tries: int = 6) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
@@ -199,15 +200,14 @@ class NewtonScrub(ForgettingMethod):
     """Newton scrub h(w) = w − H⁻¹∇L_r(w) by matrix-free CG, optionally + the optimal noise (module docstring).
 
     Options: loss ("ce" | "mse"), wd (default: the fine-tuning wd of ``ctx.config``), damping (initial
-    Levenberg–Marquardt μ), safeguard ("backtrack" | "lm" | "none", see :func:`newton_step`), tol, max_iter,
-    batch_size, alpha (noise scale λσ_h²; 0 = no noise), information (white-box bound when noisy).
+    Levenberg–Marquardt μ), safeguard ("backtrack" | "lm" | "none", see :func:`retain_newton_step`), tol, max_iter,
+    batch_size, alpha (noise scale λσ_h²; 0 = no noise).
     ``info`` carries ``objective_before`` / ``objective_after`` (the retain objective L_r with the pull, at
     w and at h(w)), ``newton_step_length`` (accepted t) and ``newton_damping`` (final μ).
     """
 
     def __init__(self, loss: str = "ce", wd: float | None = None, damping: float = 0.0, tol: float = 1e-5,
-                 max_iter: int = 300, batch_size: int = 512, alpha: float = 0.0, information: bool = True,
-                 safeguard: str = "lm"):
+                 max_iter: int = 300, batch_size: int = 512, alpha: float = 0.0, safeguard: str = "lm"):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
         if safeguard not in SAFEGUARDS:
@@ -219,11 +219,10 @@ class NewtonScrub(ForgettingMethod):
             raise ValueError("tol must be > 0, max_iter and batch_size ≥ 1")
         self.loss, self.wd, self.damping, self.tol = loss, wd, float(damping), float(tol)
         self.max_iter, self.batch_size, self.alpha = int(max_iter), int(batch_size), float(alpha)
-        self.information = bool(information)
 
     def _procedure(self, model: nn.Module, retain, ctx: ForgetContext, wd: float):
         """(h(w) model, CG info, diagnostics, noise mean, noise var or None)."""
-        h, info, diag = newton_step(model, retain, w0=ctx.w0, wd=wd, loss=self.loss, damping=self.damping,
+        h, info, diag = retain_newton_step(model, retain, w0=ctx.w0, wd=wd, loss=self.loss, damping=self.damping,
                                     tol=self.tol, max_iter=self.max_iter, batch_size=self.batch_size,
                                     safeguard=self.safeguard)
         if self.alpha > 0:
@@ -244,13 +243,13 @@ class NewtonScrub(ForgettingMethod):
             "newton_max_iter": float(self.max_iter), "alpha": self.alpha,
             **cg.as_dict("newton_cg_"), **{f"newton_{k}": v for k, v in diag.items()},
             "objective_before": diag["objective_before"], "objective_after": diag["objective_after"]}
-        if ctx.reference is not None:
-            w_o, w_h, w_r = get_flat(model), get_flat(h), get_flat(ctx.reference)
-            gap = float(torch.linalg.vector_norm(w_o - w_r))
-            info["newton_dist_ratio"] = float(torch.linalg.vector_norm(w_h - w_r)) / gap if gap > 0 else 0.0
-            if var is not None and self.information:
-                t1 = time.perf_counter()
-                _, _, _, mean_r, var_r = self._procedure(ctx.reference, retain, ctx, wd)
-                info.update(weight_information(mean, var, mean_r, var_r))
-                info["information_seconds"] = time.perf_counter() - t1
-        return ScrubResult(model=out.eval(), info=info)
+        noise = None if var is None else WeightGaussian(mean, var)
+        return ScrubResult(model=out.eval(), info=info, noise=noise)
+
+    def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian | None:
+        """The same procedure at ``model``: its Newton step h, then the Prop. 4 Gaussian at h (None if alpha = 0)."""
+        if self.alpha <= 0:
+            return None
+        wd = float(ctx.config.wd if self.wd is None else self.wd)
+        _, _, _, mean, var = self._procedure(model, retain, ctx, wd)
+        return WeightGaussian(mean, var)

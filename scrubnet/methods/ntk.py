@@ -23,8 +23,9 @@ corrected Proposition 2 when one ridge is used in all three Grams (tests).
 Step length (decision 2, "trapezium"): scale = 1 + 2|cos θ|·‖m‖/‖δw‖ with
 m = (w(D) − w_0) − (w_lin(D_r) − w*) and θ the angle between δw and m; ``trapezium=False`` uses scale 1.
 The scrubbed weights are w(D) + scale·δw (always applied at the trained weights, even when linearised at
-w_0, as in the code). With ``ctx.reference`` the info also logs the actual scale ‖w(D_r) − w(D)‖/‖δw‖
-and the cosine between δw and w(D_r) − w(D).
+w_0, as in the code). The evaluator compares the step with w(D_r) − w(D) (``weight_step_ratio`` =
+‖w(D_r) − w(D)‖/‖scale·δw‖, ``weight_step_cosine``, ``weight_distance_ratio``; see
+:func:`scrubnet.readouts.information.weight_step_geometry`).
 
 Defaults (decided on the embedded default, MLP on MNIST-1D, wd 0.03, seeds 0–2; readouts as
 (seed 0 / 1 / 2), retrain in brackets, original in braces):
@@ -56,8 +57,8 @@ Solvers: float64 Cholesky with jitter escalation (reported) when the Nc×Nc Gram
 Θu = J(Jᵀu), which never forms Θ.
 
 ``ntk-fisher`` then adds the Fisher noise at the scrubbed point (``scrubnet.methods.fisher.fisher_noise``
-on D_r, α default 1e-9 as in the authors' code for NTK+Fisher) and, with the reference, reports the
-white-box ``info_weights_nats`` (same procedure on the retrain model) and the black-box
+on D_r, α default 1e-9 as in the authors' code for NTK+Fisher); the evaluator turns its Gaussian into the
+white-box ``info_weights_nats`` (Fisher noise at the retrain model) and the black-box
 ``info_activations_nats_{forget,retain,test}`` (``scrubnet.readouts.activation_info``).
 """
 from __future__ import annotations
@@ -73,7 +74,9 @@ from torch import Tensor, nn
 from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
                                     solve_gram, solve_ntk_cg)
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+from scrubnet.methods.artifacts import ntk_direction_key
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
+from scrubnet.methods.fisher import fisher_noise
 
 LINEARIZE_AT = ("trained", "w0")
 PULLS = ("point", "w0")
@@ -194,11 +197,6 @@ def trapezium_scale(delta_w: Tensor, m: Tensor) -> tuple[float, float]:
     return 1.0 + 2.0 * abs(cos) * mn / dn, cos
 
 
-def _cosine(u: Tensor, v: Tensor) -> float:
-    d = float(u.norm() * v.norm())
-    return float(torch.dot(u, v)) / d if d > 0 else 0.0
-
-
 @register("ntk")
 class NTKScrub(ForgettingMethod):
     """NTK one-shot scrubbing (module docstring).
@@ -237,29 +235,33 @@ class NTKScrub(ForgettingMethod):
             raise ValueError("the NTK scrub needs ctx.w0 with every trainable parameter of the model")
         return flatten({k: ctx.w0[k].detach().to(v.dtype) for k, v in params.items()})
 
-    def _options_key(self) -> tuple:
-        return (self.linearize_at, self.pull, self.loss, self.mse_target_scale, self.ridge, self.ridge_value,
-                self.solver, self.cg_tol, self.cg_max_iter)
+    def _direction_options(self) -> dict:
+        """The options that change δw (the cache key of the direction)."""
+        return {"linearize_at": self.linearize_at, "pull": self.pull, "loss": self.loss,
+                "mse_target_scale": self.mse_target_scale, "ridge": self.ridge, "ridge_value": self.ridge_value,
+                "solver": self.solver, "cg_tol": self.cg_tol, "cg_max_iter": self.cg_max_iter}
 
     def direction(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> tuple[NTKStep, Tensor]:
         """δw for this model and data, memoised in ``ctx.cache`` (so ntk and ntk-fisher share one Gram)."""
         w0 = self._w0_flat(model, ctx)
-        w = get_flat(model).to(torch.float64)
-        key = ("ntk_direction", self._options_key(), float(ctx.config.wd), float(w.sum()), float(w.abs().sum()),
-               float(w0.double().abs().sum()), len(retain[1]), float(retain[0].double().sum()), len(forget[1]),
-               float(forget[0].double().sum()) if len(forget[1]) else 0.0)
-        if ctx.cache is not None and key in ctx.cache:
-            step = ctx.cache[key]
-            return NTKStep(step.delta_w, step.retain_displacement, {**step.info, "cached": 1.0}), w0
-        lin = model if self.linearize_at == "trained" else _model_at(model, w0)
-        step = ntk_direction(model, retain, forget, wd=float(ctx.config.wd), w0=w0, num_classes=ctx.num_classes,
-                             lin_model=lin, loss=self.loss, pull=self.pull, ridge=self.ridge,
-                             ridge_value=self.ridge_value, solver=self.solver,
-                             memory_budget_bytes=self.memory_budget_bytes, cg_tol=self.cg_tol,
-                             cg_max_iter=self.cg_max_iter, mse_target_scale=self.mse_target_scale,
-                             batch_size=self.batch_size)
-        if ctx.cache is not None:
-            ctx.cache[key] = step
+        key = ntk_direction_key(model, ctx.w0, retain, forget, wd=float(ctx.config.wd), num_classes=ctx.num_classes,
+                                options=self._direction_options())
+
+        def compute() -> NTKStep:
+            lin = model if self.linearize_at == "trained" else _model_at(model, w0)
+            return ntk_direction(model, retain, forget, wd=float(ctx.config.wd), w0=w0, num_classes=ctx.num_classes,
+                                 lin_model=lin, loss=self.loss, pull=self.pull, ridge=self.ridge,
+                                 ridge_value=self.ridge_value, solver=self.solver,
+                                 memory_budget_bytes=self.memory_budget_bytes, cg_tol=self.cg_tol,
+                                 cg_max_iter=self.cg_max_iter, mse_target_scale=self.mse_target_scale,
+                                 batch_size=self.batch_size)
+
+        if ctx.cache is None:
+            return compute(), w0
+        cached = key in ctx.cache
+        step = ctx.cache.get_or_compute(key, compute)
+        if cached:
+            step = NTKStep(step.delta_w, step.retain_displacement, {**step.info, "cached": 1.0})
         return step, w0
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
@@ -276,13 +278,6 @@ class NTKScrub(ForgettingMethod):
         info.update({"scale": scale, "trapezium_scale": tscale, "cos_delta_m": cos_m,
                      "delta_w_norm": float(step.delta_w.norm()), "m_norm": float(m.norm()),
                      "ntk_seconds": time.perf_counter() - t0})
-        if ctx.reference is not None:
-            true_dir = get_flat(ctx.reference).to(torch.float64) - w_d
-            dn = float(step.delta_w.norm())
-            info["actual_scale"] = float(true_dir.norm()) / dn if dn > 0 else float("nan")
-            info["cos_delta_true"] = _cosine(step.delta_w, true_dir)
-            info["residual_to_retrain_rel"] = float((w_d + scale * step.delta_w - w_d - true_dir).norm()
-                                                    / max(float(true_dir.norm()), 1e-300))
         return ScrubResult(model=scrubbed, info=info)
 
 
@@ -290,46 +285,34 @@ class NTKScrub(ForgettingMethod):
 class NTKFisherScrub(NTKScrub):
     """NTK scrub followed by Fisher noise at the scrubbed point (spec §1.3 step 7).
 
-    Extra options: alpha (default 1e-9, the authors' NTK+Fisher value), form ("code" | "paper"),
-    information (report info_weights_nats(_code) and info_activations_nats_{forget,retain,test}(_code) when
-    ctx.reference is given: full c×c covariance with the ½, and ``_code`` = the authors' diagonal no-½
-    variant), max_queries (cap on each query set for the activation bound; None = all).
+    Extra options: alpha (default 1e-9, the authors' NTK+Fisher value), form ("code" | "paper"). The result
+    carries the Gaussian of the noise; :meth:`noise_at` is the Fisher noise at another model (the evaluator
+    applies it to the retrain model for the white-box and black-box bounds).
     """
 
-    def __init__(self, alpha: float = 1e-9, form: str = "code", information: bool = True,
-                 max_queries: int | None = None, **ntk_options):
+    def __init__(self, alpha: float = 1e-9, form: str = "code", **ntk_options):
         super().__init__(**ntk_options)
         if not float(alpha) > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
         if form not in ("code", "paper"):
             raise ValueError(f"form must be 'code' or 'paper', got {form!r}")
-        if max_queries is not None and int(max_queries) < 1:
-            raise ValueError("max_queries must be positive or None")
-        self.alpha, self.form, self.information = float(alpha), form, bool(information)
-        self.max_queries = None if max_queries is None else int(max_queries)
+        self.alpha, self.form = float(alpha), form
+
+    def _noise_options(self, ctx: ForgetContext) -> dict:
+        return dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form)
+
+    def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
+        """Fisher noise at ``model`` with its own Fisher on D_r (the retrain model needs no NTK step)."""
+        _, mean, var = fisher_noise(model, retain, generator=torch.Generator().manual_seed(0), cache=ctx.cache,
+                                    **self._noise_options(ctx))
+        return WeightGaussian(mean, var)
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
-        from scrubnet.methods.fisher import fisher_noise
         res = super().scrub(model, retain, forget, ctx)
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(10_007 * int(ctx.seed) + 41)
-        opts = dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form)
-        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, **opts)
+        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, **self._noise_options(ctx))
         info = dict(res.info)
         info["alpha"] = self.alpha
         info["fisher_seconds"] = time.perf_counter() - t0
-        if self.information and ctx.reference is not None:
-            from scrubnet.readouts.activation_info import activation_information_sets
-            from scrubnet.readouts.information import weight_information
-            t1 = time.perf_counter()
-            _, mean_r, var_r = fisher_noise(ctx.reference, retain, generator=torch.Generator().manual_seed(0),
-                                            cache=ctx.cache, **opts)
-            info.update(weight_information(mean_s, var_s, mean_r, var_r))
-            queries = {"forget": forget[0], "retain": retain[0]}
-            if ctx.split is not None and getattr(ctx.split, "x_test", None) is not None:
-                queries["test"] = ctx.split.x_test
-            info.update(activation_information_sets(res.model, mean_s, var_s, ctx.reference, mean_r, var_r,
-                                                    queries, max_queries=self.max_queries,
-                                                    memory_budget_bytes=self.memory_budget_bytes))
-            info["information_seconds"] = time.perf_counter() - t1
-        return ScrubResult(model=noisy.eval(), info=info)
+        return ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean_s, var_s))

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as st_load, save
 
 from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_all, forget_request
 from scrubnet.models import build_model
@@ -97,7 +98,6 @@ def _write_atomic(path: Path, data: bytes, stage: str) -> None:
 
 
 def _weights_bytes(model: LinearizedModel) -> bytes:
-    from safetensors.torch import save
     return save({k: v.detach().contiguous().cpu().clone() for k, v in model.state_dict().items()})
 
 
@@ -225,7 +225,6 @@ def _append_line(lf: Path, record: dict) -> None:
 
 def load(path: str | Path) -> tuple[MLState, dict]:
     """Load (and repair) an ML checkpoint: returns the :class:`MLState` and the state record."""
-    from safetensors.torch import load as st_load
 
     path = Path(path)
     meta = repair(path)

@@ -80,7 +80,7 @@ def scrub_information(noise_of: Callable[[nn.Module], tuple[dict, dict]], origin
     ``model`` from that model's own curvature (dicts ``{name: tensor}`` over the same parameters).
     """
     if reference is None:
-        raise ValueError("the white-box bound needs the same-seed retrain model (ctx.reference)")
+        raise ValueError("the white-box bound needs the same-seed retrain model")
     mean_o, var_o = noise_of(original)
     mean_r, var_r = noise_of(reference)
     if set(mean_o) != set(mean_r):
@@ -88,19 +88,29 @@ def scrub_information(noise_of: Callable[[nn.Module], tuple[dict, dict]], origin
     return weight_information(mean_o, var_o, mean_r, var_r)
 
 
-def fisher_weight_information(original: nn.Module, reference: nn.Module, retain, *, alpha: float,
-                              num_classes: int, forget_class: int | None = None, form: str = "code",
-                              cache: dict | None = None, **noise_options) -> dict[str, float]:
-    """The white-box bound of Fisher forgetting: both models get the Fisher-forgetting noise of
-    :func:`scrubnet.methods.fisher.fisher_noise_variance` from their own true Fisher on ``retain`` = (x, y);
-    returns ``info_weights_nats`` and ``info_weights_nats_code``. ``noise_options``: clamp, per_output_mean,
-    boost, kind, batch_size."""
-    from scrubnet.methods.fisher import fisher_noise
+def weight_step_geometry(original: Mapping[str, Tensor], scrubbed: Mapping[str, Tensor],
+                         reference: Mapping[str, Tensor]) -> dict[str, float]:
+    """Where the scrub's deterministic point w_s went, relative to the original w_o and the retrain model w_r
+    (dicts over the same parameter names; float64):
 
-    def noise_of(model):
-        _, mean, var = fisher_noise(model, retain, alpha=alpha, num_classes=num_classes, forget_class=forget_class,
-                                    form=form, generator=torch.Generator().manual_seed(0), cache=cache,
-                                    **noise_options)
-        return mean, var
+    * ``weight_distance_ratio`` = ‖w_s − w_r‖ / ‖w_o − w_r‖ (< 1: the scrub moved toward the retrain model);
+    * ``weight_step_cosine`` = cos(w_s − w_o, w_r − w_o) (1: the step points exactly at the retrain model);
+    * ``weight_step_ratio`` = ‖w_r − w_o‖ / ‖w_s − w_o‖ (the multiple of the step that would reach ‖w_r − w_o‖).
 
-    return scrub_information(noise_of, original, reference)
+    Ratios and the cosine whose denominator is zero are left out (e.g. the original itself).
+    """
+    keys = list(original)
+    if set(keys) != set(scrubbed) or set(keys) != set(reference):
+        raise ValueError("original, scrubbed and reference weights must have the same parameter names")
+    w_o = _as_flat64(original, keys, "original")
+    w_s = _as_flat64(scrubbed, keys, "scrubbed")
+    w_r = _as_flat64(reference, keys, "reference")
+    step, target = w_s - w_o, w_r - w_o
+    ns, nt = float(torch.linalg.vector_norm(step)), float(torch.linalg.vector_norm(target))
+    out: dict[str, float] = {}
+    if nt > 0:
+        out["weight_distance_ratio"] = float(torch.linalg.vector_norm(w_s - w_r)) / nt
+    if ns > 0 and nt > 0:
+        out["weight_step_cosine"] = float(step @ target) / (ns * nt)
+        out["weight_step_ratio"] = nt / ns
+    return out

@@ -19,7 +19,7 @@ from scrubnet.training import l2_pull, predict_logits
 
 
 def relearn_time(model: nn.Module, x: Tensor, y: Tensor, x_forget: Tensor, y_forget: Tensor, threshold: float, *,
-                 lr: float = 0.01, wd: float = 0.1, samples_per_epoch: int = 500, batch_size: int = 128,
+                 wd: float, lr: float = 0.01, samples_per_epoch: int = 500, batch_size: int = 128,
                  max_epochs: int = 100, seed: int = 0, freeze_bn: bool = True) -> int:
     """Epochs (1-based) until the D_f loss falls to ``threshold`` (+1e-5); ``max_epochs`` if never."""
     model = copy.deepcopy(model)
