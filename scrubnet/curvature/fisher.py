@@ -16,14 +16,16 @@ Both are computed in **eval mode** (BatchNorm uses its running statistics, so sa
 per-sample gradients are well defined), streamed over batches into float64 accumulators, so memory does not
 grow with N. Two exact vectorised paths:
 
-* ``method="vmap"`` — ``functional_call`` + ``vmap``: per batch of B samples, the K gradients √p_k·∇ log p_k of
-  every sample come from one VJP vmapped over the K class cotangents, vmapped over samples (memory ≈ B·K·p);
-  squared and summed over classes and samples. Works for any module.
+* ``method="vmap"`` — the generic ``torch.func`` fallback of :mod:`scrubnet.curvature.kernels`: per batch of
+  B samples, the K gradients √p_k·∇ log p_k of every sample come from one VJP vmapped over the K class
+  cotangents, vmapped over samples (memory ≈ B·K·p); squared and summed over classes and samples. Works for
+  any module.
 * ``method="layerwise"`` (default via "auto") — one batched forward, K backward passes of
-  Σ_i √p_k(x_i) log p_k(x_i) to the layer *outputs* only, and the per-sample gradients of Linear / Conv1d /
-  Conv2d / BatchNorm parameters from (layer input, output gradient) in closed form ((g²)ᵀa² for Linear,
-  unfold + bmm for convolutions, x̂·g for BatchNorm); parameters of any other module (or of a module called
-  twice) go through the vmap path. Measured on 2 CPU threads (``benchmarks/fisher_diag.py``) it is ≈ 10–100×
+  Σ_i √p_k(x_i) log p_k(x_i) to the layer *outputs* only, and the squared per-sample gradients of the
+  layers covered by the kernel registry (:mod:`scrubnet.curvature.kernels`: Linear, Conv1d/Conv2d, eval-mode
+  BatchNorm) from (layer input, output gradient) in closed form ((g²)ᵀa² for Linear, unfold + bmm for
+  convolutions, x̂·g for BatchNorm); parameters of any other module (or of a module called twice) go
+  through the vmap path. Measured on 2 CPU threads (``benchmarks/fisher_diag.py``) it is ≈ 10–100×
   faster than vmap for MLPs, on par to 2× for small CNNs.
 
 :func:`fisher_diag_loop` is the slow, obviously-correct twin: batch size 1 and one ``autograd.grad`` per class
@@ -34,8 +36,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vjp, vmap
+from torch.func import functional_call
 
+from scrubnet.curvature.kernels import LayerKernel, func_per_sample_grads, kernel_for
 from scrubnet.curvature.params import trainable_params
 from scrubnet.models import eval_mode
 
@@ -71,50 +74,38 @@ def auto_batch_size(num_params: int, num_classes: int, itemsize: int = 4,
 
 
 FISHER_METHODS = ("auto", "vmap", "layerwise")
-_LAYERWISE_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.modules.batchnorm._BatchNorm)
 
 
 def _vmap_batch_sums(model: nn.Module, params: dict[str, Tensor], names: list[str], buffers: dict[str, Tensor],
                      xb: Tensor, yb: Tensor | None, kind: str) -> dict[str, Tensor]:
     """Σ_i Σ_k p_k (∂ log p_k(x_i))² (true) or Σ_i (∂ log p_{y_i}(x_i))² (empirical) over the batch, for the
-    parameters ``names`` (the others held fixed), by vmapped per-sample VJPs (torch.func)."""
-    fixed = {k: v for k, v in params.items() if k not in names}
-    diff = {k: params[k] for k in names}
-
-    def logits_one(p, xi):
-        return functional_call(model, ({**fixed, **p}, buffers), (xi.unsqueeze(0),)).squeeze(0)
-
-    if kind == "true":
-        def per_sample(p, xi):
-            def log_probs(q):
-                return torch.log_softmax(logits_one(q, xi), dim=-1)
-            lp, pull = vjp(log_probs, p)
-            weights = lp.detach().exp().sqrt()            # √p_k: Σ_k (√p_k ∇log p_k)² = Σ_k p_k (∇log p_k)²
-            (g,) = vmap(pull)(torch.diag(weights))         # {name: (K, *shape)}
-            return {k: (t * t).sum(0) for k, t in g.items()}
-
-        out = vmap(per_sample, in_dims=(None, 0))(diff, xb)
-        return {k: t.sum(0) for k, t in out.items()}
-
-    def nll_one(p, xi, yi):
-        return F.cross_entropy(logits_one(p, xi).unsqueeze(0), yi.unsqueeze(0))
-
-    g = vmap(grad(nll_one), in_dims=(None, 0, 0))(diff, xb, yb)
-    return {k: (t * t).sum(0) for k, t in g.items()}
+    parameters ``names`` (the others held fixed), by the generic ``torch.func`` fallback of
+    :mod:`scrubnet.curvature.kernels` with cotangents diag(√p(x_i)) (true) or onehot(y_i) (empirical)."""
+    with torch.no_grad():
+        log_p = torch.log_softmax(functional_call(model, (params, buffers), (xb,)), dim=-1)
+    if kind == "true":   # Σ_k (√p_k ∇log p_k)² = Σ_k p_k (∇log p_k)²
+        cot = torch.diag_embed(log_p.exp().sqrt())                              # (B, K, K)
+    else:
+        cot = F.one_hot(yb, log_p.shape[-1]).to(log_p.dtype).unsqueeze(1)      # (B, 1, K)
+    grads = func_per_sample_grads(model, params, names, buffers, xb, cot,
+                                  output=lambda logits: torch.log_softmax(logits, dim=-1))
+    return {k: _sq_sum0(t.reshape(-1, *t.shape[2:])) for k, t in grads.items()}
 
 
-def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> dict[str, tuple[nn.Module, str]]:
-    """Which trainable parameters the layerwise kernels cover: {param name: (module, "weight" | "bias")}.
+def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor
+                    ) -> dict[str, tuple[nn.Module, str, LayerKernel]]:
+    """Which trainable parameters the registered kernels cover: {param name: (module, "weight" | "bias",
+    kernel)}.
 
-    Covered: weight/bias of nn.Linear, nn.Conv1d/2d (groups = 1, zero padding, numeric padding) and affine
-    BatchNorm with running statistics, when the module is called exactly once per forward (checked on one
-    sample ``x1``) and the parameter is not tied to another module. Everything else goes to the vmap path.
-    Assumes, as every ``nn.Module`` in the zoo does, that a module's parameters are only used by its own
-    forward."""
+    Covered: the parameters of a module that :func:`~scrubnet.curvature.kernels.kernel_for` supports, when
+    the module is called exactly once per forward (checked on one sample ``x1``) and the parameter is not
+    tied to another module. Everything else goes to the generic torch.func fallback. Assumes, as every
+    ``nn.Module`` in the zoo does, that a module's parameters are only used by its own forward."""
+    kernels = {mod: kernel_for(mod) for mod in model.modules()}
     calls: dict[nn.Module, int] = {}
     handles = []
-    for mod in model.modules():
-        if isinstance(mod, _LAYERWISE_TYPES):
+    for mod, kernel in kernels.items():
+        if kernel is not None:
             handles.append(mod.register_forward_hook(lambda m, i, o: calls.__setitem__(m, calls.get(m, 0) + 1)))
     try:
         with torch.no_grad():
@@ -122,7 +113,7 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> 
     finally:
         for h in handles:
             h.remove()
-    # a parameter object registered under two names (tied weights) is used by two modules: vmap handles it
+    # a parameter object registered under two names (tied weights) is used by two modules: fallback
     owners: dict[int, int] = {}
     for _, t in model.named_parameters(remove_duplicate=False):
         owners[id(t)] = owners.get(id(t), 0) + 1
@@ -130,16 +121,11 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor) -> 
     for prefix, mod in model.named_modules():
         if calls.get(mod, 0) != 1:
             continue
-        if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
-            if mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
-                continue
-        if isinstance(mod, nn.modules.batchnorm._BatchNorm) and (mod.running_mean is None or not mod.affine):
-            continue
         for pname in ("weight", "bias"):
             full = f"{prefix}.{pname}" if prefix else pname
             tensor = getattr(mod, pname, None)
             if full in params and tensor is not None and owners.get(id(tensor), 0) == 1:
-                plan[full] = (mod, pname)
+                plan[full] = (mod, pname, kernels[mod])
     return plan
 
 
@@ -149,46 +135,14 @@ def _sq_sum0(t: Tensor) -> Tensor:
     return (flat * flat).sum(0).reshape(t.shape[1:])
 
 
-def _layer_sq_sums(mod: nn.Module, a: Tensor, g: Tensor) -> dict[str, Tensor]:
-    """Σ_k Σ_i (per-sample gradient)² of ``mod``'s weight and bias, from its input ``a`` (B, ...) and the
-    gradients ``g`` (K, B, ...) of K per-sample-separable scalars w.r.t. its output (closed forms)."""
-    k, b = g.shape[0], a.shape[0]
-    if isinstance(mod, nn.Linear):
-        if a.ndim == 2:  # Σ_k Σ_i (g_ki a_iᵀ)² = (Σ_k g_k²)ᵀ (a²): no per-sample outer products
-            g2 = (g * g).sum(0)
-            return {"weight": g2.T @ (a * a), "bias": g2.sum(0)}
-        a3, g4 = a.reshape(b, -1, a.shape[-1]), g.reshape(k, b, -1, g.shape[-1])
-        w = torch.einsum("kbto,bti->kboi", g4, a3)
-        return {"weight": (w * w).sum((0, 1)), "bias": (g4.sum(2) ** 2).sum((0, 1))}
-    if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
-        if isinstance(mod, nn.Conv1d):  # as a 2-D convolution of height 1
-            a, g = a.unsqueeze(2), g.unsqueeze(3)
-            ks, st, pad, dil = (1, mod.kernel_size[0]), (1, mod.stride[0]), (0, mod.padding[0]), (1, mod.dilation[0])
-        else:
-            ks, st, pad, dil = mod.kernel_size, mod.stride, mod.padding, mod.dilation
-        cols = F.unfold(a, ks, dilation=dil, padding=pad, stride=st)          # (B, Cin·kh·kw, L), once for all k
-        cout = g.shape[2]
-        g3 = g.reshape(k, b, cout, -1).transpose(0, 1).reshape(b, k * cout, -1)  # (B, K·Cout, L)
-        w = torch.bmm(g3, cols.transpose(1, 2))                               # per-sample, per-class grads
-        wsq = _sq_sum0(w).reshape(k, cout, -1).sum(0).reshape(mod.weight.shape)
-        return {"weight": wsq, "bias": (g3.sum(2) ** 2).sum(0).reshape(k, cout).sum(0)}
-    # BatchNorm in eval mode: y = γ·x̂ + β with x̂ from the running statistics
-    shape = (1, -1) + (1,) * (a.ndim - 2)
-    xhat = (a - mod.running_mean.view(shape)) / torch.sqrt(mod.running_var.view(shape) + mod.eps)
-    dims = tuple(range(3, g.ndim))
-    gw, gb = g * xhat, g
-    if dims:
-        gw, gb = gw.sum(dims), gb.sum(dims)
-    return {"weight": (gw * gw).sum((0, 1)), "bias": (gb * gb).sum((0, 1))}
-
-
-def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str]], xb: Tensor,
+def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str, LayerKernel]], xb: Tensor,
                           yb: Tensor | None, kind: str) -> dict[str, Tensor]:
     """Squared per-sample gradient sums for the parameters in ``plan``: one batched forward, then one
     backward per class k of Σ_i √p_k(x_i)·log p_k(x_i) to the layer outputs (samples do not interact in eval
     mode, so the output gradient of sample i is that sample's own), and per-layer per-sample gradients from
     (input, output gradient) by the layer's closed form (outer product, unfold + bmm, x̂·g)."""
-    modules = list({id(m): m for m, _ in plan.values()}.values())
+    modules = list({id(m): m for m, _, _ in plan.values()}.values())
+    kernels = {m: k for m, _, k in plan.values()}
     inputs: dict[nn.Module, Tensor] = {}
     outputs: dict[nn.Module, Tensor] = {}
 
@@ -214,9 +168,9 @@ def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str
     acc: dict[str, Tensor] = {}
     for idx, m in enumerate(modules):
         g = grads[idx].detach() if grads[idx] is not None else \
-            torch.zeros((cot.shape[0], *outs[idx].shape), dtype=outs[idx].dtype)  # (K, B, ...)
-        sq = _layer_sq_sums(m, inputs[m], g)
-        for name, (mm, pname) in plan.items():
+            torch.zeros((cot.shape[0], *outs[idx].shape), dtype=outs[idx].dtype, device=outs[idx].device)
+        sq = kernels[m].squared_sums(m, inputs[m], g)                          # g: (K, B, ...)
+        for name, (mm, pname, _) in plan.items():
             if mm is m:
                 acc[name] = sq[pname]
     return acc
@@ -261,7 +215,7 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
             if rest:  # vmap holds B·K·p per-sample gradients at once
                 batch_size = auto_batch_size(p_count, classes, itemsize, budget_bytes)
             else:     # layerwise materialises B·K per-sample gradients of convolutions only
-                p_conv = sum(params[n].numel() for n, (m, _) in plan.items() if isinstance(m, (nn.Conv1d, nn.Conv2d)))
+                p_conv = sum(params[n].numel() for n, (_, _, k) in plan.items() if k.kind == "conv")
                 batch_size = max(1, min(256, budget_bytes // max(1, (classes * p_conv + p_count) * itemsize)))
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
@@ -298,7 +252,7 @@ def fisher_diag_loop(model: nn.Module, x: Tensor, y: Tensor | None = None, *, ki
                 probs = log_p.detach().exp()
                 classes = range(log_p.shape[0])
             else:
-                probs = torch.ones(1, dtype=log_p.dtype)
+                probs = torch.ones(1, dtype=log_p.dtype, device=log_p.device)
                 classes = [int(y[i])]
             classes = list(classes)
             for j, k in enumerate(classes):

@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from scrubnet.curvature.kernels import kernel_for
 
 
 @dataclass
@@ -52,30 +53,6 @@ class KFACFactor:
         return torch.kron(self.G, self.A)
 
 
-def _unfold_input(module: nn.Module, a: Tensor) -> Tensor:
-    """Layer input as (N, T, d_in) rows (d_in = in·kernel for convolutions)."""
-    if isinstance(module, nn.Linear):
-        return a.reshape(a.shape[0], -1, a.shape[-1])
-    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
-        if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
-            raise ValueError(f"K-FAC supports convolutions with groups=1 and numeric zero padding, got {module}")
-        if isinstance(module, nn.Conv1d):
-            cols = F.unfold(a.unsqueeze(-2), (1, module.kernel_size[0]), dilation=(1, module.dilation[0]),
-                            padding=(0, module.padding[0]), stride=(1, module.stride[0]))
-        else:
-            cols = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=module.padding,
-                            stride=module.stride)
-        return cols.transpose(1, 2)
-    raise TypeError(f"K-FAC does not support {type(module).__name__}")
-
-
-def _output_rows(module: nn.Module, g: Tensor) -> Tensor:
-    """Gradient w.r.t. the layer output as (N, T, out) rows."""
-    if isinstance(module, nn.Linear):
-        return g.reshape(g.shape[0], -1, g.shape[-1])
-    return g.reshape(g.shape[0], g.shape[1], -1).transpose(1, 2)
-
-
 def _loss_hessian_sqrt(logits: Tensor, loss: str) -> Tensor:
     """S (N, c, c) with S Sᵀ = ∂²ℓ/∂f² per sample; columns are the cotangents to back-propagate."""
     n, c = logits.shape
@@ -94,12 +71,18 @@ def param_name(module_name: str, what: str) -> str:
 
 
 def kfac_layers(model: nn.Module, names: list[str] | None = None) -> dict[str, nn.Module]:
-    """The factorable layers of ``model`` by module name (optionally only those in ``names``)."""
-    out = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))}
+    """The factorable layers of ``model`` by module name (optionally only those in ``names``): the modules
+    whose registered kernel (:mod:`scrubnet.curvature.kernels`) is factored — Linear, and Conv1d/Conv2d
+    with groups = 1 and numeric zero padding."""
+    out = {}
+    for n, m in model.named_modules():
+        kernel = kernel_for(m)
+        if kernel is not None and kernel.factored:
+            out[n] = m
     if names is not None:
         missing = [n for n in names if n not in out]
         if missing:
-            raise ValueError(f"not Linear/Conv layers of the model: {missing}")
+            raise ValueError(f"not factorable (Linear/Conv, groups=1, zero padding) layers of the model: {missing}")
         out = {n: out[n] for n in names}
     return out
 
@@ -146,10 +129,10 @@ def compute_kfac(model: nn.Module, x: Tensor, *, loss: str = "mse", layers: list
                     for n, g in zip(names, grads):
                         if g is None:
                             continue
-                        rows = _output_rows(mods[n], g.detach())
+                        rows = kernel_for(mods[n]).output_rows(mods[n], g.detach().unsqueeze(0))[0]
                         _accumulate(sums_g, n, torch.einsum("nti,ntj->ij", rows, rows))
             for n, m in mods.items():
-                a = _unfold_input(m, inputs[n])
+                a = kernel_for(m).patches(m, inputs[n])
                 if m.bias is not None:
                     a = torch.cat([a, torch.ones_like(a[..., :1])], dim=-1)
                 counts_t[n] = a.shape[1]

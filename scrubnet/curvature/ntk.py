@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, jacrev, jvp, vmap
+from torch.func import functional_call, jacrev, jvp
+from torch.utils.flop_counter import FlopCounterMode
 
+from scrubnet.curvature.kernels import LayerKernel, func_per_sample_grads, kernel_for
 from scrubnet.curvature.params import trainable_params, unflatten
 from scrubnet.curvature.solvers import SolveInfo, cholesky_solve_jitter, conjugate_gradient
 from scrubnet.models import eval_mode
@@ -68,8 +69,6 @@ DEFAULT_BUDGET = 1 << 30  # 1 GiB
 # model plumbing
 # --------------------------------------------------------------------------------------------------
 
-
-
 def _num_outputs(model: nn.Module, x: Tensor) -> int:
     with torch.no_grad(), eval_mode(model):
         out = model(x[:1])
@@ -80,50 +79,48 @@ def _num_outputs(model: nn.Module, x: Tensor) -> int:
 
 @dataclass
 class _Layer:
-    """One supported module: where its parameters sit in the flat vector, and its contraction shape."""
+    """One module covered by a registered kernel: where its parameters sit in the flat vector and its
+    contraction shape (from a one-sample probe)."""
 
     name: str
     module: nn.Module
-    kind: str                                 # "linear" | "conv" | "bn"
+    kernel: LayerKernel
     weight: tuple[int, int] | None = None     # [start, stop) in the flat parameter vector
     bias: tuple[int, int] | None = None
     d_in: int = 0                             # input features per position (× kernel size for conv)
     d_out: int = 0
-    positions: int = 1                        # T: output positions per sample (probe)
+    positions: int = 1                        # T: output positions per sample
     calls: int = 1                            # times the module runs per forward (weight sharing)
+    input_numel: int = 0                      # per sample, as captured (not unfolded)
+    output_numel: int = 0                     # per sample
+
+    @property
+    def kind(self) -> str:
+        return self.kernel.kind
 
     @property
     def numel(self) -> int:
         return sum(b - a for a, b in (s for s in (self.weight, self.bias) if s is not None))
 
-
-def _supported(m: nn.Module) -> str | None:
-    if isinstance(m, nn.Linear):
-        return "linear"
-    if isinstance(m, (nn.Conv1d, nn.Conv2d)):
-        if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str):
-            return None
-        return "conv"
-    if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
-        if not m.track_running_stats or m.running_mean is None:
-            return None
-        return "bn"
-    return None
+    @property
+    def factored(self) -> bool:
+        return self.kernel.factored and self.calls == 1
 
 
 class JacobianRows:
     """Per-(sample, class) Jacobian rows of a model's logits, layer by layer, in eval mode.
 
-    ``capture(x)`` runs one forward pass and c backward passes and keeps, for every supported layer,
-    its input ``a`` (B, ...) and the output-gradients ``g`` (c, B, ...) of all B·c rows; from a capture,
-    ``rows(cap, layer)`` gives the per-row gradients of that layer's parameters and ``ghost(cap, layer)``
-    the factors (ã, g) of the ghost contraction. Parameters outside supported layers come from
-    ``generic_rows`` (vmap(jacrev) over just those parameters).
+    ``capture(x)`` runs one forward pass and c backward passes and keeps, for every layer covered by a
+    registered kernel (:mod:`scrubnet.curvature.kernels`), its input ``a`` (B, ...) and the
+    output-gradients ``g`` (c, B, ...) of all B·c rows; from a capture, ``rows(cap, layer)`` gives the
+    per-row gradients of that layer's parameters (the kernel's closed form). Parameters outside covered
+    layers come from ``generic_rows`` (the kernels' torch.func fallback on just those parameters).
     """
 
     def __init__(self, model: nn.Module, x_probe: Tensor):
         self.model = model
         self.params = trainable_params(model)
+        self.buffers = {k: v.detach() for k, v in model.named_buffers()}
         self.names = list(self.params)
         offsets, o = {}, 0
         for k, v in self.params.items():
@@ -135,14 +132,14 @@ class JacobianRows:
         covered: set[str] = set()
         self.layers: list[_Layer] = []
         for mname, m in model.named_modules():
-            kind = _supported(m)
+            kernel = kernel_for(m)
             own = [(pn, p) for pn, p in m.named_parameters(recurse=False) if p.requires_grad]
-            if kind is None or not own:
+            if kernel is None or not own:
                 continue
             full = {pn: (f"{mname}.{pn}" if mname else pn) for pn, _ in own}
             if set(full) - {"weight", "bias"} or any(v not in offsets for v in full.values()):
                 continue
-            lay = _Layer(mname, m, kind, weight=offsets.get(full.get("weight", "")),
+            lay = _Layer(mname, m, kernel, weight=offsets.get(full.get("weight", "")),
                          bias=offsets.get(full.get("bias", "")))
             self.layers.append(lay)
             covered.update(full.values())
@@ -157,19 +154,11 @@ class JacobianRows:
         for lay in self.layers:
             ins, outs = cap.inputs[lay.name], cap.outputs_shape[lay.name]
             lay.calls = len(ins)
-            a, out_shape = ins[0], outs[0]
-            if lay.kind == "linear":
-                lay.d_in, lay.d_out = lay.module.in_features, lay.module.out_features
-                lay.positions = int(a[0].numel() // lay.d_in)
-            elif lay.kind == "conv":
-                m = lay.module
-                lay.d_in = m.in_channels * int(math.prod(m.kernel_size))
-                lay.d_out = m.out_channels
-                lay.positions = int(math.prod(out_shape[2:]))
-            else:
-                lay.d_in = lay.d_out = lay.module.num_features
-                lay.positions = int(math.prod(out_shape[2:])) if len(out_shape) > 2 else 1
-            self.act_numel_per_sample += lay.calls * (a[0].numel() + int(math.prod(out_shape[1:])))
+            lay.d_in, lay.d_out, lay.positions = lay.kernel.shape(lay.module, tuple(ins[0].shape[1:]),
+                                                                  tuple(outs[0][1:]))
+            lay.input_numel = int(ins[0][0].numel())
+            lay.output_numel = int(math.prod(outs[0][1:]))
+            self.act_numel_per_sample += lay.calls * (lay.input_numel + lay.output_numel)
 
     def bytes_per_sample(self, itemsize: int) -> int:
         """Rough working memory of one sample in a capture: inputs, c output-gradients, unfolded input."""
@@ -230,94 +219,69 @@ class JacobianRows:
         return cap
 
     # ---- per-layer factors -------------------------------------------------------------------
-    def _a_g(self, lay: _Layer, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-        """(a (B, T, d_in), g (B, c, T, d_out)) for Linear/Conv; positions along T."""
-        c, b = g.shape[0], g.shape[1]
-        if lay.kind == "linear":
-            a2 = a.reshape(b, -1, lay.d_in)
-            g2 = g.reshape(c, b, -1, lay.d_out).permute(1, 0, 2, 3)
-            return a2, g2
-        m = lay.module
-        if isinstance(m, nn.Conv1d):
-            a4 = a.unsqueeze(2)
-            ks, st, pd, dl = (1, m.kernel_size[0]), (1, m.stride[0]), (0, m.padding[0]), (1, m.dilation[0])
-        else:
-            a4, ks, st, pd, dl = a, m.kernel_size, m.stride, m.padding, m.dilation
-        unf = F.unfold(a4, ks, dilation=dl, padding=pd, stride=st)              # (B, d_in, T)
-        g2 = g.reshape(c, b, lay.d_out, -1).permute(1, 0, 3, 2)               # (B, c, T, d_out)
-        return unf.transpose(1, 2), g2
+    def rows_from(self, lay: _Layer, a: Tensor, g: Tensor) -> list[tuple[tuple[int, int], Tensor]]:
+        """Per-row gradients [((start, stop), (B·c, numel))] of ``lay`` from one call's input a (B, ...) and
+        output gradients g (c, B, ...), rows sample-major (the kernel's closed form)."""
+        grads = lay.kernel.per_sample_grads(lay.module, a, g)          # {"weight"/"bias": (B, c, numel)}
+        out = []
+        for pname, sl in (("weight", lay.weight), ("bias", lay.bias)):
+            if sl is not None:
+                t = grads[pname]
+                out.append((sl, t.reshape(t.shape[0] * t.shape[1], -1)))
+        return out
 
     def rows(self, cap: "JacobianRows.Capture", lay: _Layer) -> list[tuple[tuple[int, int], Tensor]]:
-        """Per-row gradients of ``lay``'s parameters: [((start, stop), (B·c, numel))], rows sample-major."""
+        """Per-row gradients of ``lay``'s parameters: [((start, stop), (B·c, numel))], summed over calls."""
         out: dict[tuple[int, int], Tensor] = {}
         for a, g in zip(cap.inputs[lay.name], cap.grads[lay.name]):
-            c, b = g.shape[0], g.shape[1]
-            if lay.kind == "bn":
-                m = lay.module
-                shape = [1, -1] + [1] * (a.ndim - 2)
-                xhat = (a - m.running_mean.view(shape)) / torch.sqrt(m.running_var.view(shape) + m.eps)
-                gs = g.reshape(c, b, lay.d_out, -1)
-                parts = {}
-                if lay.weight is not None:
-                    parts[lay.weight] = (gs * xhat.reshape(1, b, lay.d_out, -1)).sum(-1)
-                if lay.bias is not None:
-                    parts[lay.bias] = gs.sum(-1)
-                parts = {k: v.permute(1, 0, 2).reshape(b * c, -1) for k, v in parts.items()}
-            else:
-                a2, g2 = self._a_g(lay, a, g)                                   # (B,T,din), (B,c,T,dout)
-                parts = {}
-                if lay.weight is not None:
-                    gt = g2.permute(0, 1, 3, 2).reshape(b, c * lay.d_out, -1)  # (B, c·dout, T)
-                    parts[lay.weight] = torch.bmm(gt, a2).reshape(b * c, -1)
-                if lay.bias is not None:
-                    parts[lay.bias] = g2.sum(2).reshape(b * c, -1)
-            for k, v in parts.items():
+            for k, v in self.rows_from(lay, a, g):
                 out[k] = out[k] + v if k in out else v
         return list(out.items())
 
-    def ghost(self, cap: "JacobianRows.Capture", lay: _Layer) -> tuple[Tensor, Tensor]:
-        """Ghost factors of a Linear/Conv layer with one call: ã (B, T, d_in[+1]) and g (B·c, T, d_out)."""
-        a2, g2 = self._a_g(lay, cap.inputs[lay.name][0], cap.grads[lay.name][0])
+    def ghost_factors(self, lay: _Layer, a: Tensor) -> Tensor:
+        """ã (B, T, d_in[+1]) of a factored layer: input patches with a 1 appended for the bias (ã = 1 for a
+        bias-only layer)."""
+        pa = lay.kernel.patches(lay.module, a)
+        if lay.weight is None:
+            return torch.ones_like(pa[..., :1])
         if lay.bias is not None:
-            a2 = torch.cat([a2, torch.ones_like(a2[..., :1])], dim=-1)
-        b, c = g2.shape[0], g2.shape[1]
-        if lay.weight is None:  # bias only: ã = 1
-            a2 = torch.ones_like(a2[..., :1])
-        return a2, g2.reshape(b * c, g2.shape[2], g2.shape[3])
+            pa = torch.cat([pa, torch.ones_like(pa[..., :1])], dim=-1)
+        return pa
+
+    def ghost_rows(self, lay: _Layer, g: Tensor) -> Tensor:
+        """Output-gradient rows (B·c, T, d_out) of a factored layer from g (c, B, ...), sample-major."""
+        go = lay.kernel.output_rows(lay.module, g)                      # (c, B, T, d_out)
+        c, b = go.shape[0], go.shape[1]
+        return go.transpose(0, 1).reshape(b * c, go.shape[2], go.shape[3])
 
     def generic_rows(self, x: Tensor) -> list[tuple[tuple[int, int], Tensor]]:
-        """Per-row gradients of the parameters outside supported layers (vmap(jacrev) on them only)."""
+        """Per-row gradients of the parameters outside covered layers (the kernels' torch.func fallback)."""
         if not self.generic_names:
             return []
-        fixed = {k: v for k, v in self.params.items() if k not in self.generic_names}
-        buffers = dict(self.model.named_buffers())
-        free = {k: self.params[k] for k in self.generic_names}
-
-        def f_single(pfree, xi):
-            return functional_call(self.model, ({**fixed, **pfree}, buffers), (xi.unsqueeze(0),)).squeeze(0)
-
-        with eval_mode(self.model):
-            jac = vmap(jacrev(f_single), in_dims=(None, 0))(free, x)   # name -> (B, c, *shape)
         b, c = len(x), self.num_classes
+        cot = torch.eye(c, dtype=x.dtype if x.is_floating_point() else self.params[self.names[0]].dtype,
+                        device=x.device).expand(b, c, c)
+        with eval_mode(self.model):
+            jac = func_per_sample_grads(self.model, self.params, self.generic_names, self.buffers, x, cot)
         return [(self.offsets[k], jac[k].reshape(b * c, -1)) for k in self.generic_names]
-
-    def all_rows(self, x: Tensor) -> list[tuple[tuple[int, int], Tensor]]:
-        """Every parameter's per-row gradients for the micro-batch ``x`` (list of (slice, (B·c, numel)))."""
-        cap = self.capture(x)
-        out = []
-        for lay in self.layers:
-            out += self.rows(cap, lay)
-        return out + self.generic_rows(x)
 
     def ghost_is_cheaper(self, lay: _Layer, rows_i: int, rows_j: int) -> bool:
         """Compare FLOPs of the two exact contractions for a (rows_i × rows_j) block of this layer."""
-        if lay.kind == "bn" or lay.calls != 1:
-            return False
+        explicit, ghost = self.contraction_flops(lay, rows_i, rows_j)
+        return lay.factored and ghost < explicit
+
+    def contraction_flops(self, lay: _Layer, rows_i: int, rows_j: int) -> tuple[float, float]:
+        """(explicit, ghost) multiply-adds of this layer's (rows_i × rows_j) Gram block.
+
+        explicit: per-row gradients R·T·d_in·d_out for both sides + the GEMM R_i·R_j·numel;
+        ghost:    N_i·N_j·T²·(d_in + 1) (input patches) + R_i·R_j·T²·(d_out + 1) (output rows, product)."""
         c, t = self.num_classes, lay.positions
         n_i, n_j = max(rows_i // c, 1), max(rows_j // c, 1)
-        explicit = rows_i * rows_j * lay.numel + (rows_i + rows_j) * t * lay.numel
-        ghost = n_i * n_j * t * t * (lay.d_in + 1) + rows_i * rows_j * t * t * (lay.d_out + 1)
-        return ghost < explicit
+        explicit = float(rows_i) * rows_j * lay.numel + (rows_i + rows_j) * t * lay.numel
+        if not lay.factored:
+            return explicit, math.inf
+        ghost = float(n_i) * n_j * t * t * (lay.d_in + 1) + float(rows_i) * rows_j * t * t * (lay.d_out + 1)
+        return explicit, ghost
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,7 +323,7 @@ def _ghost_block(a_i: Tensor, g_i: Tensor, a_j: Tensor, g_j: Tensor, c: int, bud
     n_i, t, _ = a_i.shape
     n_j = a_j.shape[0]
     r_j = g_j.shape[0]
-    out = torch.empty(g_i.shape[0], r_j, dtype=g_i.dtype)
+    out = torch.empty(g_i.shape[0], r_j, dtype=g_i.dtype, device=g_i.device)
     gj = g_j.reshape(r_j * t, -1)
     aj = a_j.reshape(n_j * t, -1)
     per_sample = c * t * r_j * t * g_i.element_size() * 2
@@ -372,17 +336,159 @@ def _ghost_block(a_i: Tensor, g_i: Tensor, a_j: Tensor, g_j: Tensor, c: int, bud
     return out
 
 
+@dataclass
+class _Held:
+    """Compact Jacobian factors of ``n`` consecutive samples (rows sample-major, c rows per sample).
+
+    rows:  {(start, stop): (n·c, numel)} per-row gradients (explicit layers kept as rows, BN, fallback);
+    raw:   {layer: (a (n, ...), g (c, n, ...))} the capture itself, for explicit layers whose rows are
+           larger than their capture; per-row gradients are rebuilt per contraction block;
+    ghost: {layer: (a (n, ...), g rows (n·c, T, d_out))} for layers contracted by the ghost rule."""
+
+    n: int
+    rows: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
+    ghost: dict = field(default_factory=dict)
+
+
+class _GramPlan:
+    """Per-layer contraction ("explicit" | "ghost") and storage ("rows" | "raw" | "ghost") for one Gram."""
+
+    def __init__(self, engine: JacobianRows, n: int, m: int, method: str, itemsize: int, held_budget: int):
+        c = engine.num_classes
+        self.engine, self.c = engine, c
+        self.contraction: dict[str, str] = {}
+        self.storage: dict[str, str] = {}
+        for lay in engine.layers:
+            ghost = lay.factored and (method == "ghost" or (method == "auto" and
+                                                             engine.ghost_is_cheaper(lay, n * c, m * c)))
+            self.contraction[lay.name] = "ghost" if ghost else "explicit"
+            self.storage[lay.name] = "ghost" if ghost else "rows"
+        generic = c * sum(engine.params[k].numel() for k in engine.generic_names)
+        # explicit layers: keep the smaller of (rows, capture) until everything fits; switching a layer
+        # to its capture costs a rebuild of its per-row gradients per block, ∝ T: cheapest T first
+        candidates = sorted((lay for lay in engine.layers
+                             if self.storage[lay.name] == "rows" and lay.factored
+                             and lay.input_numel + c * lay.output_numel < c * lay.numel),
+                            key=lambda lay: lay.positions)
+        for lay in candidates:
+            if self.per_sample(generic) * itemsize * n <= held_budget:
+                break
+            self.storage[lay.name] = "raw"
+        self.per_sample_bytes = self.per_sample(generic) * itemsize
+
+    def per_sample(self, generic: int) -> int:
+        c, total = self.c, generic
+        for lay in self.engine.layers:
+            kind = self.storage[lay.name]
+            total += c * lay.numel if kind == "rows" else lay.input_numel + c * lay.output_numel
+        return total
+
+    def hold(self, x: Tensor, micro: int) -> _Held:
+        """Capture every sample of ``x`` once (micro-batches) into preallocated compact factors."""
+        eng, c, n = self.engine, self.c, len(x)
+        held = _Held(n)
+        for s in range(0, n, micro):
+            xb = x[s:s + micro]
+            lo, hi = s, s + len(xb)
+            cap = eng.capture(xb)
+            for lay in eng.layers:
+                kind = self.storage[lay.name]
+                if kind == "rows":
+                    parts = eng.rows(cap, lay)
+                elif kind == "raw":
+                    a, g = cap.inputs[lay.name][0], cap.grads[lay.name][0]
+                    if lay.name not in held.raw:
+                        held.raw[lay.name] = (a.new_empty((n,) + tuple(a.shape[1:])),
+                                              g.new_empty((c, n) + tuple(g.shape[2:])))
+                    held.raw[lay.name][0][lo:hi] = a
+                    held.raw[lay.name][1][:, lo:hi] = g
+                    continue
+                else:
+                    a, g = cap.inputs[lay.name][0], eng.ghost_rows(lay, cap.grads[lay.name][0])
+                    if lay.name not in held.ghost:
+                        held.ghost[lay.name] = (a.new_empty((n,) + tuple(a.shape[1:])),
+                                                g.new_empty((n * c,) + tuple(g.shape[1:])))
+                    held.ghost[lay.name][0][lo:hi] = a
+                    held.ghost[lay.name][1][lo * c:hi * c] = g
+                    continue
+                for sl, r in parts:
+                    if sl not in held.rows:
+                        held.rows[sl] = r.new_empty((n * c, r.shape[1]))
+                    held.rows[sl][lo * c:hi * c] = r
+            del cap
+            for sl, r in eng.generic_rows(xb):
+                if sl not in held.rows:
+                    held.rows[sl] = r.new_empty((n * c, r.shape[1]))
+                held.rows[sl][lo * c:hi * c] = r
+        return held
+
+    def contract(self, hi: _Held, hj: _Held, out: Tensor, same: bool, budget: int) -> None:
+        """out (hi.n·c × hj.n·c) += J_i J_jᵀ from compact factors. ``same``: hi is hj and ``out`` is square;
+        only blocks on or above the diagonal are computed, each off-diagonal block is also added
+        transposed below it."""
+        eng, c = self.engine, self.c
+        lay_by_name = {lay.name: lay for lay in eng.layers}
+
+        def pairs(n_i: int, n_j: int, step: int):
+            for s in range(0, n_i, step):
+                for t in range(s if same else 0, n_j, step):
+                    yield s, min(n_i, s + step), t, min(n_j, t + step)
+
+        def add(s, e, t, f, blk):
+            out[s * c:e * c, t * c:f * c] += blk.to(out.dtype)
+            if same and t != s:
+                out[t * c:f * c, s * c:e * c] += blk.T.to(out.dtype)
+
+        # per-row gradients held: GEMM of slices, symmetric blocks once
+        step = max(1, min(hi.n, 2048 // c)) if same else max(hi.n, hj.n)
+        for sl, ri in hi.rows.items():
+            rj = hj.rows[sl]
+            for s, e, t, f in pairs(hi.n, hj.n, step):
+                add(s, e, t, f, ri[s * c:e * c] @ rj[t * c:f * c].T)
+        # captures: rebuild per-row gradients per block of samples sized to the budget
+        for name, (a_i, g_i) in hi.raw.items():
+            lay = lay_by_name[name]
+            a_j, g_j = hj.raw[name]
+            step = max(1, int(budget // max(2 * c * lay.numel * a_i.element_size(), 1)))
+            cache: tuple[int, list] | None = None
+            for s, e, t, f in pairs(hi.n, hj.n, step):
+                if cache is None or cache[0] != s:
+                    cache = (s, eng.rows_from(lay, a_i[s:e], g_i[:, s:e]))
+                rows_j = cache[1] if same and t == s else eng.rows_from(lay, a_j[t:f], g_j[:, t:f])
+                blk = None
+                for (_, r_i), (_, r_j) in zip(cache[1], rows_j):
+                    prod = r_i @ r_j.T
+                    blk = prod if blk is None else blk + prod
+                add(s, e, t, f, blk)
+        # ghost rule: patches rebuilt per block (cheap next to the T² contraction)
+        for name, (a_i, g_i) in hi.ghost.items():
+            lay = lay_by_name[name]
+            a_j, g_j = hj.ghost[name]
+            per = (lay.positions * (lay.d_in + 1) + c * lay.positions * lay.d_out) * a_i.element_size()
+            step = max(1, int(budget // max(4 * per, 1)))
+            for s, e, t, f in pairs(hi.n, hj.n, step):
+                pa_i = eng.ghost_factors(lay, a_i[s:e])
+                pa_j = pa_i if same and t == s else eng.ghost_factors(lay, a_j[t:f])
+                add(s, e, t, f, _ghost_block(pa_i, g_i[s * c:e * c], pa_j, g_j[t * c:f * c], c, budget))
+
+
 def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
              memory_budget_bytes: int = DEFAULT_BUDGET, method: str = "auto",
              out_dtype: torch.dtype = torch.float64) -> Tensor:
     """Empirical NTK Gram Θ = J(x) J(x2)ᵀ of the logits (eval mode), sample-major rows, never holding J.
 
-    Shapes: x (N, ...), x2 (M, ...) (default x) → Θ (N·c, M·c) in ``out_dtype``.
-    ``method``: "auto" (per layer the cheaper of explicit/ghost), "explicit" or "ghost" (ghost where
-    possible). Algorithm: rows of x are split into *held* chunks I (per-row gradients of explicit layers
-    and ghost factors of the others kept, ≤ half the budget); for every chunk I, the micro-batches J of
-    x2 (J ≥ I when symmetric) are recomputed and contracted layer by layer, then discarded. With the
-    whole of x held (the usual case for small models) every row is computed exactly once.
+    Shapes: x (N, ...), x2 (M, ...) (default x) → Θ (N·c, M·c) in ``out_dtype``, on x's device.
+    ``method``: "auto" (per layer the cheaper of explicit/ghost, :meth:`JacobianRows.contraction_flops`),
+    "explicit" or "ghost" (ghost where the kernel is factored).
+
+    Algorithm ("NTK cost" in docs/decisions.md): the samples of x are captured (one forward + c backward
+    passes to the layer outputs) **once** per held chunk into compact factors — per layer the smaller of
+    its per-row gradients and its capture (input, output gradients), the ghost factors for ghost layers —
+    sized so that, when it fits in 3/5 of the budget, the whole of x is one chunk and every Jacobian row is
+    computed exactly once. The Gram is then contracted layer by layer in blocks from the held factors;
+    symmetric blocks are computed once and mirrored. Only when x does not fit are the samples after a
+    held chunk captured again (streamed in micro-batches) for that chunk, as are the samples of x2.
     """
     if method not in ("auto", "explicit", "ghost"):
         raise ValueError(f"method must be 'auto', 'explicit' or 'ghost', got {method!r}")
@@ -398,88 +504,56 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     isz = torch.tensor([], dtype=dtype).element_size()
     n, m = len(x), len(x2)
     micro = _micro_batch(engine, isz, memory_budget_bytes // 5)
-    full_rows_i = n * c
-
-    def use_ghost(lay, rows_i, rows_j):
-        if method == "explicit" or lay.kind == "bn" or lay.calls != 1:
-            return False
-        if method == "ghost":
-            return True
-        return engine.ghost_is_cheaper(lay, rows_i, rows_j)
-
-    # held bytes per sample of chunk I
-    ghost_sel = {lay.name: use_ghost(lay, full_rows_i, m * c) for lay in engine.layers}
-    held_per_sample = 0
-    for lay in engine.layers:
-        if ghost_sel[lay.name]:
-            held_per_sample += lay.positions * (lay.d_in + 1) + c * lay.positions * lay.d_out
-        else:
-            held_per_sample += c * lay.numel
-    held_per_sample += c * sum(engine.params[k].numel() for k in engine.generic_names)
-    held_per_sample *= isz
-    chunk_i = max(1, min(n, int((2 * memory_budget_bytes // 5) // max(held_per_sample, 1))))
-    theta = torch.zeros(n * c, m * c, dtype=out_dtype)
+    held_budget = 3 * memory_budget_bytes // 5
+    plan = _GramPlan(engine, n, m, method, isz, held_budget)
+    chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
     contraction_budget = memory_budget_bytes // 5
-
+    theta = torch.zeros(n * c, m * c, dtype=out_dtype, device=x.device)
     for i0 in range(0, n, chunk_i):
         i1 = min(n, i0 + chunk_i)
-        # ---- hold chunk I (preallocated, filled in place: no concatenation copies) ----
-        rows_i: dict[tuple[int, int], Tensor] = {}
-        ghost_i: dict[str, tuple[Tensor, Tensor]] = {}
-        for s in range(i0, i1, micro):
-            xb = x[s:min(i1, s + micro)]
-            lo, hi = (s - i0), (s - i0) + len(xb)
-            cap = engine.capture(xb)
-            for lay in engine.layers:
-                if ghost_sel[lay.name]:
-                    a, g = engine.ghost(cap, lay)
-                    if lay.name not in ghost_i:
-                        ghost_i[lay.name] = (a.new_empty((i1 - i0,) + tuple(a.shape[1:])),
-                                             g.new_empty(((i1 - i0) * c,) + tuple(g.shape[1:])))
-                    ghost_i[lay.name][0][lo:hi] = a
-                    ghost_i[lay.name][1][lo * c:hi * c] = g
-                else:
-                    for sl, r in engine.rows(cap, lay):
-                        if sl not in rows_i:
-                            rows_i[sl] = r.new_empty(((i1 - i0) * c, r.shape[1]))
-                        rows_i[sl][lo * c:hi * c] = r
-            del cap
-            for sl, r in engine.generic_rows(xb):
-                if sl not in rows_i:
-                    rows_i[sl] = r.new_empty(((i1 - i0) * c, r.shape[1]))
-                rows_i[sl][lo * c:hi * c] = r
+        held = plan.hold(x[i0:i1], micro)
         ri0, ri1 = i0 * c, i1 * c
-        # ---- diagonal block from the held chunk ----
         j_start = 0
         if symmetric:
-            blk = torch.zeros(ri1 - ri0, ri1 - ri0, dtype=out_dtype)
-            for sl, r in rows_i.items():
-                blk += (r @ r.T).to(out_dtype)
-            for name, (a, g) in ghost_i.items():
-                blk += _ghost_block(a, g, a, g, c, contraction_budget).to(out_dtype)
-            theta[ri0:ri1, ri0:ri1] = 0.5 * (blk + blk.T)
+            plan.contract(held, held, theta[ri0:ri1, ri0:ri1], True, contraction_budget)
             j_start = i1
-        # ---- stream the other rows ----
         for s in range(j_start, m, micro):
             xb = x2[s:min(m, s + micro)]
             rj0, rj1 = s * c, (s + len(xb)) * c
-            cap = engine.capture(xb)
-            blk = torch.zeros(ri1 - ri0, rj1 - rj0, dtype=out_dtype)
-            for lay in engine.layers:
-                if lay.name in ghost_i:
-                    a_j, g_j = engine.ghost(cap, lay)
-                    a_i, g_i = ghost_i[lay.name]
-                    blk += _ghost_block(a_i, g_i, a_j, g_j, c, contraction_budget).to(out_dtype)
-                else:
-                    for sl, r in engine.rows(cap, lay):
-                        blk += (rows_i[sl] @ r.T).to(out_dtype)
-            for sl, r in engine.generic_rows(xb):
-                blk += (rows_i[sl] @ r.T).to(out_dtype)
-            del cap
-            theta[ri0:ri1, rj0:rj1] = blk
+            streamed = plan.hold(xb, micro)
+            plan.contract(held, streamed, theta[ri0:ri1, rj0:rj1], False, contraction_budget)
             if symmetric:
-                theta[rj0:rj1, ri0:ri1] = blk.T
+                theta[rj0:rj1, ri0:ri1] = theta[ri0:ri1, rj0:rj1].T
+        del held
     return theta
+
+
+def ntk_gram_flops(model: nn.Module, x: Tensor, n: int | None = None) -> dict[str, float]:
+    """FLOP floor (FLOP = 2 multiply-adds) of the exact Gram over ``n`` samples like ``x`` (default len(x)).
+
+    ``jacobian_pass``: one forward and c backward passes to the layer outputs per sample (counted with
+    ``torch.utils.flop_counter`` on one sample: matmuls and convolutions), i.e. every Jacobian row once;
+    ``gram``: Σ over layers of the cheaper of the explicit and ghost contractions of the symmetric Gram
+    (half of the off-diagonal blocks), per-row gradients included for explicit layers;
+    ``total`` = their sum. Returns FLOPs (floats)."""
+    n = len(x) if n is None else int(n)
+    engine = JacobianRows(model, x[:1])
+    c = engine.num_classes
+    with FlopCounterMode(display=False) as counter:
+        engine.capture(x[:1])
+    per_sample = float(counter.get_total_flops())
+    r = n * c
+    gram = 0.0
+    for lay in engine.layers:
+        explicit, ghost = engine.contraction_flops(lay, r, r)
+        # symmetric: R(R+1)/2 row pairs instead of R²; the per-row gradients are computed once
+        explicit = 0.5 * float(r) * (r + 1) * lay.numel + r * lay.positions * lay.numel
+        if ghost != math.inf:
+            ghost = 0.5 * ghost
+        gram += 2.0 * min(explicit, ghost)
+    generic = sum(engine.params[k].numel() for k in engine.generic_names)
+    gram += 2.0 * 0.5 * float(r) * (r + 1) * generic
+    return {"jacobian_pass": per_sample * n, "gram": gram, "total": per_sample * n + gram}
 
 
 def ntk_diag_blocks(model: nn.Module, x: Tensor, param_weights: Tensor | None = None, *,
@@ -494,7 +568,7 @@ def ntk_diag_blocks(model: nn.Module, x: Tensor, param_weights: Tensor | None = 
     c = engine.num_classes
     if param_weights is not None and param_weights.numel() != engine.p:
         raise ValueError(f"param_weights has {param_weights.numel()} entries, model has {engine.p} parameters")
-    out = torch.zeros(len(x), c, c, dtype=out_dtype)
+    out = torch.zeros(len(x), c, c, dtype=out_dtype, device=x.device)
     for sl, (lo, hi), r in _rows_stream(engine, x, memory_budget_bytes):
         b = sl.stop - sl.start
         r3 = r.reshape(b, c, -1)
@@ -535,30 +609,23 @@ def iter_jacobian_rows(model: nn.Module, x: Tensor, *, memory_budget_bytes: int 
 # products
 # --------------------------------------------------------------------------------------------------
 
-def _chunk_size(model: nn.Module, x: Tensor, budget: int) -> int:
-    per = max(1, x[:1].numel()) * 64 * max(x.element_size(), 4)  # activations dominate; cheap heuristic
-    acts = sum(p.numel() for p in model.parameters()) // 8
-    return max(1, min(len(x), int(budget // max(per + acts, 1))))
-
-
 def jacobian_vjp(model: nn.Module, x: Tensor, a: Tensor, *, batch_size: int = 256) -> Tensor:
     """Jᵀa = ∇_w Σ_i a_i·f(x_i) (eval mode): a (N, c) → flat (p,), one backward per micro-batch."""
     params = [p for p in model.parameters() if p.requires_grad]
-    out = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    out = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
     if a.shape[0] != len(x):
         raise ValueError(f"a has {a.shape[0]} rows, x has {len(x)} samples")
     with eval_mode(model), torch.enable_grad():
         for s in range(0, len(x), batch_size):
             f = model(x[s:s + batch_size])
             gs = torch.autograd.grad((f * a[s:s + batch_size].to(f.dtype)).sum(), params, allow_unused=True)
-            out += torch.cat([torch.zeros(p.numel(), dtype=p.dtype) if g is None else g.reshape(-1)
+            out += torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if g is None else g.reshape(-1)
                               for g, p in zip(gs, params)])
     return out
 
 
 def jacobian_jvp(model: nn.Module, x: Tensor, v: Tensor, *, batch_size: int = 256) -> Tensor:
     """J v (eval mode) by forward-mode AD (``torch.func.jvp``): flat v (p,) → (N, c)."""
-
     params = trainable_params(model)
     tangent = unflatten(v.to(next(iter(params.values())).dtype), params)
     buffers = dict(model.named_buffers())
@@ -593,8 +660,8 @@ def solve_gram(theta: Tensor, rhs: Tensor, ridge: float) -> tuple[Tensor, SolveI
     """(Θ + ridge·I)⁻¹ rhs by float64 Cholesky, with jitter escalation on failure (reported in info)."""
     if ridge < 0:
         raise ValueError("ridge must be non-negative")
-    a = theta.to(torch.float64) + ridge * torch.eye(theta.shape[0], dtype=torch.float64)
-    return cholesky_solve_jitter(a, rhs.to(torch.float64))
+    a = theta.to(torch.float64) + ridge * torch.eye(theta.shape[0], dtype=torch.float64, device=theta.device)
+    return cholesky_solve_jitter(a, rhs.to(device=theta.device, dtype=torch.float64))
 
 
 def solve_ntk_cg(model: nn.Module, x: Tensor, rhs: Tensor, ridge: float, *, tol: float = 1e-8,

@@ -116,7 +116,7 @@ def sample_gaussian_weights(model: nn.Module, mean: dict[str, Tensor], var: dict
     with torch.no_grad():
         for name, p in noisy.named_parameters():
             if name in mean:
-                eps = torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)  # CPU generator
+                eps = torch.randn(p.shape, generator=generator, dtype=p.dtype, device=generator.device).to(p.device)
                 p.copy_(mean[name] + var[name].sqrt() * eps)
     return noisy
 

@@ -101,7 +101,8 @@ def train_lqf(start: nn.Module, x: Tensor, y: Tensor, num_classes: int, cfg: LQF
     """Train Δw of the LQF model on (x, y); returns the model and the full training loss after each epoch."""
     model = lqf_model(start, cfg) if model is None else model
     params = list(model.delta)
-    g = torch.Generator().manual_seed(10_007 * seed + 6)
+    device = params[0].device
+    g = torch.Generator(device=device).manual_seed(10_007 * seed + 6)
     precond = None
     if cfg.optimizer == "adam":
         opt = torch.optim.Adam(params, lr=cfg.lr)
@@ -112,7 +113,7 @@ def train_lqf(start: nn.Module, x: Tensor, y: Tensor, num_classes: int, cfg: LQF
     history = []
     n = len(y)
     for _ in range(cfg.epochs):
-        perm = torch.randperm(n, generator=g)
+        perm = torch.randperm(n, generator=g, device=device)
         for i in range(0, n, cfg.batch_size):
             idx = perm[i:i + cfg.batch_size]
             loss = lqf_loss(model, x[idx], y[idx], cfg, num_classes)
@@ -153,7 +154,7 @@ class _Quadratic:
         return out / len(self.y) + self.cfg.wd * v
 
     def rhs(self) -> Tensor:
-        b = torch.zeros(self.model.num_linearized, dtype=self.model.delta[0].dtype)
+        b = torch.zeros(self.model.num_linearized, dtype=self.model.delta[0].dtype, device=self.model.delta[0].device)
         for i in range(0, len(self.y), self.cfg.chunk):
             xb, yb = self.x[i:i + self.cfg.chunk], self.y[i:i + self.cfg.chunk]
             with torch.no_grad():
@@ -192,7 +193,7 @@ def influence_on_prediction(model: LinearizedModel, x: Tensor, y: Tensor, i: int
     r_i = f_i - cfg.alpha * F.one_hot(y[i:i + 1], num_classes).to(f_i.dtype)
     v = (model.vjp(xi, r_i) + cfg.wd * w) / (n - 1)
     if inverse == "cg":
-        keep = torch.ones(n, dtype=torch.bool)
+        keep = torch.ones(n, dtype=torch.bool, device=x.device)
         keep[i] = False
         q = _Quadratic(model, x[keep], y[keep], cfg, num_classes)
         step, _ = conjugate_gradient(q.hvp, v, tol=tol, max_iter=max_iter)
@@ -200,7 +201,7 @@ def influence_on_prediction(model: LinearizedModel, x: Tensor, y: Tensor, i: int
         a_inv = kfac_for(model, x, damping=cfg.wd, scale=n / (n - 1))
         if a_inv is None:
             raise ValueError("no Linear/Conv layer is linearised: K-FAC cannot approximate the inverse")
-        eye = torch.eye(num_classes, dtype=w.dtype)
+        eye = torch.eye(num_classes, dtype=w.dtype, device=w.device)
         j_rows = torch.stack([model.vjp(xi, eye[k:k + 1]) for k in range(num_classes)])  # (c, p) = J_i
         b = torch.stack([a_inv(j_rows[k]) for k in range(num_classes)], dim=1)  # A⁻¹ J_iᵀ, (p, c)
         u = a_inv(v)

@@ -303,14 +303,16 @@ class NTKFisherScrub(NTKScrub):
 
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
         """Fisher noise at ``model`` with its own Fisher on D_r (the retrain model needs no NTK step)."""
-        _, mean, var = fisher_noise(model, retain, generator=torch.Generator().manual_seed(0), cache=ctx.cache,
+        gen = torch.Generator(device=get_flat(model).device).manual_seed(0)
+        _, mean, var = fisher_noise(model, retain, generator=gen,
+                                    cache=ctx.cache,
                                     **self._noise_options(ctx))
         return WeightGaussian(mean, var)
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
         res = super().scrub(model, retain, forget, ctx)
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(10_007 * int(ctx.seed) + 41)
+        gen = torch.Generator(device=get_flat(res.model).device).manual_seed(10_007 * int(ctx.seed) + 41)
         noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, **self._noise_options(ctx))
         info = dict(res.info)
         info["alpha"] = self.alpha

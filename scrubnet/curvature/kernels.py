@@ -1,0 +1,215 @@
+"""Per-layer curvature kernels: one registry of the closed forms that the Fisher diagonal, the NTK Gram and
+K-FAC share ("Curvature kernels" in docs/decisions.md).
+
+Every consumer runs one forward pass with hooks that keep each layer's input ``a`` (B, ...) and then
+back-propagates K cotangents to the layer *outputs* only, giving ``g`` (K, B, ...) — the gradient of K
+per-sample-separable scalars with respect to that layer's output (eval mode: BatchNorm uses its running
+statistics, so sample i's output gradient is its own). From (a, g) a kernel returns, in closed form:
+
+* :meth:`LayerKernel.per_sample_grads` — {"weight" | "bias": (B, K, numel)}: the per-sample gradients
+  ∂s_k(x_i)/∂θ of the layer's own parameters (NTK rows, per-sample Fisher terms);
+* :meth:`LayerKernel.squared_sums` — {"weight" | "bias": param-shaped}: Σ_k Σ_i (∂s_k(x_i)/∂θ)² (the Fisher
+  diagonal), without materialising per-sample gradients where a cheaper form exists (Linear: (Σ_k g_k²)ᵀ a²);
+* for *factored* kernels (Linear, Conv1d/Conv2d: θ acts on input patches), :meth:`LayerKernel.patches`
+  (B, T, d_in) and :meth:`LayerKernel.output_rows` (K, B, T, d_out), with T positions per sample, so that
+  the per-sample weight gradient is Σ_t g_t a_tᵀ — the factors of the ghost NTK contraction and of K-FAC.
+
+Registered kernels (:func:`register_kernel`): ``nn.Linear`` (any leading dims: positions = all but the
+last), ``nn.Conv1d``/``nn.Conv2d`` (groups = 1, numeric zero padding; a Conv1d is unfolded as a Conv2d of
+height 1 by the one helper :func:`unfold_patches`) and BatchNorm with running statistics (eval mode:
+y = γ·x̂ + β with x̂ from the running mean/variance). :func:`kernel_for` is the one place that decides
+whether a module is covered; anything else goes to the generic ``torch.func`` fallback
+:func:`func_per_sample_grads` (vmap over samples of VJPs vmapped over the K cotangents), exact for any
+module, slower.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vjp, vmap
+
+
+class LayerKernel:
+    """Closed forms for one layer type (see the module docstring); subclasses register themselves."""
+
+    kind = "generic"
+    factored = False   # True: the weight acts on input patches (patches/output_rows defined)
+
+    def supports(self, module: nn.Module) -> bool:
+        return True
+
+    # ---- factored layers ---------------------------------------------------------------------
+    def patches(self, module: nn.Module, a: Tensor) -> Tensor:
+        """Layer input as patches (B, T, d_in)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a factored kernel")
+
+    def output_rows(self, module: nn.Module, g: Tensor) -> Tensor:
+        """Output gradients g (K, B, ...) as rows (K, B, T, d_out)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a factored kernel")
+
+    def shape(self, module: nn.Module, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
+              ) -> tuple[int, int, int]:
+        """(d_in, d_out, T) for one sample with input shape ``in_shape`` and output shape ``out_shape``
+        (both without the batch dimension)."""
+        raise NotImplementedError
+
+    # ---- every layer -------------------------------------------------------------------------
+    def per_sample_grads(self, module: nn.Module, a: Tensor, g: Tensor) -> dict[str, Tensor]:
+        """{"weight"/"bias": (B, K, numel)} per-sample gradients from input a (B, ...), g (K, B, ...)."""
+        k, b = g.shape[0], g.shape[1]
+        pa = self.patches(module, a)                                   # (B, T, d_in)
+        go = self.output_rows(module, g)                               # (K, B, T, d_out)
+        d_out, t = go.shape[-1], go.shape[-2]
+        out = {}
+        if getattr(module, "weight", None) is not None:
+            gt = go.permute(1, 0, 3, 2).reshape(b, k * d_out, t)       # (B, K·d_out, T)
+            out["weight"] = torch.bmm(gt, pa).reshape(b, k, -1)        # Σ_t g_t a_tᵀ per (sample, k)
+        if getattr(module, "bias", None) is not None:
+            out["bias"] = go.sum(2).permute(1, 0, 2)                   # (B, K, d_out)
+        return out
+
+    def squared_sums(self, module: nn.Module, a: Tensor, g: Tensor) -> dict[str, Tensor]:
+        """{"weight"/"bias": param-shaped} Σ_k Σ_i (per-sample gradient)²."""
+        out = {}
+        for name, rows in self.per_sample_grads(module, a, g).items():
+            flat = rows.reshape(-1, rows.shape[-1])
+            out[name] = (flat * flat).sum(0).reshape(getattr(module, name).shape)
+        return out
+
+
+_REGISTRY: list[tuple[tuple[type, ...], LayerKernel]] = []
+
+
+def register_kernel(*module_types: type) -> Callable[[type], type]:
+    """Class decorator: register a :class:`LayerKernel` subclass for ``module_types`` (first match wins)."""
+    def deco(cls: type) -> type:
+        _REGISTRY.append((tuple(module_types), cls()))
+        return cls
+    return deco
+
+
+def kernel_for(module: nn.Module) -> LayerKernel | None:
+    """The registered kernel covering ``module`` (its own parameters), or None (generic fallback)."""
+    for types, kernel in _REGISTRY:
+        if isinstance(module, types) and kernel.supports(module):
+            return kernel
+    return None
+
+
+def registered_kernels() -> list[tuple[tuple[type, ...], LayerKernel]]:
+    return list(_REGISTRY)
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------
+
+@register_kernel(nn.Linear)
+class LinearKernel(LayerKernel):
+    """y = W a + b on the last dimension; every leading dimension but the batch is a position."""
+
+    kind, factored = "linear", True
+
+    def patches(self, module, a):
+        return a.reshape(a.shape[0], -1, a.shape[-1])
+
+    def output_rows(self, module, g):
+        return g.reshape(g.shape[0], g.shape[1], -1, g.shape[-1])
+
+    def shape(self, module, in_shape, out_shape):
+        return module.in_features, module.out_features, int(math.prod(in_shape[:-1]))
+
+    def squared_sums(self, module, a, g):
+        if a.ndim != 2:
+            return super().squared_sums(module, a, g)
+        g2 = (g * g).sum(0)                     # Σ_k (g_ki a_iᵀ)² summed over i = (Σ_k g_k²)ᵀ a²: no outer products
+        out = {"weight": g2.T @ (a * a)}
+        if module.bias is not None:
+            out["bias"] = g2.sum(0)
+        return out
+
+
+def unfold_patches(module: nn.Conv1d | nn.Conv2d, a: Tensor) -> Tensor:
+    """Input patches (B, T, C_in·k) of a Conv1d/Conv2d, in the order of ``weight.reshape(out, -1)``; a Conv1d
+    is unfolded as a Conv2d of height 1 (the one unfold helper of the package)."""
+    if isinstance(module, nn.Conv1d):
+        cols = F.unfold(a.unsqueeze(2), (1, module.kernel_size[0]), dilation=(1, module.dilation[0]),
+                        padding=(0, module.padding[0]), stride=(1, module.stride[0]))
+    else:
+        cols = F.unfold(a, module.kernel_size, dilation=module.dilation, padding=module.padding,
+                        stride=module.stride)
+    return cols.transpose(1, 2)
+
+
+@register_kernel(nn.Conv1d, nn.Conv2d)
+class ConvKernel(LayerKernel):
+    """Convolution as a Linear layer on unfolded patches (groups = 1, numeric zero padding)."""
+
+    kind, factored = "conv", True
+
+    def supports(self, module):
+        return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
+
+    def patches(self, module, a):
+        return unfold_patches(module, a)
+
+    def output_rows(self, module, g):
+        return g.reshape(g.shape[0], g.shape[1], g.shape[2], -1).transpose(2, 3)
+
+    def shape(self, module, in_shape, out_shape):
+        return (module.in_channels * int(math.prod(module.kernel_size)), module.out_channels,
+                int(math.prod(out_shape[1:])))
+
+
+@register_kernel(nn.modules.batchnorm._BatchNorm)
+class BatchNormKernel(LayerKernel):
+    """Eval-mode BatchNorm y = γ·x̂ + β, x̂ = (a − running_mean)/√(running_var + eps), per channel (dim 1)."""
+
+    kind = "bn"
+
+    def supports(self, module):
+        return module.running_mean is not None and module.running_var is not None
+
+    def shape(self, module, in_shape, out_shape):
+        return module.num_features, module.num_features, int(math.prod(out_shape[1:]))
+
+    def per_sample_grads(self, module, a, g):
+        k, b, ch = g.shape[0], g.shape[1], g.shape[2]
+        view = (1, -1) + (1,) * (a.ndim - 2)
+        xhat = (a - module.running_mean.view(view)) / torch.sqrt(module.running_var.view(view) + module.eps)
+        gs = g.reshape(k, b, ch, -1)
+        out = {}
+        if module.weight is not None:
+            out["weight"] = (gs * xhat.reshape(1, b, ch, -1)).sum(-1).transpose(0, 1)   # (B, K, C)
+        if module.bias is not None:
+            out["bias"] = gs.sum(-1).transpose(0, 1)
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# generic fallback
+# --------------------------------------------------------------------------------------------------
+
+def func_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: list[str],
+                          buffers: dict[str, Tensor], x: Tensor, cotangents: Tensor,
+                          output: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+    """{name: (B, R, *shape)}: ∂(cotangents[i, r] · output(f(x_i)))/∂θ for the parameters ``names`` (the
+    others held at ``params``), by ``torch.func``: vmap over samples of one VJP vmapped over the R
+    cotangents (B, R, c). ``output`` maps the logits of one sample (default: identity; e.g. log-softmax for
+    the Fisher). Works for any module; the model must be in eval mode (samples independent)."""
+    fixed = {k: v for k, v in params.items() if k not in names}
+    free = {k: params[k] for k in names}
+
+    def per_sample(p, xi, ci):
+        def f(q):
+            logits = functional_call(model, ({**fixed, **q}, buffers), (xi.unsqueeze(0),)).squeeze(0)
+            return logits if output is None else output(logits)
+        _, pull = vjp(f, p)
+        (grads,) = vmap(pull)(ci)
+        return grads
+
+    return vmap(per_sample, in_dims=(None, 0, 0))(free, x, cotangents)
