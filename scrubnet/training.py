@@ -15,11 +15,17 @@
 
 Every random choice (head initialisation, batch order, replacement copies) comes from the seed, so
 the same seed gives identical weights on CPU.
+
+One SGD loop, :func:`sgd_loop`, serves pre-training, fine-tuning, retraining, the fine-tuning baselines
+(Finetune, NegGrad, Random labels) and the re-learn readout: mean cross-entropy, optionally + the pull
+(wd/2)‖w − w_0‖², ordinary weight decay, frozen BatchNorm, gradient ascent on chosen samples (capped), batches
+by permutation or drawn with replacement, and a stopping rule checked before every epoch.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +77,7 @@ class TrainHistory:
 
 def l2_pull(model: nn.Module, w0: dict[str, Tensor]) -> Tensor:
     """Σ ‖w − w_0‖² over the trainable parameters present in ``w0`` (without the wd/2 factor)."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=model_device(model))
     for name, p in model.named_parameters():
         if p.requires_grad and name in w0:
             total = total + torch.sum((p - w0[name]) ** 2)
@@ -84,7 +90,7 @@ def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tenso
     was_training = model.training
     model.eval()
     out = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else \
-        torch.zeros(0)
+        torch.zeros(0, device=x.device)
     model.train(was_training)
     return out
 
@@ -101,26 +107,88 @@ def _set_mode(model: nn.Module, freeze_bn: bool) -> None:
         freeze_batchnorm(model)
 
 
-def train_epochs(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
-                 epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None,
-                 wd_pull: float = 0.0, weight_decay: float = 0.0, freeze_bn: bool = False,
-                 loss_weights: Tensor | None = None) -> None:
-    """Plain SGD(+momentum) for a fixed number of epochs of mean cross-entropy (+ the L2 pull)."""
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); CPU for a model without tensors."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def seeded_generator(seed: int, device: torch.device | str | None = None) -> torch.Generator:
+    """A generator on ``device`` (default CPU) seeded with ``seed``. On the CPU it gives the same numbers as
+    ``torch.Generator().manual_seed(seed)``; on CUDA the stream differs but is as reproducible."""
+    return torch.Generator(device=torch.device(device or "cpu")).manual_seed(int(seed))
+
+
+def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
+             max_epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None, wd: float = 0.0,
+             weight_decay: float = 0.0, freeze_bn: bool = False, ascent: Tensor | None = None,
+             ascent_cap: float | None = None, samples_per_epoch: int | None = None,
+             stop: Callable[[int], bool] | None = None) -> tuple[int, bool]:
+    """The package's one SGD loop; trains ``model`` in place on (x, y) and leaves it in eval mode.
+
+    Per batch B the loss is
+
+        (1/|B|) Σ_{i∈B} ℓ_i + (wd/2)·‖w − w_0‖²,   ℓ_i = CE_i, or −min(CE_i, ascent_cap) where ``ascent[i]``
+
+    (the pull only for parameters in ``w0``, and only when ``w0`` is given), minimised by
+    ``torch.optim.SGD(lr, momentum, weight_decay)`` (``weight_decay``: ordinary decay toward 0).
+    ``ascent`` (bool, per sample) turns chosen samples into gradient *ascent*, capped at ``ascent_cap``
+    (e.g. log c: the gradient vanishes once a sample is at chance). Label noise is passed in as relabelled y.
+
+    Batches: a fresh permutation of the n samples per epoch (``torch.randperm(n, generator)``), or, with
+    ``samples_per_epoch``, that many indices drawn with replacement (``torch.randint``). BatchNorm layers are
+    put in eval mode during training when ``freeze_bn``. ``stop(e)`` is called before epoch e (e = epochs done
+    so far, 0 … ``max_epochs``, the last call after the final epoch); training ends when it returns True.
+
+    Returns (epochs trained, whether ``stop`` ended it).
+    """
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     n = len(y)
-    for _ in range(epochs):
+    device = generator.device
+    stopped = False
+    epoch = 0
+    while True:
+        if stop is not None and stop(epoch):
+            stopped = True
+            break
+        if epoch >= max_epochs:
+            break
         _set_mode(model, freeze_bn)
-        perm = torch.randperm(n, generator=generator)
-        for i in range(0, n, batch_size):
-            idx = perm[i:i + batch_size]
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            if w0 is not None and wd_pull > 0:
-                loss = loss + 0.5 * wd_pull * l2_pull(model, w0)
+        if samples_per_epoch is None:
+            order, total = torch.randperm(n, generator=generator, device=device), n
+        else:
+            order = torch.randint(n, (samples_per_epoch,), generator=generator, device=device)
+            total = samples_per_epoch
+        order = order.to(x.device)
+        for i in range(0, total, batch_size):
+            idx = order[i:i + batch_size]
+            logits = model(x[idx])
+            if ascent is None:
+                loss = F.cross_entropy(logits, y[idx])
+            else:
+                ce = F.cross_entropy(logits, y[idx], reduction="none")
+                capped = ce if ascent_cap is None else torch.clamp(ce, max=ascent_cap)
+                loss = torch.where(ascent[idx], -capped, ce).mean()
+            if w0 is not None and wd > 0:
+                loss = loss + 0.5 * wd * l2_pull(model, w0)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        epoch += 1
     model.eval()
+    return epoch, stopped
+
+
+def train_epochs(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
+                 epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None,
+                 wd_pull: float = 0.0, weight_decay: float = 0.0, freeze_bn: bool = False) -> None:
+    """Plain SGD(+momentum) for a fixed number of epochs of mean cross-entropy (+ the L2 pull): :func:`sgd_loop`."""
+    sgd_loop(model, x, y, lr=lr, momentum=momentum, batch_size=batch_size, max_epochs=epochs, generator=generator,
+             w0=w0, wd=wd_pull, weight_decay=weight_decay, freeze_bn=freeze_bn)
 
 
 def pretrain(model: nn.Module, x_core: Tensor, y_core: Tensor, cfg: TrainConfig, seed: int) -> nn.Module:
@@ -128,7 +196,7 @@ def pretrain(model: nn.Module, x_core: Tensor, y_core: Tensor, cfg: TrainConfig,
     model = copy.deepcopy(model)
     if len(y_core) == 0 or cfg.pretrain_epochs == 0:
         return model.eval()
-    g = torch.Generator().manual_seed(10_007 * seed + 1)
+    g = seeded_generator(10_007 * seed + 1, model_device(model))
     train_epochs(model, x_core, y_core, lr=cfg.pretrain_lr, momentum=cfg.pretrain_momentum,
                  batch_size=cfg.pretrain_batch_size, epochs=cfg.pretrain_epochs, generator=g,
                  weight_decay=cfg.pretrain_wd, freeze_bn=False)
@@ -147,26 +215,20 @@ def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int
     model = copy.deepcopy(start)
     if w0 is None:
         w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
-    g = torch.Generator().manual_seed(10_007 * seed + 2)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, momentum=cfg.momentum)
-    n = len(y)
+    g = seeded_generator(10_007 * seed + 2, model_device(model))
     zero_at: int | None = None
-    epoch = 0
-    while epoch < cfg.max_epochs:
-        _set_mode(model, cfg.freeze_bn)
-        perm = torch.randperm(n, generator=g)
-        for i in range(0, n, cfg.batch_size):
-            idx = perm[i:i + cfg.batch_size]
-            loss = F.cross_entropy(model(x[idx]), y[idx]) + 0.5 * cfg.wd * l2_pull(model, w0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        epoch += 1
+
+    def stop(epoch: int) -> bool:  # zero training error, then extra_epochs more
+        nonlocal zero_at
+        if epoch == 0:
+            return False
         if zero_at is None and epoch >= cfg.min_epochs and error_rate(model, x, y) == 0.0:
             zero_at = epoch
-        if zero_at is not None and epoch >= zero_at + cfg.extra_epochs:
-            break
-    model.eval()
+        return zero_at is not None and epoch >= zero_at + cfg.extra_epochs
+
+    epoch, _ = sgd_loop(model, x, y, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
+                        max_epochs=cfg.max_epochs, generator=g, w0=w0, wd=cfg.wd, freeze_bn=cfg.freeze_bn,
+                        stop=stop)
     with torch.no_grad():
         logits = predict_logits(model, x)
         final_loss = float(F.cross_entropy(logits, y))
@@ -176,11 +238,11 @@ def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int
 
 def replace_forgotten(x: Tensor, y: Tensor, forget_idx: Tensor, seed: int) -> tuple[Tensor, Tensor]:
     """D with every forgotten sample replaced by a copy of a random retained one (seeded)."""
-    mask = torch.ones(len(y), dtype=torch.bool)
+    mask = torch.ones(len(y), dtype=torch.bool, device=y.device)
     mask[forget_idx] = False
     retained = torch.nonzero(mask).flatten()
-    g = torch.Generator().manual_seed(10_007 * seed + 3)
-    picks = retained[torch.randint(len(retained), (len(forget_idx),), generator=g)]
+    g = seeded_generator(10_007 * seed + 3, y.device)
+    picks = retained[torch.randint(len(retained), (len(forget_idx),), generator=g, device=y.device)]
     x2, y2 = x.clone(), y.clone()
     x2[forget_idx] = x[picks]
     y2[forget_idx] = y[picks]
@@ -195,7 +257,7 @@ def retrain(start: nn.Module, x: Tensor, y: Tensor, forget_idx: Tensor, cfg: Tra
     with copies of random retained ones.
     """
     if mode == "remove":
-        mask = torch.ones(len(y), dtype=torch.bool)
+        mask = torch.ones(len(y), dtype=torch.bool, device=y.device)
         mask[forget_idx] = False
         return finetune(start, x[mask], y[mask], cfg, seed)
     if mode == "replace":

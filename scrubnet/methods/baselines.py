@@ -16,41 +16,24 @@ import copy
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.methods.artifacts import retrain_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
-from scrubnet.models import freeze_batchnorm
-from scrubnet.training import RETRAIN_MODES, l2_pull, retrain as retrain_fn
+from scrubnet.training import RETRAIN_MODES, model_device, retrain as retrain_fn, seeded_generator, sgd_loop
 
 
 def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int, lr: float | None,
               negate: Tensor | None = None, seed_offset: int = 0) -> nn.Module:
-    """SGD epochs on mean per-sample loss + (wd/2)‖w − w_0‖²; samples with ``negate`` get −min(CE, log c)."""
+    """``epochs`` epochs of the fine-tuning objective (mean CE + (wd/2)‖w − w_0‖², :func:`~scrubnet.training.sgd_loop`)
+    on a copy of ``model``; samples with ``negate`` get −min(CE, log c)."""
     model = copy.deepcopy(model)
     cfg = ctx.config
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr if lr is None else lr,
-                          momentum=cfg.momentum)
-    g = torch.Generator().manual_seed(10_007 * ctx.seed + 100 + seed_offset)
-    chance = math.log(max(ctx.num_classes, 2))
-    n = len(y)
-    for _ in range(epochs):
-        model.train()
-        if cfg.freeze_bn:
-            freeze_batchnorm(model)
-        perm = torch.randperm(n, generator=g)
-        for i in range(0, n, cfg.batch_size):
-            idx = perm[i:i + cfg.batch_size]
-            ce = F.cross_entropy(model(x[idx]), y[idx], reduction="none")
-            if negate is not None:
-                neg = negate[idx]
-                ce = torch.where(neg, -torch.clamp(ce, max=chance), ce)
-            loss = ce.mean() + 0.5 * cfg.wd * l2_pull(model, ctx.w0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-    return model.eval()
+    g = seeded_generator(10_007 * ctx.seed + 100 + seed_offset, model_device(model))
+    sgd_loop(model, x, y, lr=cfg.lr if lr is None else lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
+             max_epochs=epochs, generator=g, w0=ctx.w0, wd=cfg.wd, freeze_bn=cfg.freeze_bn, ascent=negate,
+             ascent_cap=math.log(max(ctx.num_classes, 2)))
+    return model
 
 
 @register("original")

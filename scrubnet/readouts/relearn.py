@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import copy
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.models import freeze_batchnorm
-from scrubnet.training import l2_pull, predict_logits
+from scrubnet.training import model_device, predict_logits, seeded_generator, sgd_loop
 
 
 def relearn_time(model: nn.Module, x: Tensor, y: Tensor, x_forget: Tensor, y_forget: Tensor, threshold: float, *,
@@ -23,23 +21,13 @@ def relearn_time(model: nn.Module, x: Tensor, y: Tensor, x_forget: Tensor, y_for
                  max_epochs: int = 100, seed: int = 0, freeze_bn: bool = True) -> int:
     """Epochs (1-based) until the D_f loss falls to ``threshold`` (+1e-5); ``max_epochs`` if never."""
     model = copy.deepcopy(model)
-    params = [p for p in model.parameters() if p.requires_grad]
     w_start = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
-    opt = torch.optim.SGD(params, lr=lr, momentum=0.0)
-    g = torch.Generator().manual_seed(10_007 * seed + 4)
-    for epoch in range(max_epochs):
-        loss_f = float(F.cross_entropy(predict_logits(model, x_forget), y_forget))
-        if loss_f <= threshold + 1e-5:
-            return epoch + 1
-        model.train()
-        if freeze_bn:
-            freeze_batchnorm(model)
-        idx_all = torch.randint(len(y), (samples_per_epoch,), generator=g)
-        for i in range(0, samples_per_epoch, batch_size):
-            idx = idx_all[i:i + batch_size]
-            loss = F.cross_entropy(model(x[idx]), y[idx]) + 0.5 * wd * l2_pull(model, w_start)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        model.eval()
-    return max_epochs
+    g = seeded_generator(10_007 * seed + 4, model_device(model))
+
+    def relearned(epoch: int) -> bool:
+        return float(F.cross_entropy(predict_logits(model, x_forget), y_forget)) <= threshold + 1e-5
+
+    epoch, stopped = sgd_loop(model, x, y, lr=lr, momentum=0.0, batch_size=batch_size, max_epochs=max_epochs,
+                              generator=g, w0=w_start, wd=wd, freeze_bn=freeze_bn,
+                              samples_per_epoch=samples_per_epoch, stop=relearned)
+    return epoch + 1 if stopped and epoch < max_epochs else max_epochs
