@@ -23,8 +23,9 @@ from rich.table import Table
 
 from scrubnet.atomic_io import atomic_write_json
 from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from scrubnet.cli_mlforget import mlforget_app
+from scrubnet.cli_mlforget import mlforget_app, require_cpu
 from scrubnet.data.registry import DATASETS
+from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
 from scrubnet.experiments.config import ExperimentConfig, load_config
 from scrubnet.experiments.ml_protocols import run_ml_protocol
@@ -39,6 +40,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="scrubnet: make a trained network forget a cohort of its training data, and measure it.")
 console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs get the full table
 err_console = Console(stderr=True)
+
+
+DEVICE_HELP = "auto | cpu | cuda: where tensors live (auto: CUDA when a GPU is present, else the CPU)"
+DEVICE_OPTION = typer.Option("auto", "--device", help=DEVICE_HELP)
 
 
 class UserError(Exception):
@@ -161,11 +166,12 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
         config: Optional[Path] = typer.Option(None, help="TOML configuration file"),
         threads: int = typer.Option(1, help="torch CPU threads; 1 (default) makes the numbers independent of "
                                             "the machine's core count and is fastest for the small models"),
-        quiet: bool = typer.Option(False, help="no progress bar")):
+        quiet: bool = typer.Option(False, help="no progress bar"),
+        device: str = DEVICE_OPTION):
     """Run the forgetting protocol: methods × seeds → results.json, report.md, figures."""
 
     _set_threads(threads)
-
+    dev = resolve_device(device)
     cfg = _build_config(config, dataset, data_dir, model, methods, seeds, forget_class, forget_count, forget_ids,
                         retrain_mode)
     if out.exists() and not out.is_dir():
@@ -173,12 +179,13 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
     if protocol != "default":
         if protocol not in ("sequential", "class"):
             raise UserError(f"unknown protocol {protocol!r}; choose default, sequential or class")
+        require_cpu(device, f"the {protocol} ML-Forgetting protocol")
         run_ml_protocol(protocol, cfg, out, progress=not quiet)
         console.print(f"wrote {out}/results.json and report.md")
         return
     # validate everything before any work or output
     resolve_methods(cfg, get_split(cfg))
-    results = run_experiment(cfg, out, progress=not quiet, console=console)
+    results = run_experiment(cfg, out, progress=not quiet, console=console, device=dev)
     _print_summary(results)
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
 
@@ -218,15 +225,17 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
           model: Optional[str] = typer.Option(None), seed: int = typer.Option(0),
           forget_class: Optional[int] = typer.Option(None), forget_count: Optional[int] = typer.Option(None),
           forget_ids: Optional[Path] = typer.Option(None, help="also train the retrain reference without these"),
-          retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None)):
+          retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None),
+          device: str = DEVICE_OPTION):
     """Pre-train, fine-tune the original model on D and save it (plus w_0, and the retrain reference when a
     forget set is given) as safetensors checkpoints."""
 
+    dev = resolve_device(device)
     cfg = _build_config(config, dataset, data_dir, model, None, None, forget_class, forget_count, forget_ids,
                         retrain_mode)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
-    sr = prepare_seed(cfg, seed)
+    sr = prepare_seed(cfg, seed, dev)
     common = dict(arch=cfg.model, in_shape=sr.split.input_shape, num_classes=sr.split.num_classes,
                   arch_options=cfg.model_options, config=cfg.to_dict(), data_fingerprint=data_fingerprint(sr.split),
                   seed=seed)
@@ -246,14 +255,15 @@ def data_fingerprint(split) -> str:
 
     h = hashlib.sha256()
     for t in (split.x_core, split.y_core, split.x, split.y, split.x_test, split.y_test):
-        h.update(np.ascontiguousarray(t.numpy()).tobytes())
+        h.update(np.ascontiguousarray(t.cpu().numpy()).tobytes())
     return h.hexdigest()
 
 
-def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path]):
-    """Model, its sidecar, the rebuilt split (with the forget ids) and the ForgetContext."""
+def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: torch.device):
+    """Model, its sidecar, the rebuilt split (with the forget ids) and the ForgetContext, all on ``device``."""
 
     model, meta = load_checkpoint(checkpoint)
+    model = model.to(device)
     try:
         cfg = ExperimentConfig.from_dict(meta["config"])
     except (KeyError, ValueError, TypeError) as e:
@@ -263,9 +273,11 @@ def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path]):
         raise CheckpointError(f"checkpoint {checkpoint} was trained on other data than its config now produces")
     if forget_ids is not None:
         split = split.with_forget(read_forget_ids(forget_ids))
+    split = split.to(device)
     start = None
     if meta.get("start"):
         start, _ = load_checkpoint(Path(checkpoint).parent / meta["start"], expect_arch=meta["arch"])
+        start = start.to(device)
     w0 = {k: v.detach().clone() for k, v in (start or model).named_parameters()}
     ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=int(meta.get("seed") or 0),
                         forget_class=split.forget_class, split=split, start=start)
@@ -279,11 +291,12 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
            method: str = typer.Option(..., help="scrubbing method"),
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
-           seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices")):
+           seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
+           device: str = DEVICE_OPTION):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint."""
 
     _refuse_existing_file(out)
-    model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids)
+    model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, resolve_device(device))
     opts = _parse_options(option)
     m = get_method(method, **opts)
     if seed is not None:
@@ -327,14 +340,17 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
              reference: Path = typer.Option(..., help="the retrain checkpoint (gold standard)"),
              forget_ids: Optional[Path] = typer.Option(None, help="forget ids (default: those in the sidecar)"),
              original: Optional[Path] = typer.Option(None, help="original checkpoint (re-learn threshold)"),
-             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON")):
+             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON"),
+             device: str = DEVICE_OPTION):
     """Every readout of a checkpoint against a retrain reference."""
 
-    model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids)
+    dev = resolve_device(device)
+    model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, dev)
     if forget_ids is None and meta.get("forget_ids"):
-        split = split.with_forget(meta["forget_ids"])
+        split = split.with_forget(meta["forget_ids"]).to(dev)
     ref, ref_meta = load_checkpoint(reference, expect_arch=meta["arch"])
-    orig = load_checkpoint(original, expect_arch=meta["arch"])[0] if original else model
+    ref = ref.to(dev)
+    orig = load_checkpoint(original, expect_arch=meta["arch"])[0].to(dev) if original else model
     sr = SeedRun(ctx.seed, split, ctx.start or model, orig, ref, ctx, cfg)
     r = eval_fn(model, sr, original=orig, reference=ref)
     t = Table(title=f"readouts of {checkpoint.name}")
@@ -349,9 +365,11 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
 
 @app.command()
 @handle_errors
-def report(run_dir: Path = typer.Argument(..., help="a directory written by `scrubnet run`")):
-    """Re-render report.md and the figures from RUN_DIR/results.json."""
-
+def report(run_dir: Path = typer.Argument(..., help="a directory written by `scrubnet run`"),
+           device: str = DEVICE_OPTION):
+    """Re-render report.md and the figures from RUN_DIR/results.json (no tensor work: --device is only
+    validated)."""
+    resolve_device(device)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
     md = report_from_dir(run_dir)
@@ -363,15 +381,17 @@ def report(run_dir: Path = typer.Argument(..., help="a directory written by `scr
 def sweep(method: str = typer.Option(..., help="method with a noise scale (fisher, ntk-fisher, newton)"),
           alphas: str = typer.Option(..., help="comma-separated values of alpha"),
           out: Path = typer.Option(..., "--out"), seeds: Optional[int] = typer.Option(None),
-          config: Optional[Path] = typer.Option(None), quiet: bool = typer.Option(False)):
+          config: Optional[Path] = typer.Option(None), quiet: bool = typer.Option(False),
+          device: str = DEVICE_OPTION):
     """Trade-off sweep: test error against remaining information over the noise scale alpha."""
 
     try:
         values = [float(a) for a in _parse_list(alphas)]
     except ValueError:
         raise UserError(f"--alphas {alphas!r}: expected comma-separated numbers") from None
+    dev = resolve_device(device)
     cfg = _build_config(config, None, None, None, None, seeds, None, None, None, None)
-    run_sweep(method, "alpha", values, cfg, out, progress=not quiet)
+    run_sweep(method, "alpha", values, cfg, out, progress=not quiet, device=dev)
     console.print(f"wrote sweep results to {out}")
 
 

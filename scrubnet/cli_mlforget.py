@@ -20,6 +20,7 @@ import typer
 
 from scrubnet.data import DataConfig, load_split
 from scrubnet.data.splits import SplitError
+from scrubnet.device import resolve_device
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.store import forget as store_forget, forget_everything, load, read_ledger, save_new
@@ -42,6 +43,16 @@ def _handle(fn):
         except (ValueError, SplitError, FileNotFoundError, KeyError, TypeError) as e:
             _fail(str(e.args[0]) if e.args else type(e).__name__)
     return wrapper
+
+
+DEVICE_HELP = ("auto | cpu | cuda; the mixed-linear computations run on the CPU, so auto means the CPU here "
+               "and cuda is refused")
+
+
+def require_cpu(device: str, what: str = "ML-Forgetting on checkpoints") -> None:
+    """The mixed-linear computations run on the CPU: validate ``device`` and refuse an explicit GPU."""
+    if resolve_device(device).type != "cpu" and device.strip().lower() != "auto":
+        raise ValueError(f"--device {device}: {what} runs on the CPU only (use --device cpu or auto)")
 
 
 def _json_option(text: Optional[str], what: str) -> dict:
@@ -96,8 +107,10 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
           model_options: Optional[str] = typer.Option(None, help="JSON object of architecture options"),
           train_options: Optional[str] = typer.Option(None, help="JSON object of TrainConfig fields (core)"),
           ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, linearize, "
-                                                   "…) and solver fields (solver, cg_tol, precond)")):
+                                                   "…) and solver fields (solver, cg_tol, precond)"),
+          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Pre-train, train the core weights (CE) and the user weights (linear, MSE) and save the checkpoint."""
+    require_cpu(device)
 
 
     if out.exists():
@@ -121,8 +134,10 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
 def forget(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"),
            ids: Optional[str] = typer.Option(None, help="comma-separated sample ids (positions in D)"),
            ids_file: Optional[Path] = typer.Option(None, help="file of sample ids"),
-           sigma: Optional[float] = typer.Option(None, help="noise std (default: the checkpoint's)")):
+           sigma: Optional[float] = typer.Option(None, help="noise std (default: the checkpoint's)"),
+           device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Forget a set of user samples (one request; recorded in the ledger)."""
+    require_cpu(device)
 
     id_list = parse_ids(ids, ids_file)
     record, applied = store_forget(checkpoint, id_list, sigma=sigma, data_loader=_data_loader)
@@ -136,8 +151,10 @@ def forget(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"
 
 @mlforget_app.command("forget-all")
 @_handle
-def forget_all_cmd(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory")):
+def forget_all_cmd(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"),
+                   device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Forget all user data: the user weights are set to 0 (the model becomes the core model)."""
+    require_cpu(device)
 
     record, applied = forget_everything(checkpoint)
     typer.echo(f"request #{record['seq']}: user weights set to 0" if applied
@@ -146,8 +163,10 @@ def forget_all_cmd(checkpoint: Path = typer.Argument(..., help="ML checkpoint di
 
 @mlforget_app.command()
 @_handle
-def show(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory")):
+def show(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"),
+         device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Print the request ledger."""
+    require_cpu(device)
 
     state, meta = load(checkpoint)
     for r in read_ledger(checkpoint):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
+from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
 
 
@@ -105,21 +106,6 @@ def _set_mode(model: nn.Module, freeze_bn: bool) -> None:
     model.train()
     if freeze_bn:
         freeze_batchnorm(model)
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (or buffer); CPU for a model without tensors."""
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
-def seeded_generator(seed: int, device: torch.device | str | None = None) -> torch.Generator:
-    """A generator on ``device`` (default CPU) seeded with ``seed``. On the CPU it gives the same numbers as
-    ``torch.Generator().manual_seed(seed)``; on CUDA the stream differs but is as reproducible."""
-    return torch.Generator(device=torch.device(device or "cpu")).manual_seed(int(seed))
 
 
 def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,

@@ -46,9 +46,18 @@ class Split:
     name: str = "custom"
     meta: dict = field(default_factory=dict)
 
+    def to(self, device: torch.device | str) -> "Split":
+        """This split with every tensor on ``device`` (self when already there)."""
+        device = torch.device(device)
+        if self.x.device == device:
+            return self
+        move = [t.to(device) for t in (self.x_core, self.y_core, self.x, self.y, self.x_test, self.y_test,
+                                       self.forget_idx)]
+        return Split(*move, self.num_classes, self.num_core_classes, self.forget_class, self.name, dict(self.meta))
+
     @property
     def retain_idx(self) -> Tensor:
-        mask = torch.ones(len(self.y), dtype=torch.bool)
+        mask = torch.ones(len(self.y), dtype=torch.bool, device=self.y.device)
         mask[self.forget_idx] = False
         return torch.nonzero(mask).flatten()
 

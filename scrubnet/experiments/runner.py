@@ -91,11 +91,13 @@ def resolve_methods(cfg: ExperimentConfig, split: Split) -> list[str]:
     return list(cfg.methods)
 
 
-def prepare_seed(cfg: ExperimentConfig, seed: int) -> SeedRun:
-    """Pre-train, build w_0, fine-tune the original and retrain the gold standard for ``seed``."""
-    split = get_split(cfg)
+def prepare_seed(cfg: ExperimentConfig, seed: int, device: torch.device | str | None = None) -> SeedRun:
+    """Pre-train, build w_0, fine-tune the original and retrain the gold standard for ``seed``, with the data
+    and the models on ``device`` (default CPU; the model is initialised on the CPU, then moved, so every
+    device starts from the same weights)."""
+    split = get_split(cfg).to(device or "cpu")
     n_pre = split.num_core_classes if len(split.y_core) else split.num_classes
-    model = build_model(cfg.model, split.input_shape, n_pre, seed=seed, **cfg.model_options)
+    model = build_model(cfg.model, split.input_shape, n_pre, seed=seed, **cfg.model_options).to(split.x.device)
     pre = pretrain(model, split.x_core, split.y_core, cfg.train, seed) if len(split.y_core) else model
     start = finetune_start(pre, split.num_classes, seed)
     original, h_o = finetune(start, split.x, split.y, cfg.train, seed)
@@ -236,8 +238,10 @@ def _numeric_info(info: dict) -> dict[str, float]:
 
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True,
-                   console=None) -> dict:
-    """Run methods × seeds; when ``out_dir`` is given write results.json, report.md and figures there."""
+                   console=None, device: torch.device | str | None = None) -> dict:
+    """Run methods × seeds on ``device`` (default CPU); when ``out_dir`` is given write results.json,
+    report.md and figures there."""
+    device = torch.device(device or "cpu")
 
     split = get_split(cfg)
     methods = resolve_methods(cfg, split)
@@ -245,7 +249,8 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
     results["config"]["resolved"] = {"methods": methods, "num_classes": split.num_classes,
                                      "n_retain": int(len(split.retain_idx)), "n_forget": int(len(split.forget_idx)),
                                      "n_test": int(len(split.y_test)), "n_core": int(len(split.y_core)),
-                                     "forget_class": split.forget_class, "data_fingerprint": split.fingerprint()}
+                                     "forget_class": split.forget_class, "data_fingerprint": split.fingerprint(),
+                                     "device": str(device)}
     hist_data: dict[str, dict] = {}
     total = len(cfg.seeds) * (len(methods) + 1)
     with make_progress(enabled=progress, console=console) as bar:
@@ -253,7 +258,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
         for seed in cfg.seeds:
             bar.update(task, description=f"seed {seed}: training original and retrain")
             t0 = time.perf_counter()
-            sr = prepare_seed(cfg, seed)
+            sr = prepare_seed(cfg, seed, device)
             results.setdefault("protocol", {})[str(seed)] = {
                 "time_s": time.perf_counter() - t0,
                 **{f"{k}_epochs": v.epochs for k, v in sr.histories.items()},
@@ -266,7 +271,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
                 readouts = measure(m, res, sr)
                 results["methods"][m]["runs"].append({"seed": seed, "time_s": t, "readouts": readouts})
                 if seed == cfg.seeds[0]:
-                    hist_data[m] = entropies(res.model, split)
+                    hist_data[m] = entropies(res.model, sr.split)
                     if m == "ntk":
                         ntk_scrubbed = res.model
                 bar.advance(task)

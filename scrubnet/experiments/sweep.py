@@ -48,7 +48,7 @@ def _summary(readouts: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def run_sweep(method: str, param: str, values: list[float], cfg: ExperimentConfig, out_dir: Path | str,
-              progress: bool = True) -> dict:
+              progress: bool = True, device=None) -> dict:
     """Run ``method`` with ``{param: v}`` for every v in ``values`` and every seed of ``cfg``; write
     ``out_dir/sweep.json`` (atomically) and ``out_dir/sweep_<method>.png``; return the sweep.json dict."""
 
@@ -73,7 +73,7 @@ def run_sweep(method: str, param: str, values: list[float], cfg: ExperimentConfi
         task = bar.add_task(f"sweep {method}", total=len(cfg.seeds) * (len(values) + 1))
         for seed in cfg.seeds:
             bar.update(task, description=f"seed {seed}: training original and retrain")
-            sr = prepare_seed(cfg, seed)
+            sr = prepare_seed(cfg, seed, device)
             anchor_runs["original"].append(evaluate(sr.original, sr))
             anchor_runs["retrain"].append(evaluate(sr.retrain, sr))
             bar.advance(task)

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from scrubnet.methods.artifacts import retrain_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
-from scrubnet.training import RETRAIN_MODES, model_device, retrain as retrain_fn, seeded_generator, sgd_loop
+from scrubnet.device import model_device, seeded_generator
+from scrubnet.training import RETRAIN_MODES, retrain as retrain_fn, sgd_loop
 
 
 def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int, lr: float | None,
@@ -68,7 +69,7 @@ class Retrain(ForgettingMethod):
         if ctx.split is not None:
             x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx
         elif mode == "remove":
-            x, y, forget_idx = retain[0], retain[1], torch.zeros(0, dtype=torch.long)
+            x, y, forget_idx = retain[0], retain[1], torch.zeros(0, dtype=torch.long, device=retain[1].device)
         else:
             raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
         key = retrain_key(ctx.start, x, y, forget_idx, train=ctx.config.to_dict(), seed=ctx.seed, mode=mode)
@@ -98,7 +99,9 @@ class NegGrad(ForgettingMethod):
     def scrub(self, model, retain, forget, ctx):
         x = torch.cat([retain[0], forget[0]])
         y = torch.cat([retain[1], forget[1]])
-        neg = torch.cat([torch.zeros(len(retain[1]), dtype=torch.bool), torch.ones(len(forget[1]), dtype=torch.bool)])
+        dev = retain[1].device
+        neg = torch.cat([torch.zeros(len(retain[1]), dtype=torch.bool, device=dev),
+                         torch.ones(len(forget[1]), dtype=torch.bool, device=dev)])
         return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, negate=neg, seed_offset=1))
 
 
@@ -110,8 +113,8 @@ class RandomLabels(ForgettingMethod):
         self.epochs, self.lr = int(epochs), lr
 
     def scrub(self, model, retain, forget, ctx):
-        g = torch.Generator().manual_seed(10_007 * ctx.seed + 5)
-        y_rand = torch.randint(ctx.num_classes, (len(forget[1]),), generator=g)
+        g = seeded_generator(10_007 * ctx.seed + 5, forget[1].device)
+        y_rand = torch.randint(ctx.num_classes, (len(forget[1]),), generator=g, device=g.device)
         x = torch.cat([retain[0], forget[0]])
         y = torch.cat([retain[1], y_rand])
         return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, seed_offset=2),
@@ -136,10 +139,10 @@ class Hiding(ForgettingMethod):
         head = getattr(model, "head", None)
         if not isinstance(head, nn.Linear):
             raise ValueError("hiding needs the model's final layer as an nn.Linear attribute 'head'")
-        g = torch.Generator().manual_seed(10_007 * ctx.seed + 6)
+        g = seeded_generator(10_007 * ctx.seed + 6, head.weight.device)
         bound = 1.0 / math.sqrt(head.in_features)
         with torch.no_grad():
             c = ctx.forget_class
-            head.weight[c] = (torch.rand(head.in_features, generator=g) * 2 - 1) * bound
-            head.bias[c] = (torch.rand((), generator=g) * 2 - 1) * bound
+            head.weight[c] = (torch.rand(head.in_features, generator=g, device=g.device) * 2 - 1) * bound
+            head.bias[c] = (torch.rand((), generator=g, device=g.device) * 2 - 1) * bound
         return ScrubResult(model.eval())

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
+from scrubnet.device import model_device, seeded_generator
 from scrubnet.methods.artifacts import ArtifactCache, fisher_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
 
@@ -146,7 +147,7 @@ def fisher_noise(model: nn.Module, retain, *, alpha: float, num_classes: int, fo
     if generator is None:
         if seed is None:
             raise ValueError("fisher_noise needs a generator or a seed")
-        generator = torch.Generator().manual_seed(int(seed))
+        generator = seeded_generator(seed, model_device(model))
     if kind not in FISHER_KINDS:
         raise ValueError(f"unknown Fisher kind {kind!r}; choose one of {', '.join(FISHER_KINDS)}")
     if fisher is None:
@@ -187,7 +188,7 @@ class FisherForgetting(ForgettingMethod):
         if ctx.num_classes < 1:
             raise ValueError("fisher forgetting needs ctx.num_classes")
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(10_007 * int(ctx.seed) + 31)
+        gen = seeded_generator(10_007 * int(ctx.seed) + 31, model_device(model))
         noisy, mean, var = fisher_noise(model, retain, generator=gen, **self._options(ctx))
         info: dict[str, float] = {
             "alpha": self.alpha,

@@ -26,6 +26,10 @@ from __future__ import annotations
 import copy
 import time
 
+import torch
+
+from scrubnet.data import Split
+from scrubnet.device import model_device
 from scrubnet.methods.artifacts import mlforget_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
 from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_module_with_weights, reference_noise,
@@ -54,9 +58,13 @@ def ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
 
 
 def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
-    split = ctx.split
+    """Computed on the CPU (the mixed-linear solvers' generators are CPU generators); the returned modules are
+    moved to the device of ``ctx.start``."""
+    device = model_device(ctx.start) if ctx.start is not None else torch.device("cpu")
+    split = ctx.split.to("cpu") if isinstance(ctx.split, Split) else ctx.split  # tests pass plain namespaces
+    start = None if ctx.start is None else copy.deepcopy(ctx.start).cpu()
     t0 = time.perf_counter()
-    state = train_ml(split, cfg, ctx.config, ctx.seed, start=ctx.start)
+    state = train_ml(split, cfg, ctx.config, ctx.seed, start=start)
     t_train = time.perf_counter() - t0
     original = copy.deepcopy(state.model)
     scrub_state: MLState = state.copy()
@@ -68,8 +76,9 @@ def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
     w_hat = retrain_user_weights(scrub_state, split.x, split.y)
     t_retrain = time.perf_counter() - t0
     retrain_model = ml_module_with_weights(state, w_hat + reference_noise(cfg, out, 1_000_003 * ctx.seed + 2))
-    art = {"original": original, "scrubbed": scrub_state.model, "retrain": retrain_model,
-           "retrain_exact": ml_module_with_weights(state, w_hat), "outcome": out,
+    art = {"original": original.to(device), "scrubbed": scrub_state.model.to(device),
+           "retrain": retrain_model.to(device), "retrain_exact": ml_module_with_weights(state, w_hat).to(device),
+           "outcome": out,
            "info_weights_nats": remaining_information_nats(out.w_before_noise, w_hat, cfg.sigma),
            "times": {"ml_train_s": t_train, "ml_forget_s": t_forget, "ml_retrain_s": t_retrain},
            "sizes": {"ml_n_core": float(len(state.core_ids)), "ml_n_user": float(len(state.user_ids)),

@@ -181,5 +181,6 @@ def replace_head(model: nn.Module, num_classes: int, seed: int = 0) -> nn.Module
     old = model.head
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model.head = nn.Linear(old.in_features, num_classes)
+        head = nn.Linear(old.in_features, num_classes)  # initialised on the CPU: same weights on every device
+    model.head = head.to(device=old.weight.device, dtype=old.weight.dtype)
     return model

@@ -34,7 +34,7 @@ FORMS = ("full", "diag_code")
 def _chol_jitter(cov: Tensor) -> tuple[Tensor, float]:
     """Batched Cholesky of (N, c, c) SPD matrices with escalating relative jitter; returns (L, max jitter)."""
     c = cov.shape[-1]
-    eye = torch.eye(c, dtype=cov.dtype)
+    eye = torch.eye(c, dtype=cov.dtype, device=cov.device)
     scale = torch.diagonal(cov, dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)[:, None, None]
     rel = 0.0
     for _ in range(12):
@@ -115,7 +115,7 @@ def activation_information(model_s: nn.Module, mean_s: Mapping[str, Tensor], var
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}; choose one of {', '.join(FORMS)}")
     if len(x) == 0:
-        return torch.zeros(0, dtype=torch.float64)
+        return torch.zeros(0, dtype=torch.float64, device=x.device)
     f_s, cov_s = activation_moments(model_s, mean_s, var_s, x, memory_budget_bytes=memory_budget_bytes)
     f_r, cov_r = activation_moments(model_r, mean_r, var_r, x, memory_budget_bytes=memory_budget_bytes)
     if form == "full":

@@ -26,5 +26,5 @@ def membership_attack_from_entropies(h_retain: np.ndarray, h_test: np.ndarray, h
 def membership_attack(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple[Tensor, Tensor],
                       test: tuple[Tensor, Tensor]) -> float:
     """``mia_forget``: fraction of D_f the entropy attack calls a training member."""
-    h = [softmax_entropy(model, d[0]).numpy().astype(np.float64) for d in (retain, test, forget)]
+    h = [softmax_entropy(model, d[0]).cpu().numpy().astype(np.float64) for d in (retain, test, forget)]
     return membership_attack_from_entropies(*h)

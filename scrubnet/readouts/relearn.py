@@ -13,7 +13,8 @@ import copy
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.training import model_device, predict_logits, seeded_generator, sgd_loop
+from scrubnet.device import model_device, seeded_generator
+from scrubnet.training import predict_logits, sgd_loop
 
 
 def relearn_time(model: nn.Module, x: Tensor, y: Tensor, x_forget: Tensor, y_forget: Tensor, threshold: float, *,
