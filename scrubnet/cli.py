@@ -7,7 +7,6 @@ and writes its outputs atomically, so nothing half-written is left at ``--out``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -15,13 +14,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from scrubnet.atomic_io import atomic_write_json
+from scrubnet.atomic_io import atomic_write_json, atomic_write_text
 from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
 from scrubnet.data.registry import DATASETS
@@ -227,8 +225,9 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
           forget_ids: Optional[Path] = typer.Option(None, help="also train the retrain reference without these"),
           retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None),
           device: str = DEVICE_OPTION):
-    """Pre-train, fine-tune the original model on D and save it (plus w_0, and the retrain reference when a
-    forget set is given) as safetensors checkpoints."""
+    """Pre-train, fine-tune the original model on D and save it, w_0 (start) and the retrain reference as
+    safetensors checkpoints, plus forget_ids.txt: the ids of D_f, usable as --forget-ids of `scrubnet forget`
+    and `scrubnet mlforget forget`."""
 
     dev = resolve_device(device)
     cfg = _build_config(config, dataset, data_dir, model, None, None, forget_class, forget_count, forget_ids,
@@ -246,17 +245,15 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
     save_checkpoint(out / "retrain.safetensors", sr.retrain, **common,
                     extra={"role": "retrain", "start": "start.safetensors",
                            "forget_ids": sr.split.forget_idx.tolist()})
-    console.print(f"wrote {out}/start, original and retrain checkpoints (|D| = {len(sr.split.y)}, "
+    atomic_write_text(out / "forget_ids.txt", "# D_f of this training: positions in D, one per line\n"
+                      + "".join(f"{i}\n" for i in sr.split.forget_idx.tolist()))
+    console.print(f"wrote {out}/start, original and retrain checkpoints and forget_ids.txt (|D| = {len(sr.split.y)}, "
                   f"|D_f| = {len(sr.split.forget_idx)})")
 
 
 def data_fingerprint(split) -> str:
-    """sha256 over core, D and D_test (not the forget set): the data a checkpoint was trained on."""
-
-    h = hashlib.sha256()
-    for t in (split.x_core, split.y_core, split.x, split.y, split.x_test, split.y_test):
-        h.update(np.ascontiguousarray(t.cpu().numpy()).tobytes())
-    return h.hexdigest()
+    """The split's data fingerprint (:meth:`scrubnet.data.Split.fingerprint`, the package's one definition)."""
+    return split.fingerprint()
 
 
 def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: torch.device):

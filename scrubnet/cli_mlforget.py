@@ -1,10 +1,13 @@
 """``scrubnet mlforget``: train a Mixed-Linear model into a checkpoint directory and apply forgetting
-requests to it (each recorded in the checkpoint's append-only ledger; see :mod:`scrubnet.mlforget.store`).
+requests to it (each applied exactly once and recorded in the checkpoint's SQLite request store; see\n:mod:`scrubnet.mlforget.store`).
 
-    scrubnet mlforget train --out ckpt/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
-    scrubnet mlforget forget ckpt/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
-    scrubnet mlforget forget-all ckpt/
-    scrubnet mlforget show ckpt/
+    scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
+    scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
+    scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
+    scrubnet mlforget forget-all --checkpoint ml/
+    scrubnet mlforget show --checkpoint ml/ [--json]
+
+The checkpoint may also be given as the first argument.
 
 Bad input gives one line ``error: …`` on stderr and exit code 2; nothing partial is written.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -19,11 +23,12 @@ import torch
 import typer
 
 from scrubnet.data import DataConfig, load_split
+from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.splits import SplitError
 from scrubnet.device import resolve_device
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.pipeline import train_ml
-from scrubnet.mlforget.store import forget as store_forget, forget_everything, load, read_ledger, save_new
+from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, verify
 from scrubnet.training import TrainConfig
 
 mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -68,24 +73,37 @@ def _json_option(text: Optional[str], what: str) -> dict:
 
 
 def parse_ids(ids: Optional[str], ids_file: Optional[Path]) -> list[int]:
-    """Sample ids from ``--ids 1,2,3`` or a file of integers (spaces, commas, newlines; ``#`` comments)."""
+    """Sample ids from ``--ids`` or a file, in the formats of ``scrubnet forget``: integers separated by
+    whitespace or commas (``#`` comments), or a JSON list of integers."""
+
     if (ids is None) == (ids_file is None):
-        raise ValueError("give the sample ids with exactly one of --ids or --ids-file")
+        raise ValueError("give the sample ids with exactly one of --ids or --forget-ids (a file)")
     if ids_file is not None:
         if not ids_file.is_file():
             raise ValueError(f"ids file not found: {ids_file}")
-        text = "\n".join(line.split("#", 1)[0] for line in ids_file.read_text().splitlines())
+        out = parse_sample_ids(ids_file.read_text(), f"ids file {ids_file}")
     else:
-        text = ids
-    out = []
-    for tok in text.replace(",", " ").split():
-        try:
-            out.append(int(tok))
-        except ValueError:
-            raise ValueError(f"{tok!r} is not an integer sample id") from None
+        out = parse_sample_ids(ids, "--ids")
     if not out:
         raise ValueError("no sample ids given")
     return out
+
+
+def _checkpoint(positional: Optional[Path], option: Optional[Path]) -> Path:
+    if (positional is None) == (option is None):
+        raise ValueError("give the checkpoint directory once: as the argument or with --checkpoint")
+    return positional if positional is not None else option
+
+
+def _set_threads(threads: int) -> None:
+    if threads < 1:
+        raise ValueError("--threads must be at least 1")
+    torch.set_num_threads(threads)
+
+
+CHECKPOINT_ARG = typer.Argument(None, help="ML checkpoint directory (or --checkpoint)", show_default=False)
+CHECKPOINT_OPT = typer.Option(None, "--checkpoint", help="ML checkpoint directory", show_default=False)
+THREADS_OPT = typer.Option(1, help="torch CPU threads (1: numbers independent of the core count)")
 
 
 def _data_loader(meta: dict):
@@ -108,72 +126,100 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
           train_options: Optional[str] = typer.Option(None, help="JSON object of TrainConfig fields (core)"),
           ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, linearize, "
                                                    "…) and solver fields (solver, cg_tol, precond)"),
+          threads: int = THREADS_OPT,
           device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
-    """Pre-train, train the core weights (CE) and the user weights (linear, MSE) and save the checkpoint."""
+    """Pre-train, train the core weights (CE) and the user weights (linear, MSE); save the checkpoint.
+
+    The data configuration's forget set (the default experiment's D_f, also written by `scrubnet train` as
+    forget_ids.txt) is kept out of the never-forgettable core, so those ids can always be forgotten."""
     require_cpu(device)
-
-
+    _set_threads(threads)
     if out.exists():
         raise ValueError(f"--out {out} already exists; choose a new checkpoint directory")
+    _check_writable_parent(out)
     dcfg = DataConfig.from_dict({"dataset": dataset, "data_dir": str(data_dir) if data_dir else None,
                                  **_json_option(data_options, "--data-options")})
     tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **_json_option(train_options, "--train-options")})
     mcfg = ml_config_from_options(_json_option(ml_options, "--ml-options"))
     mopts = _json_option(model_options, "--model-options")
     split = load_split(dcfg)
-    state = train_ml(split, mcfg, tcfg, seed, model_name=model, model_options=mopts,
-                     exclude_from_core=torch.zeros(0, dtype=torch.long))
+    state = train_ml(split, mcfg, tcfg, seed, model_name=model, model_options=mopts)
     save_new(out, state, arch=model, in_shape=split.input_shape, arch_options=mopts, data=dcfg.to_dict(),
              data_fingerprint=split.fingerprint(), extra={"train_config": tcfg.to_dict()})
     typer.echo(f"wrote {out}: {len(state.user_ids)} user samples, {len(state.core_ids)} core samples "
                f"(never forgettable), {state.model.num_linearized} user weights")
 
 
+def _check_writable_parent(out: Path) -> None:
+    parent = out.parent if str(out.parent) else Path(".")
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {parent} is not a writable directory")
+
+
 @mlforget_app.command()
 @_handle
-def forget(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"),
-           ids: Optional[str] = typer.Option(None, help="comma-separated sample ids (positions in D)"),
-           ids_file: Optional[Path] = typer.Option(None, help="file of sample ids"),
+def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+           ids: Optional[str] = typer.Option(None, help="sample ids (positions in D): '3,17 42' or '[3, 17, 42]'"),
+           ids_file: Optional[Path] = typer.Option(None, "--forget-ids", "--ids-file",
+                                                   help="file of sample ids, same formats as `scrubnet forget`"),
            sigma: Optional[float] = typer.Option(None, help="noise std (default: the checkpoint's)"),
+           threads: int = THREADS_OPT,
            device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
-    """Forget a set of user samples (one request; recorded in the ledger)."""
+    """Forget a set of user samples: one request, applied exactly once, recorded in the store."""
     require_cpu(device)
-
+    _set_threads(threads)
+    ckpt = _checkpoint(checkpoint, checkpoint_opt)
     id_list = parse_ids(ids, ids_file)
-    record, applied = store_forget(checkpoint, id_list, sigma=sigma, data_loader=_data_loader)
+    record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=_data_loader)
     if applied:
-        typer.echo(f"request #{record['seq']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
-                   f"{record['steps']} {record['solver']} steps, residual {record['residual_norm']:.2e}, "
-                   f"{record['seconds']:.2f} s")
+        info = record["solver"]
+        typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
+                   f"{info.get('iterations')} {info.get('solver')} steps, residual "
+                   f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")
     else:
-        typer.echo(f"request already applied as #{record['seq']} (nothing done)")
+        typer.echo(f"request already applied as #{record['id']} (nothing done)")
 
 
 @mlforget_app.command("forget-all")
 @_handle
-def forget_all_cmd(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"),
+def forget_all_cmd(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+                   threads: int = THREADS_OPT,
                    device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Forget all user data: the user weights are set to 0 (the model becomes the core model)."""
     require_cpu(device)
-
-    record, applied = forget_everything(checkpoint)
-    typer.echo(f"request #{record['seq']}: user weights set to 0" if applied
-               else f"forget-all already applied as #{record['seq']} (nothing done)")
+    _set_threads(threads)
+    record, applied = forget_everything(_checkpoint(checkpoint, checkpoint_opt))
+    typer.echo(f"request #{record['id']}: user weights set to 0 ({record['n_ids']} user samples forgotten; the "
+               "core samples stay in the core weights)" if applied
+               else f"forget-all already applied as #{record['id']} (nothing done)")
 
 
 @mlforget_app.command()
 @_handle
-def show(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory"),
+def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+         as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object"),
+         threads: int = THREADS_OPT,
          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
-    """Print the request ledger."""
+    """Print the requests and verify the chain of weight hashes (exit 2 if it is broken)."""
     require_cpu(device)
-
-    state, meta = load(checkpoint)
-    for r in read_ledger(checkpoint):
-        typer.echo(f"#{r['seq']:<4} {r['kind']:<10} {r['time']}  ids={r['n_ids']:<5} remaining={r['n_remaining']:<6} "
-                   f"sha256 {str(r['sha256_before'])[:12]} → {r['sha256_after'][:12]}")
-    typer.echo(f"{len(state.remaining_ids())} user samples remain, {len(state.forgotten_ids)} forgotten, "
-               f"{len(state.core_ids)} core")
+    _set_threads(threads)
+    rec = verify(_checkpoint(checkpoint, checkpoint_opt))
+    st = rec["state"]
+    if as_json:
+        typer.echo(json.dumps(rec, indent=1))
+    else:
+        for r in rec["requests"]:
+            typer.echo(f"#{r['id']:<4} {r['kind']:<10} {r['time_utc']}  ids={r['n_ids']:<5} "
+                       f"remaining={r['n_remaining']:<6} {r['status']:<8} "
+                       f"sha256 {str(r['sha256_before'])[:12]:<12} → {r['sha256_after'][:12]}")
+        typer.echo(f"at request #{st['request_id']}: {len(st['forgotten_ids'])} user samples forgotten, "
+                   f"{rec['n_core']} core (never forgotten)"
+                   + ("; user weights dropped (forget-all)" if st["user_weights_dropped"] else ""))
+        typer.echo("hash chain: valid" if rec["valid"] else "hash chain: BROKEN")
+    if not rec["valid"]:
+        raise ValueError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))
 
 
 if __name__ == "__main__":

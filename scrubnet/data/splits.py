@@ -87,9 +87,12 @@ class Split:
         return tuple(self.x.shape[1:])
 
     def fingerprint(self) -> str:
-        """sha256 over D, D_test, the core and the forget ids: identifies the data a model saw."""
+        """sha256 over the core data, D and D_test (inputs and labels, in order): identifies the data a model was
+        trained and tested on. The forget set is not part of it (checkpoints record their forget ids
+        separately), so the original, the retrain reference and every scrubbed model of one split share it.
+        The one fingerprint definition of the package (checkpoints, ML checkpoints, results)."""
         h = hashlib.sha256()
-        for t in (self.x_core, self.y_core, self.x, self.y, self.x_test, self.y_test, self.forget_idx):
+        for t in (self.x_core, self.y_core, self.x, self.y, self.x_test, self.y_test):
             h.update(np.ascontiguousarray(t.detach().cpu().numpy()).tobytes())
         return h.hexdigest()
 

@@ -1,40 +1,61 @@
-"""ML checkpoints with an append-only request ledger, crash-safe at every point.
+"""ML checkpoints as a transactional request store: SQLite (WAL) for the record, safetensors for the weights.
 
 A checkpoint is a directory::
 
-    state.json                   the commit record (replaced atomically): format, seq (requests applied),
-                                 current weights file + sha256, core/user/forgotten ids, configs, last request
-    weights-<seq>.safetensors    the ML module's state_dict (core weights w_c + user weights w_u)
-    ledger.jsonl                 one JSON line per request (seq 0 = training): ids, sizes, σ, solver steps,
-                                 residual norm, seconds, UTC time, sha256 of the weights before and after
+    store.sqlite                      the database (WAL mode; ``store.sqlite-wal``/``-shm`` appear while open)
+    weights/<sha256>.safetensors      the ML module's state_dict (core weights w_c + user weights w_u),
+                                      named by the sha256 of the file's bytes
 
-Protocol of a request (seq k → k+1):
+Tables:
 
-1. compute the new weights in memory (nothing on disk changes);
-2. write ``weights-<k+1>.safetensors`` (temp file, fsync, rename) — not referenced yet;
-3. **commit**: replace ``state.json`` atomically by one that points to the new weights, lists the new
-   forgotten ids and carries the ledger record as ``last_request``;
-4. append the record to ``ledger.jsonl`` (one ``write`` + fsync);
-5. delete the old weights file.
+* ``checkpoint(key, value)`` — what never changes after training, one JSON value per key: format,
+  architecture and its options, input shape, classes, seed, ML configuration, data configuration and data
+  fingerprint, core ids, user ids, training configuration.
+* ``requests`` — one row per committed request, ``id`` 0 being the training: ``key`` (identity of the
+  request: kind, sorted ids, σ), ``kind`` (``train``, ``forget``, ``forget_all``), ``ids`` (JSON list of the
+  sample ids the request forgot; empty for ``train`` and ``forget_all``), ``n_ids``, ``n_remaining`` (user
+  samples left after it), ``sigma``, ``solver`` (JSON dict of every figure the step reported: solver, steps,
+  residual, objective before/after, …), ``seconds`` (wall time of the step), ``time_utc`` (ISO 8601, UTC),
+  ``sha256_before``/``sha256_after`` (of the weights file), ``status`` (``applied``; only committed requests
+  are ever stored, a refused or interrupted one leaves no row).
+* ``state`` — one row: the request the checkpoint is at, the sha256 of its weights, the forgotten ids, and
+  whether ``forget-all`` dropped the user weights.
 
-A kill before 3 leaves the previous checkpoint and ledger as they were (an orphan weights file at most,
-removed at the next load); a kill after 3 leaves a committed request whose ledger line may be missing or
-torn: every load truncates a torn last line and appends ``last_request`` if the ledger lags behind ``seq``.
-Re-running the request that was committed last is recognised by its key (kind, sorted ids, σ) and is a
-no-op, so an interrupted request is applied exactly once; any other request naming an already forgotten
-id, or a core id, is refused.
+Protocol of a request:
+
+1. outside any lock: load the data D (they depend only on the static ``checkpoint`` table);
+2. ``BEGIN IMMEDIATE`` — the write lock is taken *before* the state is read, so concurrent requests
+   serialise: each sees the weights its predecessor committed, none is lost, none is applied twice;
+3. if a request with the same key is already stored, stop: it was applied (``applied_now=False``);
+4. read the state, load the weights named by its sha256 (verified), check the ids;
+5. compute the new weights in memory; refuse a non-finite result;
+6. write ``weights/<new sha256>.safetensors`` (temp file, fsync, rename) — not referenced yet;
+7. insert the request row and update the state row; ``COMMIT`` (SQLite makes this atomic and durable);
+8. in a second short write transaction, delete weights files the state no longer names.
+
+A process killed anywhere before 7 completes leaves the previous committed state (SQLite discards an
+uncommitted transaction; an unreferenced weights file at most, deleted at the next request); killed after
+it, the request is committed. Re-running the request then applies it exactly once: step 3 recognises it.
+A reader (``show``, ``load``) needs no lock: WAL gives it a consistent snapshot of the record.
+
+Checkpoints of the previous format (``state.json`` + ``ledger.jsonl`` + ``weights-<seq>.safetensors``) are
+migrated on first open: the database is built in a temporary file and linked into place (a concurrent
+migration loses the race harmlessly); the old files stay as they were and are no longer read.
 
 Test hook: ``SCRUBNET_MLFORGET_PAUSE_AT=<stage>`` makes the process print ``PAUSED <stage>`` and sleep at
-that stage (stages: ``after_solve``, ``weights_partial``, ``after_weights``, ``state_partial``,
-``after_commit``, ``ledger_partial``, ``after_ledger``), so a test can kill it there for real.
+that stage (``locked``, ``after_solve``, ``weights_partial``, ``after_weights``, ``before_commit``,
+``after_commit``), so a test can kill it there for real.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -47,10 +68,44 @@ from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_
 from scrubnet.models import build_model
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 
-FORMAT = "scrubnet-mlforget/1"
-STATE = "state.json"
-LEDGER = "ledger.jsonl"
+FORMAT = "scrubnet-mlforget/2"
+DB = "store.sqlite"
+WEIGHTS = "weights"
+LEGACY_STATE = "state.json"
+LEGACY_LEDGER = "ledger.jsonl"
 PAUSE_ENV = "SCRUBNET_MLFORGET_PAUSE_AT"
+#: seconds a request waits for the write lock before giving up
+LOCK_TIMEOUT_S = float(os.environ.get("SCRUBNET_MLFORGET_LOCK_TIMEOUT", "600"))
+
+SCHEMA = """
+CREATE TABLE checkpoint (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY,
+    key TEXT,
+    kind TEXT NOT NULL CHECK (kind IN ('train', 'forget', 'forget_all')),
+    ids TEXT NOT NULL,
+    n_ids INTEGER NOT NULL,
+    n_remaining INTEGER NOT NULL,
+    sigma REAL,
+    solver TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    time_utc TEXT NOT NULL,
+    sha256_before TEXT,
+    sha256_after TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status = 'applied')
+);
+CREATE UNIQUE INDEX requests_key ON requests (key) WHERE key IS NOT NULL;
+CREATE TABLE state (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    request_id INTEGER NOT NULL REFERENCES requests (id),
+    weights_sha256 TEXT NOT NULL,
+    forgotten_ids TEXT NOT NULL,
+    user_weights_dropped INTEGER NOT NULL
+);
+"""
+
+REQUEST_COLUMNS = ("id", "key", "kind", "ids", "n_ids", "n_remaining", "sigma", "solver", "seconds", "time_utc",
+                   "sha256_before", "sha256_after", "status")
 
 
 class StoreError(ValueError):
@@ -68,37 +123,13 @@ def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return
+        return  # not supported on this platform: the renamed files themselves were fsynced
     try:
         os.fsync(fd)
     except OSError:
         pass  # some filesystems cannot fsync a directory; the renamed files themselves were fsynced
     finally:
         os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes, stage: str) -> None:
-    """Temp file in the same folder, fsync, rename. ``stage`` names the pause point mid-write."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            half = len(data) // 2
-            f.write(data[:half])
-            f.flush()
-            _pause(f"{stage}_partial")
-            f.write(data[half:])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _weights_bytes(model: LinearizedModel) -> bytes:
-    return save({k: v.detach().contiguous().cpu().clone() for k, v in model.state_dict().items()})
 
 
 def _sha(data: bytes) -> str:
@@ -109,220 +140,494 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _json_safe(v):
+    """Plain JSON values: tensors and numpy scalars to numbers, non-finite floats to strings."""
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, torch.Tensor):
+        return _json_safe(v.tolist())
+    if hasattr(v, "item") and callable(v.item):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
 def request_key(kind: str, ids, sigma: float | None) -> str:
     """Identity of a request: kind, sorted ids and σ."""
     payload = json.dumps({"kind": kind, "ids": sorted(int(i) for i in ids), "sigma": sigma}, sort_keys=True)
     return _sha(payload.encode())[:32]
 
 
-# -- saving a freshly trained model --------------------------------------------------------------------
+def weights_bytes(model: LinearizedModel) -> bytes:
+    """The safetensors serialisation of the ML module's state_dict."""
+    return save({k: v.detach().contiguous().cpu().clone() for k, v in model.state_dict().items()})
+
+
+def _check_finite_model(model: torch.nn.Module, what: str) -> None:
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise StoreError(f"{what}: weight {name!r} has non-finite values (NaN or inf); nothing was written")
+
+
+def _weights_path(path: Path, sha: str) -> Path:
+    return path / WEIGHTS / f"{sha}.safetensors"
+
+
+def _write_weights(path: Path, data: bytes, sha: str) -> None:
+    """``weights/<sha>.safetensors`` by temp file, fsync and rename (content-addressed: an existing file with
+    this name already holds these bytes). ``weights_partial`` pauses with half the bytes written."""
+    final = _weights_path(path, sha)
+    if final.is_file() and _sha(final.read_bytes()) == sha:
+        return
+    final.parent.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{sha[:16]}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            half = len(data) // 2
+            f.write(data[:half])
+            f.flush()
+            _pause("weights_partial")
+            f.write(data[half:])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    """Autocommit connection (transactions are explicit), WAL journal, full fsync at commit."""
+    con = sqlite3.connect(str(db), timeout=LOCK_TIMEOUT_S, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    con.execute("PRAGMA synchronous=FULL")
+    return con
+
+
+def _create_db(db: Path, static: dict, first: dict, state: dict) -> None:
+    """A new database file ``db`` (must not exist) holding one checkpoint."""
+    con = sqlite3.connect(str(db), isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=FULL")
+        con.execute("BEGIN")
+        for stmt in SCHEMA.split(";"):
+            if stmt.strip():
+                con.execute(stmt)
+        con.executemany("INSERT INTO checkpoint (key, value) VALUES (?, ?)",
+                        [(k, json.dumps(_json_safe(v))) for k, v in static.items()])
+        for r in [first] if isinstance(first, dict) else first:
+            _insert_request(con, r)
+        con.execute("INSERT INTO state (one, request_id, weights_sha256, forgotten_ids, user_weights_dropped) "
+                    "VALUES (1, ?, ?, ?, ?)", (state["request_id"], state["weights_sha256"],
+                                               json.dumps(state["forgotten_ids"]), int(state["user_weights_dropped"])))
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def _insert_request(con: sqlite3.Connection, r: dict) -> None:
+    con.execute(f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})",
+                (r["id"], r["key"], r["kind"], json.dumps([int(i) for i in r["ids"]]), int(r["n_ids"]),
+                 int(r["n_remaining"]), r["sigma"], json.dumps(_json_safe(r["solver"])), float(r["seconds"]),
+                 r["time_utc"], r["sha256_before"], r["sha256_after"], "applied"))
+
+
+def _row_to_request(row: sqlite3.Row) -> dict:
+    d = {k: row[k] for k in REQUEST_COLUMNS}
+    d["ids"] = json.loads(d["ids"])
+    d["solver"] = json.loads(d["solver"])
+    return d
+
+
+# -- creating and opening ----------------------------------------------------------------------------------
 
 def save_new(path: str | Path, state: MLState, *, arch: str, in_shape, arch_options: dict | None = None,
              data: dict | None = None, data_fingerprint: str | None = None, extra: dict | None = None) -> dict:
     """Create checkpoint directory ``path`` (must not exist) for ``state``; built in a temporary directory
-    and renamed, so an interrupted save leaves nothing at ``path``. Returns the state record."""
+    and renamed, so an interrupted save leaves nothing at ``path``. Returns the training request's record."""
     path = Path(path)
     if path.exists():
         raise StoreError(f"{path} already exists; choose a new checkpoint directory")
+    _check_finite_model(state.model, "the trained ML model")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a checkpoint gets the usual permissions
     try:
-        data_bytes = _weights_bytes(state.model)
+        data_bytes = weights_bytes(state.model)
         sha = _sha(data_bytes)
-        wname = "weights-000000.safetensors"
-        (tmp / wname).write_bytes(data_bytes)
-        record = {"seq": 0, "kind": "train", "key": None, "time": _now(), "ids": [], "n_ids": 0,
-                  "n_user": int(len(state.user_ids)), "n_core": int(len(state.core_ids)),
-                  "n_remaining": int(len(state.remaining_ids())), "sigma": None,
-                  "sha256_before": None, "sha256_after": sha, **{k: v for k, v in state.train_info.items()}}
-        meta = {"format": FORMAT, "seq": 0, "weights_file": wname, "weights_sha256": sha,
-                "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
-                "num_classes": int(state.num_classes), "seed": int(state.seed), "ml_config": state.config.to_dict(),
-                "data": data, "data_fingerprint": data_fingerprint,
-                "core_ids": state.core_ids.tolist(), "user_ids": state.user_ids.tolist(),
-                "forgotten_ids": state.forgotten_ids.tolist(), "last_request": record, **(extra or {})}
-        (tmp / STATE).write_text(json.dumps(meta) + "\n")
-        (tmp / LEDGER).write_text(json.dumps(record) + "\n")
+        (tmp / WEIGHTS).mkdir()
+        _weights_path(tmp, sha).write_bytes(data_bytes)
+        static = {"format": FORMAT, "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
+                  "num_classes": int(state.num_classes), "seed": int(state.seed), "ml_config": state.config.to_dict(),
+                  "data": data, "data_fingerprint": data_fingerprint, "core_ids": state.core_ids.tolist(),
+                  "user_ids": state.user_ids.tolist(), **(extra or {})}
+        record = {"id": 0, "key": None, "kind": "train", "ids": [], "n_ids": 0,
+                  "n_remaining": int(len(state.deletable_ids())), "sigma": None, "solver": dict(state.train_info),
+                  "seconds": float(state.train_info.get("train_seconds", 0.0) or 0.0), "time_utc": _now(),
+                  "sha256_before": None, "sha256_after": sha}
+        _create_db(tmp / DB, static, record, {"request_id": 0, "weights_sha256": sha,
+                                               "forgotten_ids": state.forgotten_ids.tolist(),
+                                               "user_weights_dropped": False})
         os.rename(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return meta
+    return record
 
 
-# -- loading, with ledger repair -----------------------------------------------------------------------
-
-def read_state(path: str | Path) -> dict:
-    path = Path(path)
+def _db_path(path: Path) -> Path:
     if not path.is_dir():
         raise StoreError(f"ML checkpoint directory not found: {path}")
-    sf = path / STATE
-    if not sf.is_file():
-        raise StoreError(f"{path} is not an ML checkpoint (no {STATE})")
+    db = path / DB
+    if db.is_file():
+        return db
+    if (path / LEGACY_STATE).is_file():
+        migrate_legacy(path)
+        return db
+    raise StoreError(f"{path} is not an ML checkpoint (no {DB}); create one with `scrubnet mlforget train`")
+
+
+def _static(con: sqlite3.Connection, path: Path) -> dict:
     try:
-        meta = json.loads(sf.read_text())
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{sf} is corrupt: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise StoreError(f"{sf} is not a {FORMAT} state record")
-    return meta
+        static = {r["key"]: json.loads(r["value"]) for r in con.execute("SELECT key, value FROM checkpoint")}
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path / DB} is not a readable scrubnet store: {e}") from None
+    if static.get("format") != FORMAT:
+        raise StoreError(f"{path / DB} is not a {FORMAT} store (format {static.get('format')!r})")
+    return static
 
 
-def read_ledger(path: str | Path) -> list[dict]:
-    """The ledger's complete lines (a torn last line is ignored here; :func:`repair` removes it)."""
-    lf = Path(path) / LEDGER
-    if not lf.is_file():
-        return []
-    out = []
-    for line in lf.read_bytes().split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # torn tail
-    return out
-
-
-def repair(path: str | Path, meta: dict | None = None) -> dict:
-    """Bring the ledger in line with the committed state and remove orphan files; returns the state."""
+@contextlib.contextmanager
+def _open(path: str | Path):
     path = Path(path)
-    meta = read_state(path) if meta is None else meta
-    lf = path / LEDGER
-    raw = lf.read_bytes() if lf.is_file() else b""
-    if raw and not raw.endswith(b"\n"):  # torn last line: drop it (its request is re-appended below)
-        cut = raw.rfind(b"\n") + 1
-        with open(lf, "r+b") as f:
-            f.truncate(cut)
-            f.flush()
-            os.fsync(f.fileno())
-    entries = read_ledger(path)
-    last_seq = entries[-1]["seq"] if entries else -1
-    if last_seq > meta["seq"]:
-        raise StoreError(f"ledger of {path} records request #{last_seq} but the checkpoint is at #{meta['seq']}")
-    if last_seq < meta["seq"]:
-        if last_seq != meta["seq"] - 1 or meta.get("last_request", {}).get("seq") != meta["seq"]:
-            raise StoreError(f"ledger of {path} is missing requests {last_seq + 1}..{meta['seq']}")
-        _append_line(lf, meta["last_request"])
-    for f in path.iterdir():
-        if (f.name.startswith("weights-") and f.name != meta["weights_file"]) or f.name.endswith(".tmp"):
-            f.unlink(missing_ok=True)
-    return meta
+    db = _db_path(path)
+    try:
+        con = _connect(db)
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"cannot open {db}: {e}") from None
+    try:
+        yield path, con, _static(con, path)
+    finally:
+        con.close()
 
 
-def _append_line(lf: Path, record: dict) -> None:
-    line = (json.dumps(record) + "\n").encode()
-    with open(lf, "ab") as f:
-        half = len(line) // 2
-        f.write(line[:half])
-        f.flush()
-        _pause("ledger_partial")
-        f.write(line[half:])
-        f.flush()
-        os.fsync(f.fileno())
+@contextlib.contextmanager
+def _write_transaction(con: sqlite3.Connection):
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on any exception)."""
+    try:
+        con.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as e:
+        raise StoreError(f"the checkpoint is busy (write lock not obtained in {LOCK_TIMEOUT_S:.0f} s): {e}") from None
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
-def load(path: str | Path) -> tuple[MLState, dict]:
-    """Load (and repair) an ML checkpoint: returns the :class:`MLState` and the state record."""
+def _read_state(con: sqlite3.Connection) -> dict:
+    row = con.execute("SELECT request_id, weights_sha256, forgotten_ids, user_weights_dropped FROM state").fetchone()
+    if row is None:
+        raise StoreError("the store has no state row: the checkpoint is corrupt")
+    return {"request_id": row[0], "weights_sha256": row[1], "forgotten_ids": json.loads(row[2]),
+            "user_weights_dropped": bool(row[3])}
 
-    path = Path(path)
-    meta = repair(path)
-    wf = path / meta["weights_file"]
-    if not wf.is_file():
-        raise StoreError(f"weights file {wf} referenced by {STATE} is missing")
-    data = wf.read_bytes()
-    if _sha(data) != meta["weights_sha256"]:
-        raise StoreError(f"{wf} does not match the sha256 in {STATE}: the checkpoint is corrupt")
-    cfg = MLConfig.from_dict(meta["ml_config"])
-    core = build_model(meta["arch"], meta["in_shape"], meta["num_classes"], seed=0, **meta["arch_options"])
+
+def _empty_model(static: dict) -> LinearizedModel:
+    cfg = MLConfig.from_dict(static["ml_config"])
+    core = build_model(static["arch"], static["in_shape"], static["num_classes"], seed=0, **static["arch_options"])
     if cfg.leaky_slope is not None:
         convert_relu_to_leaky(core, cfg.leaky_slope)
-    model = LinearizedModel(core, prefixes=cfg.linearize)
+    return LinearizedModel(core, prefixes=cfg.linearize)
+
+
+def _load_state(path: Path, static: dict, st: dict, model: LinearizedModel | None = None) -> MLState:
+    wf = _weights_path(path, st["weights_sha256"])
+    if not wf.is_file():
+        raise StoreError(f"weights file {wf} named by the state is missing: the checkpoint is corrupt")
+    data = wf.read_bytes()
+    if _sha(data) != st["weights_sha256"]:
+        raise StoreError(f"{wf} does not match its sha256: the checkpoint is corrupt")
+    model = _empty_model(static) if model is None else model
     try:
         model.load_state_dict(st_load(data), strict=True)
     except RuntimeError as e:
         raise StoreError(f"weights in {wf} do not fit the recorded architecture: {e}") from None
-    state = MLState(model, torch.tensor(meta["core_ids"], dtype=torch.long),
-                    torch.tensor(meta["user_ids"], dtype=torch.long),
-                    torch.tensor(meta["forgotten_ids"], dtype=torch.long), cfg, meta["num_classes"], meta["seed"])
-    return state, meta
+    _check_finite_model(model, f"checkpoint {path}")
+    return MLState(model, torch.tensor(static["core_ids"], dtype=torch.long),
+                   torch.tensor(static["user_ids"], dtype=torch.long),
+                   torch.tensor(st["forgotten_ids"], dtype=torch.long), MLConfig.from_dict(static["ml_config"]),
+                   static["num_classes"], static["seed"])
+
+
+def load(path: str | Path) -> tuple[MLState, dict]:
+    """The committed :class:`MLState` of the checkpoint at ``path`` and its record: the static
+    ``checkpoint`` values plus ``request_id``, ``weights_sha256``, ``forgotten_ids``, ``user_weights_dropped``.
+    Reads a consistent snapshot without taking the write lock."""
+    with _open(path) as (p, con, static):
+        for attempt in range(5):
+            con.execute("BEGIN")  # a read transaction: one snapshot of the record
+            try:
+                st = _read_state(con)
+            finally:
+                con.execute("COMMIT")
+            try:
+                return _load_state(p, static, st), {**static, **st}
+            except StoreError:
+                # a concurrent request may have committed and removed the file between the two reads
+                if attempt == 4 or _read_state(con)["weights_sha256"] == st["weights_sha256"]:
+                    raise
+    raise AssertionError("unreachable")
+
+
+def requests(path: str | Path) -> list[dict]:
+    """Every committed request, in commit order (``id`` 0 = training)."""
+    with _open(path) as (_, con, _static_):
+        return [_row_to_request(r) for r in con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests "
+                                                        "ORDER BY id")]
+
+
+def verify(path: str | Path) -> dict:
+    """Check the record: ids 0, 1, 2, … without gaps; request 0 is the training; each request's
+    ``sha256_before`` is its predecessor's ``sha256_after``; the state names the last request and its
+    weights, whose file hashes to that sha256; the forgotten ids are the union of the forget requests' ids
+    (disjoint), and ``forget_all`` is the last request when present. Returns ``{"valid", "problems",
+    "requests", "state"}``."""
+    with _open(path) as (p, con, static):
+        con.execute("BEGIN")
+        try:
+            reqs = [_row_to_request(r) for r in con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests "
+                                                            "ORDER BY id")]
+            st = _read_state(con)
+        finally:
+            con.execute("COMMIT")
+    problems = []
+    if not reqs or reqs[0]["kind"] != "train" or reqs[0]["sha256_before"] is not None:
+        problems.append("request #0 is not the training")
+    forgotten: list[int] = []
+    for k, r in enumerate(reqs):
+        if r["id"] != k:
+            problems.append(f"request ids jump from #{k - 1} to #{r['id']}")
+            break
+        if k and r["sha256_before"] != reqs[k - 1]["sha256_after"]:
+            problems.append(f"request #{k}: sha256_before {str(r['sha256_before'])[:12]} is not the sha256_after "
+                            f"{reqs[k - 1]['sha256_after'][:12]} of request #{k - 1}")
+        if r["kind"] == "forget":
+            dup = set(r["ids"]) & set(forgotten)
+            if dup:
+                problems.append(f"request #{k} forgets id(s) {sorted(dup)[:10]} a second time")
+            forgotten += r["ids"]
+        if r["kind"] == "forget_all" and k != len(reqs) - 1:
+            problems.append(f"request #{k} is forget_all but later requests follow it")
+    if reqs:
+        last = reqs[-1]
+        if st["request_id"] != last["id"]:
+            problems.append(f"the state is at request #{st['request_id']} but the last request is #{last['id']}")
+        if st["weights_sha256"] != last["sha256_after"]:
+            problems.append("the state's weights are not those of the last request")
+        if any(r["kind"] == "forget_all" for r in reqs) != st["user_weights_dropped"]:
+            problems.append("the state's user_weights_dropped flag disagrees with the requests")
+    if st["user_weights_dropped"]:
+        core = set(static["core_ids"])
+        forgotten = [i for i in static["user_ids"] if i not in core]
+    if sorted(forgotten) != sorted(st["forgotten_ids"]):
+        problems.append("the state's forgotten ids are not the union of the forget requests' ids")
+    wf = _weights_path(p, st["weights_sha256"])
+    if not wf.is_file():
+        problems.append(f"weights file {wf.name} is missing")
+    elif _sha(wf.read_bytes()) != st["weights_sha256"]:
+        problems.append(f"weights file {wf.name} does not hash to its name")
+    return {"valid": not problems, "problems": problems, "requests": reqs, "state": st,
+            "n_user": len(static["user_ids"]), "n_core": len(static["core_ids"])}
 
 
 # -- requests --------------------------------------------------------------------------------------------
 
-def _commit(path: Path, meta: dict, state: MLState, record: dict) -> dict:
-    data = _weights_bytes(state.model)
-    sha = _sha(data)
-    seq = meta["seq"] + 1
-    record.update({"seq": seq, "sha256_before": meta["weights_sha256"], "sha256_after": sha})
-    wname = f"weights-{seq:06d}.safetensors"
-    _write_atomic(path / wname, data, "weights")
-    _pause("after_weights")
-    new_meta = dict(meta, seq=seq, weights_file=wname, weights_sha256=sha,
-                    forgotten_ids=state.forgotten_ids.tolist(), last_request=record)
-    _write_atomic(path / STATE, (json.dumps(new_meta) + "\n").encode(), "state")
-    _pause("after_commit")
-    _append_line(path / LEDGER, record)
-    _pause("after_ledger")
-    old = path / meta["weights_file"]
-    if old.name != wname:
-        old.unlink(missing_ok=True)
-    return new_meta
+def _apply(path: str | Path, kind: str, key: str, compute, prepare=None) -> tuple[dict, bool]:
+    """The request protocol of the module docstring. ``prepare(static)`` runs before the lock (data loading);
+    ``compute(state, record_state, prepared) -> record fields`` runs under it and updates ``state`` in place."""
+    with _open(path) as (p, con, static):
+        prepared = prepare(static) if prepare is not None else None
+        model = _empty_model(static)
+        with _write_transaction(con):
+            _pause("locked")
+            row = con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                return _row_to_request(row), False
+            st = _read_state(con)
+            state = _load_state(p, static, st, model)
+            if st["user_weights_dropped"]:
+                raise StoreError(f"forget-all already dropped the user weights (request #{st['request_id']}); "
+                                 "there is nothing left to forget")
+            t0 = time.perf_counter()
+            fields = compute(state, st, prepared)
+            seconds = time.perf_counter() - t0
+            _check_finite_model(state.model, f"the {kind} request produced a model that")
+            _pause("after_solve")
+            data = weights_bytes(state.model)
+            sha = _sha(data)
+            _write_weights(p, data, sha)
+            _pause("after_weights")
+            rid = st["request_id"] + 1
+            record = {"id": rid, "key": key, "kind": kind, "seconds": seconds, "time_utc": _now(),
+                      "sha256_before": st["weights_sha256"], "sha256_after": sha, "status": "applied", **fields}
+            _insert_request(con, record)
+            dropped = kind == "forget_all"
+            con.execute("UPDATE state SET request_id = ?, weights_sha256 = ?, forgotten_ids = ?, "
+                        "user_weights_dropped = ? WHERE one = 1",
+                        (rid, sha, json.dumps(state.forgotten_ids.tolist()), int(dropped)))
+            _pause("before_commit")
+        _pause("after_commit")
+        _collect_garbage(p, con)
+        return record, True
 
 
-def _already_applied(meta: dict, key: str) -> dict | None:
-    last = meta.get("last_request") or {}
-    return last if last.get("key") == key else None
+def _collect_garbage(path: Path, con: sqlite3.Connection) -> None:
+    """Delete weights files and temp files the state does not name; under the write lock, so no request is
+    between writing its weights and committing them."""
+    with _write_transaction(con):
+        keep = f"{_read_state(con)['weights_sha256']}.safetensors"
+        for f in (path / WEIGHTS).iterdir():
+            if f.name != keep:
+                f.unlink(missing_ok=True)
 
 
 def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_all=None,
            data_loader=None) -> tuple[dict, bool]:
-    """Apply one forgetting request to the checkpoint at ``path``; returns (ledger record, applied_now).
+    """Apply one forgetting request to the checkpoint at ``path``; returns (request record, applied_now).
 
-    The data D come from ``x_all, y_all`` or from ``data_loader(meta) -> (x, y)``. Re-running the request
-    committed last returns its record with ``applied_now=False``.
+    The data D come from ``x_all, y_all`` or from ``data_loader(static) -> (x, y)`` (called before the lock).
+    A request whose key (kind, sorted ids, σ) is already stored is not applied again: its record is
+    returned with ``applied_now=False``. The noise of request #k is drawn from seed 1 000 003·seed + k.
     """
-    path = Path(path)
-    state, meta = load(path)
     ids = sorted(int(i) for i in ids)
-    sig = state.config.sigma if sigma is None else float(sigma)
+    with _open(path) as (_, _con, static):
+        sig = MLConfig.from_dict(static["ml_config"]).sigma if sigma is None else float(sigma)
+    if not (math.isfinite(sig) and sig >= 0):
+        raise StoreError(f"sigma must be a finite number ≥ 0, got {sig}")
     key = request_key("forget", ids, sig)
-    done = _already_applied(meta, key)
-    if done is not None:
-        return done, False
-    check_forget_ids(state, ids)
-    if x_all is None:
+
+    def prepare(static):
+        if x_all is not None:
+            return x_all, y_all
         if data_loader is None:
             raise StoreError("no data given for the forgetting request")
-        x_all, y_all = data_loader(meta)
-    t0 = time.perf_counter()
-    out = forget_request(state, x_all, y_all, ids, sigma=sig, noise_seed=1_000_003 * state.seed + meta["seq"] + 1)
-    _pause("after_solve")
-    info = out.info.as_dict()
-    record = {"kind": "forget", "key": key, "time": _now(), "ids": ids, "n_ids": len(ids),
-              "n_remaining": int(len(state.remaining_ids())), "sigma": sig,
-              "steps": info["iterations"], "solver": info["solver"], "residual_norm": info["relative_residual"],
-              "grad_norm": info["grad_norm"], "seconds": time.perf_counter() - t0}
-    _commit(path, meta, state, record)
-    return record, True
+        return data_loader(static)
+
+    def compute(state, st, data):
+        check_forget_ids(state, ids)
+        x, y = data
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise StoreError("the data D contain non-finite values (NaN or inf); nothing was changed")
+        out = forget_request(state, x, y, ids, sigma=sig,
+                             noise_seed=1_000_003 * state.seed + st["request_id"] + 1)
+        return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
+                "solver": out.info.as_dict()}
+
+    return _apply(path, "forget", key, compute, prepare)
 
 
 def forget_everything(path: str | Path) -> tuple[dict, bool]:
-    """Forget all user data (w_u ← 0); idempotent like :func:`forget`."""
-    path = Path(path)
-    state, meta = load(path)
+    """Forget all user data: w_u ← 0. The request lists no ids (it names no samples); the state records that
+    the user weights were dropped and adds the deletable user ids to the forgotten ones — never the core ids,
+    whose information lives in the core weights and stays. Idempotent like :func:`forget`."""
     key = request_key("forget_all", [], None)
-    done = _already_applied(meta, key)
-    if done is not None:
-        return done, False
-    if len(state.remaining_ids()) == 0:
-        raise StoreError("all user data were already forgotten")
-    t0 = time.perf_counter()
-    n = int(len(state.remaining_ids()))
-    forget_all(state)
-    record = {"kind": "forget_all", "key": key, "time": _now(), "ids": [], "n_ids": n, "n_remaining": 0,
-              "sigma": 0.0, "steps": 0, "solver": "zero", "residual_norm": 0.0, "grad_norm": 0.0,
-              "seconds": time.perf_counter() - t0}
-    _commit(path, meta, state, record)
-    return record, True
+
+    def compute(state, st, _):
+        n = int(len(state.deletable_ids()))
+        forget_all(state)
+        state.forgotten_ids = state.user_ids[~torch.isin(state.user_ids, state.core_ids)]
+        return {"ids": [], "n_ids": n, "n_remaining": 0, "sigma": 0.0,
+                "solver": {"solver": "zero", "iterations": 0, "user_weights_dropped": True}}
+
+    return _apply(path, "forget_all", key, compute)
+
+
+def forgotten_by_request(reqs: list[dict]) -> list[int]:
+    """The union of the ids of the ``forget`` requests (the state's forgotten ids unless ``forget_all``
+    dropped the user weights)."""
+    return sorted(i for r in reqs if r["kind"] == "forget" for i in r["ids"])
+
+
+# -- migration of the previous format ------------------------------------------------------------------
+
+def migrate_legacy(path: str | Path) -> None:
+    """Build ``store.sqlite`` from ``state.json`` + ``ledger.jsonl`` + ``weights-<seq>.safetensors``.
+
+    The ledger's complete lines are the requests (a torn last line is dropped; the committed request it
+    described is taken from ``state.json``'s ``last_request``). The chain of sha256 and the current weights
+    file are checked first; anything inconsistent is refused with a message that says what to do."""
+    path = Path(path)
+    how = (f"; restore {path} from a backup, or retrain it with `scrubnet mlforget train` and re-apply the "
+           "requests")
+    try:
+        meta = json.loads((path / LEGACY_STATE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StoreError(f"{path / LEGACY_STATE} cannot be read ({e}){how}") from None
+    if not isinstance(meta, dict) or meta.get("format") != "scrubnet-mlforget/1":
+        raise StoreError(f"{path / LEGACY_STATE} is not a scrubnet-mlforget/1 state record{how}")
+    lines = []
+    lf = path / LEGACY_LEDGER
+    for line in (lf.read_bytes().split(b"\n") if lf.is_file() else []):
+        if line.strip():
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # torn tail: the committed request is in last_request
+    lines = [r for r in lines if r.get("seq", 1 << 62) <= meta["seq"]]
+    if len(lines) == meta["seq"] and (meta.get("last_request") or {}).get("seq") == meta["seq"]:
+        lines.append(meta["last_request"])
+    if [r.get("seq") for r in lines] != list(range(meta["seq"] + 1)):
+        raise StoreError(f"the ledger of {path} does not list requests 0..{meta['seq']}{how}")
+    wf = path / meta["weights_file"]
+    data = wf.read_bytes() if wf.is_file() else b""
+    if _sha(data) != meta["weights_sha256"] or lines[-1]["sha256_after"] != meta["weights_sha256"]:
+        raise StoreError(f"the weights of {path} do not match the recorded sha256{how}")
+    core = set(meta["core_ids"])
+    dropped = any(r.get("kind") == "forget_all" for r in lines)
+    records = []
+    for r in lines:
+        kind = r.get("kind", "forget")
+        known = {"seq", "kind", "key", "time", "ids", "n_ids", "n_remaining", "sigma", "seconds", "sha256_before",
+                 "sha256_after", "n_user", "n_core"}
+        solver = {k: v for k, v in r.items() if k not in known}
+        records.append({"id": r["seq"], "key": r.get("key"), "kind": kind, "ids": r.get("ids", []),
+                        "n_ids": r.get("n_ids", 0), "n_remaining": r.get("n_remaining", 0), "sigma": r.get("sigma"),
+                        "solver": solver, "seconds": r.get("seconds", 0.0) or 0.0, "time_utc": r.get("time", ""),
+                        "sha256_before": r.get("sha256_before"), "sha256_after": r["sha256_after"]})
+    static = {k: meta.get(k) for k in ("arch", "arch_options", "in_shape", "num_classes", "seed", "ml_config", "data",
+                                       "data_fingerprint", "core_ids", "user_ids")}
+    static.update({k: v for k, v in meta.items() if k not in static and k not in
+                   ("format", "seq", "weights_file", "weights_sha256", "forgotten_ids", "last_request")})
+    static["format"] = FORMAT
+    static["migrated_from"] = "scrubnet-mlforget/1 (state.json + ledger.jsonl)"
+    state = {"request_id": meta["seq"], "weights_sha256": meta["weights_sha256"],
+             "forgotten_ids": [i for i in meta["forgotten_ids"] if i not in core],
+             "user_weights_dropped": dropped}
+    _write_weights(path, data, meta["weights_sha256"])
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".store.", suffix=".sqlite.tmp")
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        _create_db(Path(tmp), static, records, state)
+        try:
+            os.link(tmp, path / DB)  # fails if a concurrent migration got there first: theirs is identical
+        except FileExistsError:
+            pass
+        _fsync_dir(path)
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp + suffix)

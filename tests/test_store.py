@@ -1,0 +1,275 @@
+"""The ML checkpoint's request store: exactly-once requests under concurrency and real kills, the hash
+chain, refusals, forget-all, migration of the previous ledger format."""
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from scrubnet.cli_mlforget import _data_loader, mlforget_app
+from scrubnet.mlforget import store
+
+DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
+TRAIN = '{"pretrain_epochs": 2, "max_epochs": 5}'
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+@pytest.fixture(scope="module")
+def base_ckpt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ml") / "ckpt"
+    res = CliRunner().invoke(mlforget_app, ["train", "--out", str(out), "--data-options", DATA, "--train-options",
+                                            TRAIN, "--model-options", '{"hidden": 16}'])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def static_of(path):
+    con = sqlite3.connect(str(Path(path) / store.DB))
+    try:
+        return {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM checkpoint")}
+    finally:
+        con.close()
+
+
+def deletable(path, k=3, skip=0):
+    static = static_of(path)
+    core = set(static["core_ids"])
+    return [i for i in static["user_ids"] if i not in core][skip:skip + k]
+
+
+def cli_inprocess(*args):
+    r = CliRunner().invoke(mlforget_app, [str(a) for a in args])
+    return r.exit_code, r.output
+
+
+def cli_cmd(*args):
+    return [sys.executable, "-m", "scrubnet.cli_mlforget", *map(str, args)]
+
+
+def cli(*args, env=None):
+    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, env=env or ENV, timeout=300)
+
+
+def snapshot(path):
+    """Every file's bytes (the WAL side files excluded: SQLite owns them)."""
+    return {str(f.relative_to(path)): f.read_bytes() for f in Path(path).rglob("*")
+            if f.is_file() and not f.name.endswith(("-wal", "-shm"))}
+
+
+def record_of(path):
+    """(requests without times, state): what must not change when a request is refused."""
+    rec = store.verify(path)
+    return [{k: v for k, v in r.items() if k not in ("time_utc", "seconds")} for r in rec["requests"]], rec["state"]
+
+
+def replay(base, reqs, tmp_path):
+    """A fresh copy of ``base`` with ``reqs`` (forget requests) applied one after another in this process."""
+    ck = tmp_path / "replay"
+    shutil.copytree(base, ck)
+    for r in reqs:
+        rec, applied = store.forget(ck, r["ids"], sigma=r["sigma"], data_loader=_data_loader)
+        assert applied
+    return store.load(ck)[1]["weights_sha256"]
+
+
+def check_final(path, id_sets, base, tmp_path):
+    rec = store.verify(path)
+    assert rec["valid"], rec["problems"]
+    forgets = [r for r in rec["requests"] if r["kind"] == "forget"]
+    assert len(forgets) == len(id_sets)
+    assert sorted(tuple(r["ids"]) for r in forgets) == sorted(tuple(sorted(s)) for s in id_sets)
+    assert [r["id"] for r in rec["requests"]] == list(range(len(id_sets) + 1))
+    assert sorted(rec["state"]["forgotten_ids"]) == sorted(i for s in id_sets for i in s)
+    # the weights are those of applying the requests one after another in the store's order
+    assert rec["state"]["weights_sha256"] == replay(base, forgets, tmp_path)
+    assert sorted(f.name for f in (path / store.WEIGHTS).iterdir()) == [rec["state"]["weights_sha256"] + ".safetensors"]
+
+
+def test_concurrent_requests_serialise(base_ckpt, tmp_path):
+    ck = tmp_path / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    id_sets = [deletable(ck, 2, skip=2 * k) for k in range(8)]
+    procs = [subprocess.Popen(cli_cmd("forget", "--checkpoint", ck, "--ids", json.dumps(s)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV) for s in id_sets]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    numbers = sorted(int(o[0].split("#")[1].split(":")[0]) for o in outs)
+    assert numbers == list(range(1, 9))  # every process applied its own request, each under its own number
+    check_final(ck, id_sets, base_ckpt, tmp_path)
+
+
+def test_concurrent_requests_with_kills_then_rerun(base_ckpt, tmp_path):
+    ck = tmp_path / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    id_sets = [deletable(ck, 2, skip=2 * k) for k in range(8)]
+    rng = random.Random(12)
+    victims = dict(zip(rng.sample(range(8), 4), ["locked", "weights_partial", "before_commit", "after_commit"]))
+    timed_victim = next(k for k in rng.sample(range(8), 8) if k not in victims)  # killed at a random moment
+    procs = []
+    for k, s in enumerate(id_sets):
+        env = {**ENV, store.PAUSE_ENV: victims[k]} if k in victims else ENV
+        procs.append(subprocess.Popen(cli_cmd("forget", "--checkpoint", ck, "--ids", ",".join(map(str, s))),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+
+    def kill_when_paused(p, stage):
+        line = p.stdout.readline()
+        assert line.strip() == f"PAUSED {stage}", line
+        p.kill()  # SIGKILL while it holds the write lock: no cleanup handler runs
+
+    threads = [threading.Thread(target=kill_when_paused, args=(procs[k], st)) for k, st in victims.items()]
+    for t in threads:
+        t.start()
+    threading.Timer(rng.uniform(0.5, 4.0), procs[timed_victim].kill).start()
+    for t in threads:
+        t.join(timeout=300)
+    for p in procs:
+        p.communicate(timeout=300)
+    killed = set(victims) | {timed_victim}
+    assert all(procs[k].returncode == 0 for k in range(8) if k not in killed)
+    assert all(procs[k].returncode == -9 for k in victims)
+    rec = store.verify(ck)
+    assert rec["valid"], rec["problems"]  # whatever was killed where, the record is consistent
+    # re-run the killed requests (concurrently again): each is applied exactly once
+    reruns = {k: subprocess.Popen(cli_cmd("forget", ck, "--ids", ",".join(map(str, id_sets[k]))),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for k in killed}
+    outs = {k: p.communicate(timeout=300) for k, p in reruns.items()}
+    assert all(p.returncode == 0 for p in reruns.values()), {k: o[1] for k, o in outs.items()}
+    victim_after_commit = next(k for k, st in victims.items() if st == "after_commit")
+    assert "already applied" in outs[victim_after_commit][0]
+    for k, st in victims.items():
+        if st != "after_commit":
+            assert "forgot 2 samples" in outs[k][0]
+    check_final(ck, id_sets, base_ckpt, tmp_path)
+
+
+def test_killed_before_commit_leaves_previous_state(base_ckpt, tmp_path):
+    ck = tmp_path / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    before = record_of(ck)
+    ids = deletable(ck, 3)
+    for stage in ("weights_partial", "before_commit"):
+        p = subprocess.Popen(cli_cmd("forget", ck, "--ids", ",".join(map(str, ids))), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**ENV, store.PAUSE_ENV: stage})
+        assert p.stdout.readline().strip() == f"PAUSED {stage}"
+        p.kill()
+        p.wait(timeout=30)
+        assert record_of(ck) == before
+        state, _ = store.load(ck)
+        assert len(state.forgotten_ids) == 0
+
+
+def test_records_refusals_and_forget_all(base_ckpt, tmp_path):
+    ck = tmp_path / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    ids = deletable(ck, 3)
+    code, out = cli_inprocess("forget", "--checkpoint", ck, "--ids", json.dumps(ids))
+    assert code == 0, out
+    e = store.requests(ck)[1]
+    for k in REQUEST_FIELDS:
+        assert k in e
+    assert e["solver"]["relative_residual"] < 1e-4 and e["n_ids"] == len(ids) and e["status"] == "applied"
+    assert e["time_utc"].endswith("+00:00")
+    ref = snapshot(ck)
+    static = static_of(ck)
+    for args, needle in [(["--ids", ids[0]], "already forgotten"), (["--ids", static["core_ids"][0]], "core data"),
+                         (["--ids", "1,x"], "not an integer"), ([], "exactly one of --ids"),
+                         (["--ids", "[3.5]"], "not an integer"), (["--ids", "[true]"], "not an integer"),
+                         (["--ids", '["7"]'], "not an integer"), (["--ids", "[1e400]"], "not an integer")]:
+        code, out = cli_inprocess("forget", ck, *args)
+        assert code == 2 and needle in out and out.startswith("error:"), (args, out)
+    assert snapshot(ck) == ref  # refused requests change nothing
+    code, out = cli_inprocess("forget-all", "--checkpoint", ck)
+    assert code == 0, out
+    state, meta = store.load(ck)
+    assert torch.equal(state.model.delta_flat(), torch.zeros_like(state.model.delta_flat()))
+    x = torch.randn(4, 40)
+    assert torch.equal(state.model(x), state.model.base(x))
+    reqs = store.requests(ck)
+    assert [r["kind"] for r in reqs] == ["train", "forget", "forget_all"]
+    assert reqs[2]["ids"] == [] and meta["user_weights_dropped"]
+    assert not set(meta["forgotten_ids"]) & set(static["core_ids"])  # core samples are not listed as forgotten
+    assert set(meta["forgotten_ids"]) == set(static["user_ids"]) - set(static["core_ids"])
+    code, out = cli_inprocess("forget-all", ck)
+    assert code == 0 and "already applied" in out
+    code, out = cli_inprocess("forget", ck, "--ids", deletable(base_ckpt, 1, skip=5)[0])
+    assert code == 2 and "forget-all" in out
+    code, out = cli_inprocess("show", "--checkpoint", ck, "--json")
+    assert code == 0 and json.loads(out)["valid"]
+
+
+REQUEST_FIELDS = ("id", "kind", "ids", "n_ids", "sigma", "solver", "seconds", "time_utc", "sha256_before",
+                  "sha256_after", "status")
+
+
+def test_show_detects_a_broken_chain(base_ckpt, tmp_path):
+    ck = tmp_path / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    assert cli_inprocess("forget", ck, "--ids", deletable(ck, 1)[0])[0] == 0
+    code, out = cli_inprocess("show", ck)
+    assert code == 0 and "hash chain: valid" in out
+    con = sqlite3.connect(str(ck / store.DB))
+    con.execute("UPDATE requests SET sha256_before = 'deadbeef' WHERE id = 1")
+    con.commit()
+    con.close()
+    code, out = cli_inprocess("show", ck)
+    assert code == 2 and "BROKEN" in out and "request #1: sha256_before" in out
+
+
+def _to_legacy(src, dst):
+    """The previous format (state.json + ledger.jsonl + weights-<seq>.safetensors) of checkpoint ``src``,
+    with a torn last ledger line whose request only ``state.json`` records."""
+    dst.mkdir()
+    static, reqs = static_of(src), store.requests(src)
+    st = store.load(src)[1]
+    seq = reqs[-1]["id"]
+    recs = [{"seq": r["id"], "kind": r["kind"], "key": r["key"], "time": r["time_utc"], "ids": r["ids"],
+             "n_ids": r["n_ids"], "n_remaining": r["n_remaining"], "sigma": r["sigma"], "seconds": r["seconds"],
+             "sha256_before": r["sha256_before"], "sha256_after": r["sha256_after"], **r["solver"]} for r in reqs]
+    wname = f"weights-{seq:06d}.safetensors"
+    shutil.copy(src / store.WEIGHTS / f"{st['weights_sha256']}.safetensors", dst / wname)
+    meta = {**{k: v for k, v in static.items() if k != "format"}, "format": "scrubnet-mlforget/1", "seq": seq,
+            "weights_file": wname, "weights_sha256": st["weights_sha256"], "forgotten_ids": st["forgotten_ids"],
+            "last_request": recs[-1]}
+    (dst / "state.json").write_text(json.dumps(meta))
+    lines = [json.dumps(r) for r in recs]
+    (dst / "ledger.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+
+
+def test_legacy_ledger_checkpoint_is_migrated(base_ckpt, tmp_path):
+    ck = tmp_path / "new"
+    shutil.copytree(base_ckpt, ck)
+    a, b = deletable(ck, 2, skip=0), deletable(ck, 2, skip=2)
+    assert cli_inprocess("forget", ck, "--ids", json.dumps(a))[0] == 0
+    old = tmp_path / "old"
+    _to_legacy(ck, old)
+    code, out = cli_inprocess("show", old)
+    assert code == 0 and "hash chain: valid" in out, out
+    assert [r["kind"] for r in store.requests(old)] == ["train", "forget"]
+    assert store.load(old)[1]["forgotten_ids"] == sorted(a)
+    # it goes on exactly like the checkpoint it came from
+    assert cli_inprocess("forget", old, "--ids", json.dumps(b))[0] == 0
+    assert cli_inprocess("forget", ck, "--ids", json.dumps(b))[0] == 0
+    assert store.load(old)[1]["weights_sha256"] == store.load(ck)[1]["weights_sha256"]
+    broken = tmp_path / "broken"
+    _to_legacy(ck, broken)
+    (broken / "state.json").write_text((broken / "state.json").read_text().replace('"seq": 2', '"seq": 5'))
+    code, out = cli_inprocess("show", broken)
+    assert code == 2 and "restore" in out and not (broken / store.DB).exists()
+
+
+def test_train_refuses_existing_output_and_bad_options(base_ckpt, tmp_path):
+    r = CliRunner().invoke(mlforget_app, ["train", "--out", str(base_ckpt)])
+    assert r.exit_code == 2 and "already exists" in r.output
+    r = CliRunner().invoke(mlforget_app, ["train", "--out", str(tmp_path / "new"), "--ml-options", '{"mu": -1}'])
+    assert r.exit_code == 2 and "mu must be positive" in r.output
+    assert not (tmp_path / "new").exists()
+    r = CliRunner().invoke(mlforget_app, ["forget", str(tmp_path / "nothing"), "--ids", "1"])
+    assert r.exit_code == 2 and "not found" in r.output
