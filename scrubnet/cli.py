@@ -69,28 +69,12 @@ def handle_errors(fn):
 
 def read_forget_ids(path: Path) -> list[int]:
     """Forget ids (positions in D) from a text file (integers separated by spaces, commas or newlines;
-    ``#`` comments) or a JSON list."""
+    ``#`` comments) or a JSON list of integers (:func:`scrubnet.data.ids.parse_sample_ids`)."""
+    from scrubnet.data.ids import parse_sample_ids
+
     if not path.is_file():
         raise UserError(f"forget-ids file not found: {path}")
-    text = path.read_text()
-    stripped = text.strip()
-    if stripped.startswith("["):
-        try:
-            vals = json.loads(stripped)
-        except json.JSONDecodeError as e:
-            raise UserError(f"forget-ids file {path} is not a valid JSON list: {e}") from None
-    else:
-        vals = []
-        for line in text.splitlines():
-            line = line.split("#", 1)[0]
-            vals += [v for v in line.replace(",", " ").split() if v]
-    out = []
-    for v in vals:
-        try:
-            out.append(int(v))
-        except (TypeError, ValueError):
-            raise UserError(f"forget-ids file {path}: {v!r} is not an integer sample id") from None
-    return out
+    return parse_sample_ids(path.read_text(), f"forget-ids file {path}")
 
 
 def _parse_list(s: Optional[str]) -> Optional[list[str]]:
