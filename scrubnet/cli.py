@@ -22,6 +22,7 @@ from rich.table import Table
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
 from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
+from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
@@ -70,8 +71,6 @@ def handle_errors(fn):
 def read_forget_ids(path: Path) -> list[int]:
     """Forget ids (positions in D) from a text file (integers separated by spaces, commas or newlines;
     ``#`` comments) or a JSON list of integers (:func:`scrubnet.data.ids.parse_sample_ids`)."""
-    from scrubnet.data.ids import parse_sample_ids
-
     if not path.is_file():
         raise UserError(f"forget-ids file not found: {path}")
     return parse_sample_ids(path.read_text(), f"forget-ids file {path}")
