@@ -21,6 +21,7 @@ from rich.table import Table
 
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
 from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from scrubnet.cli_audit import audit
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
@@ -376,6 +377,7 @@ def sweep(method: str = typer.Option(..., help="method with a noise scale (fishe
 
 
 app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
+app.command(name="audit")(handle_errors(audit))
 
 
 def main() -> None:  # console-script entry point

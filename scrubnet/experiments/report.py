@@ -95,7 +95,9 @@ def render_report(results: dict) -> str:
                          f"{100 * p.get('original_train_error', float('nan')):.1f} % |")
         lines.append("")
     lines += ["Figures: `readouts.png` (one panel per readout, retrain band shaded), `entropy.png` (softmax "
-              "entropy histograms on D_r, D_f, D_test for the first seed).", ""]
+              "entropy histograms on D_r, D_f, D_test for the first seed).", "",
+              "Per-example verdict (U-LiRA, NeurIPS-2023 ε-score over a pool of models): `scrubnet audit --out DIR`.",
+              ""]
     return "\n".join(lines)
 
 

@@ -1,0 +1,74 @@
+"""Benchmark: K fine-tunings of the default experiment trained vmapped (``scrubnet.training_pool``) against one
+at a time (``scrubnet.training.finetune``), measured side by side in one run.
+
+The models are those of an audit pool of the embedded experiment: the MLP 40-256-256-5 from one pre-trained
+backbone, each with its own fresh head (seed k) and its own random half of D (250 samples), the protocol's
+stopping rule (zero training error + 5 epochs, cap 200), wd = 0.03. Each repetition trains the K models both
+ways, alternating which goes first; the times are the medians over repetitions. One torch thread by default
+(the audit's setting). Also prints the largest weight difference between the two ways.
+
+    python benchmarks/pool_train.py [--k 32] [--reps 3] [--threads 1]
+
+The last line is ``speedup: X`` (median loop time / median vmapped time).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from scrubnet.data import DataConfig, load_split
+from scrubnet.models import build_model
+from scrubnet.training import TrainConfig, finetune, finetune_start, pretrain
+from scrubnet.training_pool import finetune_many
+
+
+def setup(k: int):
+    split = load_split(DataConfig())
+    cfg = TrainConfig(wd=0.03)
+    pre = pretrain(build_model("mlp", split.input_shape, split.num_core_classes, seed=0), *split.core, cfg, seed=0)
+    starts = [finetune_start(pre, split.num_classes, seed=s) for s in range(k)]
+    g = torch.Generator().manual_seed(0)
+    halves = [torch.sort(torch.randperm(len(split.y), generator=g)[: len(split.y) // 2]).values for _ in range(k)]
+    return cfg, starts, [split.x[h] for h in halves], [split.y[h] for h in halves]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=int, default=32, help="models per stack")
+    ap.add_argument("--reps", type=int, default=3, help="alternated repetitions (median reported)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    if args.k < 1 or args.reps < 1 or args.threads < 1:
+        ap.error("--k, --reps and --threads must be positive")
+    torch.set_num_threads(args.threads)
+    cfg, starts, xs, ys = setup(args.k)
+    seeds = list(range(args.k))
+    t_loop, t_vmap, diff, epochs = [], [], 0.0, []
+    for rep in range(args.reps):
+        order = ("vmap", "loop") if rep % 2 == 0 else ("loop", "vmap")
+        for way in order:
+            t0 = time.perf_counter()
+            if way == "vmap":
+                fast = finetune_many(starts, xs, ys, cfg, seeds)
+                t_vmap.append(time.perf_counter() - t0)
+            else:
+                slow = [finetune(starts[k], xs[k], ys[k], cfg, seeds[k]) for k in range(args.k)]
+                t_loop.append(time.perf_counter() - t0)
+        with torch.no_grad():
+            for (a, _), (b, h) in zip(fast, slow):
+                diff = max(diff, max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters())))
+                epochs.append(h.epochs)
+        print(f"rep {rep}: vmapped {t_vmap[-1]:.2f} s, one at a time {t_loop[-1]:.2f} s")
+    mv, ml = statistics.median(t_vmap), statistics.median(t_loop)
+    print(f"K = {args.k} models, {args.threads} thread(s), epochs per model {min(epochs)}–{max(epochs)}")
+    print(f"vmapped: {mv:.2f} s ({mv / args.k:.3f} s per model); one at a time: {ml:.2f} s "
+          f"({ml / args.k:.3f} s per model)")
+    print(f"max |Δw| between the two: {diff:.2e}")
+    print(f"speedup: {ml / mv:.2f}")
+
+
+if __name__ == "__main__":
+    main()

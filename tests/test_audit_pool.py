@@ -1,0 +1,111 @@
+"""The audit pool: tiny configurations, in-process engine vs Ray (one local Ray, 2 CPUs, for this module),
+resume from the cache, seeds derived from ids, and the CLI's outputs."""
+import json
+
+import numpy as np
+import pytest
+
+from scrubnet.audit.engine import LocalEngine, make_engine
+from scrubnet.audit.pool import derive
+from scrubnet.audit.run import Audit, default_plan, run_audit
+from scrubnet.experiments.config import ExperimentConfig
+
+METHODS = ["original", "retrain", "finetune"]
+
+
+def tiny_config() -> ExperimentConfig:
+    return ExperimentConfig.from_dict({
+        "data": {"n_train_per_class": 16, "n_test_per_class": 8, "core_per_class": 20, "forget_count": 4,
+                 "num_samples": 1000},
+        "train": {"pretrain_epochs": 2, "max_epochs": 25, "batch_size": 32},
+        "model_options": {"hidden": 32}})
+
+
+def _plan():
+    return default_plan(METHODS, pool=4, eps_models=3)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("audit_local")
+    return out, run_audit(tiny_config(), METHODS, out, plan=_plan(), engine=LocalEngine(), progress=False)
+
+
+def _numbers(results):
+    return {m: (d["ulira_balanced_accuracy"], d["ulira_auc"], d["epsilon_forget_score"], d["epsilon_score"],
+                [p["epsilon"] for p in d["per_example"]]) for m, d in results["methods"].items()}
+
+
+def test_outputs_and_layout(local_run):
+    out, res = local_run
+    for f in ("audit.json", "audit.md", "roc.png", "epsilon_hist.png"):
+        assert (out / f).is_file()
+    j = json.loads((out / "audit.json").read_text())
+    assert set(j["methods"]) == set(METHODS)
+    for d in j["methods"].values():
+        for k in ("ulira_balanced_accuracy", "ulira_tpr_at_1pct_fpr", "epsilon_forget_score", "epsilon_score",
+                  "per_example"):
+            assert k in d
+    # the original model is one point per example for the ε-score: the cap, forget score 0
+    assert j["methods"]["original"]["epsilon_forget_score"] == 0.0
+
+
+def test_resume_reuses_cache_and_gives_same_numbers(local_run, tmp_path):
+    out, res = local_run
+    a = Audit(tiny_config(), METHODS, _plan(), out / "cache")
+    assert all(a.cache.has(it["id"]) for it in a.train_items())
+    # a second run in the same directory trains nothing and reproduces the numbers
+    calls = []
+
+    class Counting(LocalEngine):
+        def map(self, fn, shared, payloads):
+            calls.append(len(payloads))
+            return super().map(fn, shared, payloads)
+
+    again = run_audit(tiny_config(), METHODS, out, plan=_plan(), engine=Counting(), progress=False)
+    assert sum(calls) == 0
+    assert _numbers(again) == _numbers(res)
+
+
+def test_seeds_depend_on_ids_only():
+    assert derive(0, "original/3") == derive(0, "original/3") != derive(0, "original/4")
+    a = Audit(tiny_config(), METHODS, _plan(), _tmp_cache())
+    b = Audit(tiny_config(), METHODS, default_plan(METHODS, pool=6, eps_models=3), _tmp_cache())
+    for s in range(4):  # a larger pool keeps the first splits and forget sets
+        assert np.array_equal(a.data.halves[s], b.data.halves[s])
+        assert np.array_equal(a.data.forget[(s, 0)], b.data.forget[(s, 0)])
+
+
+def _tmp_cache():
+    import tempfile
+    from pathlib import Path
+    return Path(tempfile.mkdtemp(prefix="scrubnet-audit-"))
+
+
+def test_ray_engine_equals_in_process(local_run, tmp_path):
+    pytest.importorskip("ray")
+    _, res = local_run
+    eng = make_engine("ray", num_cpus=2, max_retries=1)
+    try:
+        got = run_audit(tiny_config(), METHODS, tmp_path / "ray", plan=_plan(), engine=eng, progress=False)
+    finally:
+        eng.close()
+    assert got["config"]["audit"]["engine"] == "ray"
+    assert _numbers(got) == _numbers(res)
+
+
+def test_engine_errors():
+    with pytest.raises(ValueError, match="--engine ray"):
+        make_engine("local", address="127.0.0.1:1")
+    with pytest.raises(ValueError, match="unknown engine"):
+        make_engine("dask")
+
+
+def test_cli_audit_bad_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from scrubnet.cli import app
+    r = CliRunner().invoke(app, ["audit", "--methods", "nosuch", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 2 and "error" in r.output and not (tmp_path / "a").exists()
+    r = CliRunner().invoke(app, ["audit", "--pool", "1", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and not (tmp_path / "b").exists()
