@@ -109,3 +109,20 @@ def test_cli_audit_bad_input(tmp_path):
     assert r.exit_code == 2 and "error" in r.output and not (tmp_path / "a").exists()
     r = CliRunner().invoke(app, ["audit", "--pool", "1", "--out", str(tmp_path / "b")])
     assert r.exit_code == 2 and not (tmp_path / "b").exists()
+
+
+def test_cli_audit_writes_outputs(tmp_path):
+    from typer.testing import CliRunner
+
+    from scrubnet.cli import app
+    toml = tmp_path / "tiny.toml"
+    toml.write_text('methods = ["original", "retrain", "finetune"]\n'
+                    "[data]\nn_train_per_class = 16\nn_test_per_class = 8\ncore_per_class = 20\nforget_count = 4\n"
+                    "num_samples = 1000\n[train]\npretrain_epochs = 2\nmax_epochs = 25\nbatch_size = 32\n"
+                    "[model_options]\nhidden = 32\n")
+    r = CliRunner().invoke(app, ["audit", "--config", str(toml), "--pool", "4", "--eps-models", "3", "--quiet",
+                                 "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    j = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert list(j["methods"]) == ["original", "retrain", "finetune"]
+    assert j["config"]["audit"]["plan"]["splits"] == 4
