@@ -22,6 +22,7 @@ from rich.table import Table
 
 from scrubnet.audit.engine import make_engine
 from scrubnet.audit.run import default_plan, run_audit
+from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig, load_config
 from scrubnet.experiments.runner import get_split, resolve_methods
 
@@ -40,6 +41,8 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
           config: Optional[Path] = typer.Option(None, help="TOML experiment configuration (as for `run`)"),
           seed: Optional[int] = typer.Option(None, help="audit seed (default: the experiment's first seed)"),
           threads: int = typer.Option(1, help="torch threads per task"),
+          device: str = typer.Option("auto", "--device", help="auto | cpu | cuda, resolved where each task runs "
+                                                               "(auto: CUDA when the worker has a GPU)"),
           quiet: bool = typer.Option(False, help="no progress bar")):
     """Per-example audit of forgetting methods: U-LiRA and the NeurIPS-2023 ε-score over a pool of models.
 
@@ -48,6 +51,7 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     if threads < 1:
         raise ValueError("--threads must be at least 1")
     torch.set_num_threads(threads)
+    resolve_device(device)  # validate here; Ray workers resolve "auto" on their own machine
     cfg = load_config(config) if config else ExperimentConfig()
     if methods is not None:
         cfg.methods = [m.strip() for m in methods.split(",") if m.strip()]
@@ -68,7 +72,7 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     eng = make_engine(engine, address=address, num_cpus=ray_cpus, max_retries=max_retries)
     try:
         results = run_audit(cfg, chosen, out, plan=plan, engine=eng, audit_seed=seed, threads=threads,
-                            progress=not quiet, console=console)
+                            device=device, progress=not quiet, console=console)
     finally:
         eng.close()
     t = Table(title="per-example audit (U-LiRA 0.5 and ε-score 1 are ideal)")

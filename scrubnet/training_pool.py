@@ -19,7 +19,8 @@ are constants, γ and β train); trainable BN statistics and Dropout are refused
 vmapped functional call cannot update per-model buffers in place. Pre-training is not done here (it is shared
 by the pool, see :mod:`scrubnet.audit`).
 
-Inputs of different sizes are grouped by size and each group is trained as one stack.
+Inputs of different sizes are grouped by size and each group is trained as one stack. Tensors stay on the
+device of the inputs (the models must be there too); on the CPU the batch orders are those of the loop.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from scrubnet.device import seeded_generator
 from scrubnet.training import TrainConfig, TrainHistory, replace_forgotten
 
 
@@ -95,22 +97,22 @@ def _finetune_group(starts: list[nn.Module], x: Tensor, y: Tensor, cfg: TrainCon
         return functional_call(base, (p, c), (xb,))
 
     def loss_fn(p, c, w0k, xb, yb):
-        total = torch.zeros(())
+        total = torch.zeros((), device=xb.device)
         for k in p:
             total = total + torch.sum((p[k] - w0k[k]) ** 2)
         return F.cross_entropy(logits_fn(p, c, xb), yb) + 0.5 * wd * total
 
     grads_fn = vmap(grad(loss_fn))
     predict = vmap(logits_fn)
-    gens = [torch.Generator().manual_seed(10_007 * s + 2) for s in seeds]  # as scrubnet.training.finetune
+    gens = [seeded_generator(10_007 * s + 2, x.device) for s in seeds]  # as scrubnet.training.finetune
     bufs: dict[str, Tensor] | None = None
     active = list(range(K))  # original index of each row of the stack
     results: list = [None] * K
     zero_at: list[int | None] = [None] * K
     epoch = 0
     while active and epoch < cfg.max_epochs:
-        perms = torch.stack([torch.randperm(n, generator=g) for g in gens])
-        rows = torch.arange(len(active))[:, None]
+        perms = torch.stack([torch.randperm(n, generator=g, device=g.device) for g in gens]).to(x.device)
+        rows = torch.arange(len(active), device=x.device)[:, None]
         for i in range(0, n, bs):
             idx = perms[:, i:i + bs]
             g = grads_fn(params, consts, w0, x[rows, idx], y[rows, idx])
@@ -135,7 +137,7 @@ def _finetune_group(starts: list[nn.Module], x: Tensor, y: Tensor, cfg: TrainCon
             else:
                 keep.append(r)
         if len(keep) < len(active):
-            sel = torch.as_tensor(keep, dtype=torch.long)
+            sel = torch.as_tensor(keep, dtype=torch.long, device=x.device)
             params = {k: v[sel] for k, v in params.items()}
             consts = {k: v[sel] for k, v in consts.items()}
             w0 = {k: v[sel] for k, v in w0.items()}
@@ -173,7 +175,7 @@ def retrain_many(starts: Sequence[nn.Module], x: Tensor, y: Tensor, forget_idxs:
     for k, fidx in enumerate(forget_idxs):
         xk, yk = (x, y) if train_idxs is None else (x[train_idxs[k]], y[train_idxs[k]])
         if mode == "remove":
-            mask = torch.ones(len(yk), dtype=torch.bool)
+            mask = torch.ones(len(yk), dtype=torch.bool, device=yk.device)
             mask[fidx] = False
             xs.append(xk[mask])
             ys.append(yk[mask])

@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from scrubnet.data import load_split
 from scrubnet.data.splits import Split
+from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.methods.base import ForgetContext, get_method
@@ -153,12 +154,15 @@ class Cache:
 _SPLIT_CACHE: dict[str, object] = {}
 
 
-def _worker_split(cfg_dict: dict):
-    """The experiment's split, rebuilt on the worker (cached per process)."""
-    cfg = ExperimentConfig.from_dict(cfg_dict)
-    key = json.dumps(cfg.data.to_dict(), sort_keys=True)
+def _worker_split(shared: dict):
+    """The experiment's configuration and split, rebuilt on the worker (cached per process) on the worker's
+    device (``shared["device"]``: auto | cpu | cuda, resolved where the task runs); sets the torch threads."""
+    torch.set_num_threads(shared["threads"])
+    cfg = ExperimentConfig.from_dict(shared["config"])
+    dev = resolve_device(shared.get("device", "cpu"))
+    key = json.dumps(cfg.data.to_dict(), sort_keys=True) + str(dev)
     if key not in _SPLIT_CACHE:
-        _SPLIT_CACHE[key] = load_split(cfg.data)
+        _SPLIT_CACHE[key] = load_split(cfg.data).to(dev)
     return cfg, _SPLIT_CACHE[key]
 
 
@@ -167,14 +171,18 @@ def _points(split) -> torch.Tensor:
 
 
 def _logits(model, x) -> torch.Tensor:
-    return predict_logits(model, x).float()
+    return predict_logits(model, x).float().cpu()
+
+
+def _cpu_state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def _start(shared: dict, cfg: ExperimentConfig, split, seed: int):
     pre = build_model(cfg.model, split.input_shape, _n_pre(split), seed=shared["pretrain_seed"],
                       **cfg.model_options)
     pre.load_state_dict(shared["pretrained"])
-    return finetune_start(pre, split.num_classes, seed)
+    return finetune_start(pre, split.num_classes, seed).to(split.x.device)
 
 
 def _n_pre(split) -> int:
@@ -183,13 +191,12 @@ def _n_pre(split) -> int:
 
 def pretrain_task(shared: dict, _payload=None) -> dict[str, torch.Tensor]:
     """The shared backbone's weights."""
-    torch.set_num_threads(shared["threads"])
-    cfg, split = _worker_split(shared["config"])
+    cfg, split = _worker_split(shared)
     model = build_model(cfg.model, split.input_shape, _n_pre(split), seed=shared["pretrain_seed"],
-                        **cfg.model_options)
+                        **cfg.model_options).to(split.x.device)
     if len(split.y_core):
         model = pretrain(model, split.x_core, split.y_core, cfg.train, shared["pretrain_seed"])
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return _cpu_state(model)
 
 
 def train_task(shared: dict, payload: list[dict]) -> list[tuple[str, dict[str, torch.Tensor], float]]:
@@ -197,29 +204,30 @@ def train_task(shared: dict, payload: list[dict]) -> list[tuple[str, dict[str, t
 
     Each item: ``{"id", "seed" (training seed), "start_seed" (head of w_0), "half" (positions in D),
     "forget" (positions in D or None), "keep_weights"}``. Returns (id, tensors, seconds per model)."""
-    torch.set_num_threads(shared["threads"])
-    cfg, split = _worker_split(shared["config"])
+    cfg, split = _worker_split(shared)
     t0 = time.perf_counter()
     starts = {s: _start(shared, cfg, split, s) for s in {it["start_seed"] for it in payload}}
     originals = [it for it in payload if it["forget"] is None]
     retrains = [it for it in payload if it["forget"] is not None]
     out: list = []
     x_all = _points(split)
+    dev = split.x.device
     if originals:
         res = finetune_many([starts[it["start_seed"]] for it in originals],
-                            [split.x[torch.as_tensor(it["half"])] for it in originals],
-                            [split.y[torch.as_tensor(it["half"])] for it in originals], cfg.train,
+                            [split.x[torch.as_tensor(it["half"], device=dev)] for it in originals],
+                            [split.y[torch.as_tensor(it["half"], device=dev)] for it in originals], cfg.train,
                             [it["seed"] for it in originals])
         for it, (m, _) in zip(originals, res):
             t = {"logits": _logits(m, x_all)}
             if it.get("keep_weights"):
-                t.update({f"w:{k}": v for k, v in m.state_dict().items()})
+                t.update({f"w:{k}": v for k, v in _cpu_state(m).items()})
             out.append((it["id"], t))
     if retrains:
         res = retrain_many([starts[it["start_seed"]] for it in retrains], split.x, split.y,
-                           [torch.as_tensor(local_positions(np.asarray(it["half"]), np.asarray(it["forget"])))
-                            for it in retrains], cfg.train, [it["seed"] for it in retrains],
-                           mode=cfg.retrain_mode, train_idxs=[torch.as_tensor(it["half"]) for it in retrains])
+                           [torch.as_tensor(local_positions(np.asarray(it["half"]), np.asarray(it["forget"])),
+                                            device=dev) for it in retrains], cfg.train,
+                           [it["seed"] for it in retrains], mode=cfg.retrain_mode,
+                           train_idxs=[torch.as_tensor(it["half"], device=dev) for it in retrains])
         for it, (m, _) in zip(retrains, res):
             out.append((it["id"], {"logits": _logits(m, x_all)}))
     dt = (time.perf_counter() - t0) / max(len(payload), 1)
@@ -231,14 +239,14 @@ def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.T
 
     ``payload``: ``{"original": state dict, "start_seed", "half", "forget" (positions in D),
     "runs": [{"id", "method", "options", "seed"}]}``; runs with the same seed share ``ctx.cache``."""
-    torch.set_num_threads(shared["threads"])
-    cfg, split = _worker_split(shared["config"])
+    cfg, split = _worker_split(shared)
     start = _start(shared, cfg, split, payload["start_seed"])
     original = copy.deepcopy(start)
     original.load_state_dict(payload["original"])
     original.eval()
-    half = torch.as_tensor(payload["half"])
-    fpos = torch.as_tensor(local_positions(np.asarray(payload["half"]), np.asarray(payload["forget"])))
+    dev = split.x.device
+    half = torch.as_tensor(payload["half"], device=dev)
+    fpos = torch.as_tensor(local_positions(np.asarray(payload["half"]), np.asarray(payload["forget"])), device=dev)
     sub = Split(split.x_core, split.y_core, split.x[half], split.y[half], split.x_test, split.y_test, fpos,
                 split.num_classes, split.num_core_classes, None, split.name, dict(split.meta))
     w0 = {k: v.detach().clone() for k, v in start.named_parameters()}

@@ -23,6 +23,7 @@ from scrubnet.audit import pool as P
 from scrubnet.audit.engine import LocalEngine
 from scrubnet.audit.report import write_audit
 from scrubnet.audit.stats import epsilon_score, logit_confidence, ulira
+from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import band_reference, get_split
@@ -59,7 +60,7 @@ class Audit:
     """One audit: the pool's models (cached under ``cache_dir``) and the statistics."""
 
     def __init__(self, cfg: ExperimentConfig, methods: list[str], plan: P.PoolPlan, cache_dir: Path,
-                 audit_seed: int | None = None, threads: int = 1):
+                 audit_seed: int | None = None, threads: int = 1, device: str = "cpu"):
         self.cfg, self.methods, self.plan = cfg, list(methods), plan
         self.audit_seed = int(cfg.seeds[0] if audit_seed is None else audit_seed)
         self.split = get_split(cfg)
@@ -67,10 +68,10 @@ class Audit:
         exp = cfg.to_dict()
         base = {"v": P.POOL_VERSION, "data": exp["data"], "train": exp["train"], "model": exp["model"],
                 "model_options": exp["model_options"], "retrain_mode": exp["retrain_mode"],
-                "audit_seed": self.audit_seed}
+                "audit_seed": self.audit_seed, "device": str(resolve_device(device))}
         self.cache = P.Cache(cache_dir, base)
         self.shared = {"config": cfg.to_dict(), "pretrain_seed": P.derive(self.audit_seed, "pretrain"),
-                       "threads": int(threads)}
+                       "threads": int(threads), "device": device}
         self.times: dict[str, list[float]] = {}
         needed = set(methods) | {band_of(m) for m in methods}
         self.all_methods = [m for m in methods] + sorted(needed - set(methods))
@@ -276,17 +277,19 @@ def _thin_roc(fpr: np.ndarray, tpr: np.ndarray, points: int = 400) -> dict:
 
 
 def run_audit(cfg: ExperimentConfig, methods: list[str], out_dir: Path, *, plan: P.PoolPlan, engine=None,
-              audit_seed: int | None = None, threads: int = 1, progress: bool = True, console=None) -> dict:
+              audit_seed: int | None = None, threads: int = 1, device: str = "cpu", progress: bool = True,
+              console=None) -> dict:
     """Fill the pool (cache under ``out_dir/cache``), compute the statistics, write audit.json, audit.md and
     the figures; returns the audit.json content."""
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
-    audit = Audit(cfg, methods, plan, out_dir / "cache", audit_seed=audit_seed, threads=threads)
+    audit = Audit(cfg, methods, plan, out_dir / "cache", audit_seed=audit_seed, threads=threads, device=device)
     with make_progress(enabled=progress, console=console) as bar:
         task = bar.add_task("scrubnet audit: models", total=audit.total_models())
         audit.run(engine, bar, task)
     results = {"config": {**cfg.to_dict(), "audit": {"seed": audit.audit_seed, "plan": plan.to_dict(),
                                                     "engine": getattr(engine, "name", "local"),
+                                                    "device": device,
                                                     "n_pool": audit.data.n,
                                                     "forget_set_size": int(len(audit.data.forget[(0, 0)]))}},
                "methods": audit.results()}
