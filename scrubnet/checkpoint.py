@@ -46,6 +46,11 @@ def weights_sha256(model_or_state) -> str:
     return state_sha256(save({k: v.detach().contiguous().cpu() for k, v in state.items()}))
 
 
+def non_finite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of ``state`` holding a NaN or an inf."""
+    return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
 def save_checkpoint(path: str | Path, model: nn.Module, *, arch: str, in_shape, num_classes: int,
                     arch_options: dict | None = None, config: dict | None = None,
                     data_fingerprint: str | None = None, seed: int | None = None, extra: dict | None = None) -> dict:
@@ -54,6 +59,10 @@ def save_checkpoint(path: str | Path, model: nn.Module, *, arch: str, in_shape, 
 
     path = Path(path)
     state = {k: v.detach().contiguous().cpu().clone() for k, v in model.state_dict().items()}
+    bad = non_finite_tensors(state)
+    if bad:
+        raise CheckpointError(f"refusing to write {path}: the model has non-finite weights (NaN or inf) in "
+                              f"{', '.join(bad[:3])}" + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
     data = save(state)
     meta = {"format": FORMAT, "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
             "num_classes": int(num_classes), "config": config or {}, "data_fingerprint": data_fingerprint,
@@ -125,5 +134,9 @@ def load_checkpoint(path: str | Path, *, expect_arch: str | None = None, model: 
         k, got, want = bad[0]
         raise CheckpointError(f"checkpoint {path}: tensor {k} has shape {got}, the architecture needs {want}"
                               + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    bad = non_finite_tensors(state)
+    if bad:
+        raise CheckpointError(f"checkpoint {path} has non-finite weights (NaN or inf) in {', '.join(bad[:3])}"
+                              + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
     model.load_state_dict(state)
     return model.eval(), meta

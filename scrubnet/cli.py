@@ -27,7 +27,7 @@ from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
-from scrubnet.experiments.config import ExperimentConfig, load_config
+from scrubnet.experiments.config import ExperimentConfig, read_toml
 from scrubnet.experiments.ml_protocols import run_ml_protocol
 from scrubnet.experiments.report import report_from_dir
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
@@ -44,6 +44,7 @@ err_console = Console(stderr=True)
 
 DEVICE_HELP = "auto | cpu | cuda: where tensors live (auto: CUDA when a GPU is present, else the CPU)"
 DEVICE_OPTION = typer.Option("auto", "--device", help=DEVICE_HELP)
+THREADS_OPTION = typer.Option(1, help="torch CPU threads (1: numbers independent of the machine's core count)")
 
 
 class UserError(Exception):
@@ -86,26 +87,83 @@ def _parse_list(s: Optional[str]) -> Optional[list[str]]:
     return items
 
 
-def _refuse_existing_file(out: Path) -> None:
+def _refuse_existing_file(out: Path, overwrite: bool = False, inputs: tuple[Path, ...] = ()) -> None:
+    """A checkpoint path to write: not a directory; not one of ``inputs`` nor an existing file unless
+    ``overwrite``; in a writable directory."""
     if out.exists() and out.is_dir():
         raise UserError(f"--out {out} is a directory; give a checkpoint file path")
+    if not overwrite:
+        for p in inputs:
+            if p.exists() and out.exists() and out.resolve() == p.resolve():
+                raise UserError(f"--out {out} is the input checkpoint; give another path (or --overwrite)")
+        if out.exists() or Path(str(out) + ".json").exists():
+            raise UserError(f"--out {out} already exists; give a new path or pass --overwrite")
+    require_writable(out)
+
+
+def require_writable(out: Path) -> None:
+    """Fail before any computation when ``out`` cannot be created: its nearest existing ancestor must be a
+    writable directory (and ``out`` itself, if it exists)."""
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--out {out}: {parent} is not a directory")
+    target = out if out.exists() else parent
+    if not os.access(target, os.W_OK):
+        raise UserError(f"--out {out}: {target} is not writable")
+
+
+#: the files `scrubnet train` writes
+TRAIN_OUTPUTS = ("start.safetensors", "original.safetensors", "retrain.safetensors", "forget_ids.txt")
+
+#: the files `scrubnet run` writes into its output directory
+RUN_OUTPUTS = ("results.json", "report.md", "readouts.png", "entropy.png", "entropies.json")
+
+
+def _prepare_run_dir(out: Path, overwrite: bool) -> None:
+    """``run --out``: a new or empty directory; an earlier run's directory only with ``--overwrite``, which
+    then deletes the earlier run's files (and nothing else) before the new run starts, so no stale file mixes
+    with the new ones."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    require_writable(out)
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(f"--out {out} is not empty (an earlier run?); give a new directory or pass --overwrite "
+                            "to replace the earlier run's files")
+        for name in RUN_OUTPUTS:
+            (out / name).unlink(missing_ok=True)
+        for pattern in ("sequential_*.png", "class_*.png"):  # the ML protocols' figures
+            for f in out.glob(pattern):
+                f.unlink()
+
+
+#: per dataset, the split values ``--dataset`` sets when the TOML file does not give them
+DATASET_SPLIT_DEFAULTS = {
+    "digits": {"n_train_per_class": 60, "n_test_per_class": 60},
+    "cifar10": {"core_classes": [], "task_classes": list(range(5))},
+    "imagefolder": {"core_classes": [], "task_classes": list(range(5))},
+    "cifar100": {"core_classes": list(range(5, 100)), "task_classes": list(range(5))},
+}
 
 
 def _build_config(config: Optional[Path], dataset, data_dir, model, methods, seeds, forget_class, forget_count,
                   forget_ids, retrain_mode):
 
-    cfg = load_config(config) if config else ExperimentConfig()
+    raw = read_toml(config) if config else {}
+    cfg = ExperimentConfig.from_dict(raw)
+    in_toml = set(raw) | {f"data.{k}" for k in (raw.get("data") or {})}
     if dataset is not None:
         if dataset not in DATASETS:
             raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
         cfg.data.dataset = dataset
-        if dataset == "digits":
-            cfg.data.n_train_per_class, cfg.data.n_test_per_class = 60, 60
-        elif dataset in ("cifar10", "imagefolder"):
-            cfg.data.core_classes, cfg.data.task_classes = [], list(range(5))
-        elif dataset == "cifar100":
-            cfg.data.core_classes, cfg.data.task_classes = list(range(5, 100)), list(range(5))
-        if dataset != "mnist1d" and model is None and (config is None or "model" not in config.read_text()):
+        # the dataset's default split, for the keys the TOML file does not set (its values win)
+        defaults = DATASET_SPLIT_DEFAULTS.get(dataset, {})
+        for k, v in defaults.items():
+            if f"data.{k}" not in in_toml:
+                setattr(cfg.data, k, list(v) if isinstance(v, list) else v)
+        if dataset != "mnist1d" and model is None and "model" not in in_toml:
             cfg.model = "cnn2d"
     if data_dir is not None:
         cfg.data.data_dir = str(data_dir)
@@ -149,6 +207,7 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
         threads: int = typer.Option(1, help="torch CPU threads; 1 (default) makes the numbers independent of "
                                             "the machine's core count and is fastest for the small models"),
         quiet: bool = typer.Option(False, help="no progress bar"),
+        overwrite: bool = typer.Option(False, help="replace the files of an earlier run in --out"),
         device: str = DEVICE_OPTION):
     """Run the forgetting protocol: methods × seeds → results.json, report.md, figures."""
 
@@ -162,11 +221,13 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
         if protocol not in ("sequential", "class"):
             raise UserError(f"unknown protocol {protocol!r}; choose default, sequential or class")
         require_cpu(device, f"the {protocol} ML-Forgetting protocol")
+        _prepare_run_dir(out, overwrite)
         run_ml_protocol(protocol, cfg, out, progress=not quiet)
         console.print(f"wrote {out}/results.json and report.md")
         return
     # validate everything before any work or output
     resolve_methods(cfg, get_split(cfg))
+    _prepare_run_dir(out, overwrite)
     results = run_experiment(cfg, out, progress=not quiet, console=console, device=dev)
     _print_summary(results)
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
@@ -208,16 +269,22 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
           forget_class: Optional[int] = typer.Option(None), forget_count: Optional[int] = typer.Option(None),
           forget_ids: Optional[Path] = typer.Option(None, help="also train the retrain reference without these"),
           retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None),
-          device: str = DEVICE_OPTION):
+          overwrite: bool = typer.Option(False, help="replace the checkpoints of an earlier training in --out"),
+          threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Pre-train, fine-tune the original model on D and save it, w_0 (start) and the retrain reference as
     safetensors checkpoints, plus forget_ids.txt: the ids of D_f, usable as --forget-ids of `scrubnet forget`
     and `scrubnet mlforget forget`."""
 
+    _set_threads(threads)
     dev = resolve_device(device)
     cfg = _build_config(config, dataset, data_dir, model, None, None, forget_class, forget_count, forget_ids,
                         retrain_mode)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
+    require_writable(out)
+    earlier = [n for n in TRAIN_OUTPUTS if (out / n).exists()]
+    if earlier and not overwrite:
+        raise UserError(f"--out {out} already holds {', '.join(earlier)}; give a new directory or pass --overwrite")
     sr = prepare_seed(cfg, seed, dev)
     common = dict(arch=cfg.model, in_shape=sr.split.input_shape, num_classes=sr.split.num_classes,
                   arch_options=cfg.model_options, config=cfg.to_dict(), data_fingerprint=data_fingerprint(sr.split),
@@ -273,10 +340,16 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
-           device: str = DEVICE_OPTION):
+           overwrite: bool = typer.Option(False, help="replace an existing --out file"),
+           threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint."""
 
-    _refuse_existing_file(out)
+    _set_threads(threads)
+    _refuse_existing_file(out, overwrite, inputs=(checkpoint,))
+    if method in ("mlforget", "mlforget-retrain"):
+        raise UserError(f"--method {method} trains its own mixed-linear model, which is not a checkpoint of "
+                        f"this architecture; use `scrubnet mlforget train` and `scrubnet mlforget forget` for "
+                        "ML-Forgetting on checkpoints")
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, resolve_device(device))
     opts = _parse_options(option)
     m = get_method(method, **opts)
@@ -302,6 +375,14 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
     console.print(f"wrote {out} ({method}, |D_f| = {len(split.forget_idx)})")
 
 
+def _same_data(checkpoint: Path, meta: dict, other: Path, other_meta: dict) -> None:
+    """Refuse two checkpoints trained on different data (their recorded data fingerprints differ)."""
+    a, b = meta.get("data_fingerprint"), other_meta.get("data_fingerprint")
+    if a and b and a != b:
+        raise UserError(f"{other} was trained on other data than {checkpoint} (data fingerprints differ); "
+                        "compare models of one split")
+
+
 def _parse_options(option: list[str]) -> dict:
     opts: dict = {}
     for o in option:
@@ -322,16 +403,34 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
              forget_ids: Optional[Path] = typer.Option(None, help="forget ids (default: those in the sidecar)"),
              original: Optional[Path] = typer.Option(None, help="original checkpoint (re-learn threshold)"),
              json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON"),
-             device: str = DEVICE_OPTION):
-    """Every readout of a checkpoint against a retrain reference."""
+             threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
+    """Every readout of a checkpoint against a retrain reference. The re-learn threshold comes from
+    --original, else from the source checkpoint recorded in a scrubbed checkpoint's sidecar; the reference
+    and the original must have been trained on the same data (fingerprints compared)."""
 
+    _set_threads(threads)
     dev = resolve_device(device)
+    if json_out is not None:
+        require_writable(json_out)
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, dev)
     if forget_ids is None and meta.get("forget_ids"):
         split = split.with_forget(meta["forget_ids"]).to(dev)
     ref, ref_meta = load_checkpoint(reference, expect_arch=meta["arch"])
+    _same_data(checkpoint, meta, reference, ref_meta)
     ref = ref.to(dev)
-    orig = load_checkpoint(original, expect_arch=meta["arch"])[0].to(dev) if original else model
+    if original is None and meta.get("source"):
+        original = Path(meta["source"])
+        if not original.is_absolute() and not original.exists():
+            original = Path(checkpoint).parent / original.name
+        if not original.is_file():
+            raise UserError(f"the original model {meta['source']} named in the sidecar of {checkpoint} is not "
+                            "found; give it with --original")
+    if original is not None:
+        orig, orig_meta = load_checkpoint(original, expect_arch=meta["arch"])
+        _same_data(checkpoint, meta, original, orig_meta)
+        orig = orig.to(dev)
+    else:
+        orig = model  # the checkpoint is itself the original (no scrub recorded in its sidecar)
     sr = SeedRun(ctx.seed, split, ctx.start or model, orig, ref, ctx, cfg)
     r = eval_fn(model, sr, original=orig, reference=ref)
     t = Table(title=f"readouts of {checkpoint.name}")
@@ -347,9 +446,10 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
 @app.command()
 @handle_errors
 def report(run_dir: Path = typer.Argument(..., help="a directory written by `scrubnet run`"),
-           device: str = DEVICE_OPTION):
+           threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Re-render report.md and the figures from RUN_DIR/results.json (no tensor work: --device is only
     validated)."""
+    _set_threads(threads)
     resolve_device(device)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
@@ -363,9 +463,11 @@ def sweep(method: str = typer.Option(..., help="method with a noise scale (fishe
           alphas: str = typer.Option(..., help="comma-separated values of alpha"),
           out: Path = typer.Option(..., "--out"), seeds: Optional[int] = typer.Option(None),
           config: Optional[Path] = typer.Option(None), quiet: bool = typer.Option(False),
-          device: str = DEVICE_OPTION):
+          threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Trade-off sweep: test error against remaining information over the noise scale alpha."""
 
+    _set_threads(threads)
+    require_writable(out)
     try:
         values = [float(a) for a in _parse_list(alphas)]
     except ValueError:

@@ -64,8 +64,15 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        return strict_from_dict(cls, d, "training")
+    def from_dict(cls, d: dict, prefix: str = "") -> "TrainConfig":
+        """Checked: types as annotated, and the ranges of :data:`TRAIN_RANGES`."""
+        return strict_from_dict(cls, d, "training", prefix, TRAIN_RANGES)
+
+
+#: allowed ranges of the :class:`TrainConfig` values
+TRAIN_RANGES = {"lr": "> 0", "momentum": "[0, 1)", "wd": ">= 0", "batch_size": ">= 1", "extra_epochs": ">= 0",
+                "min_epochs": ">= 0", "max_epochs": ">= 1", "pretrain_epochs": ">= 0", "pretrain_lr": "> 0",
+                "pretrain_momentum": "[0, 1)", "pretrain_wd": ">= 0", "pretrain_batch_size": ">= 1"}
 
 
 @dataclass

@@ -102,11 +102,11 @@ _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".webp"}
 
 
 def _read_class_dirs(root: Path) -> dict[str, list[Path]]:
+    """Every class folder (hidden ones excluded) with its image files; a folder without images is kept (with
+    an empty list) so that it still takes its place in the label order."""
     classes = {}
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        files = sorted(f for f in d.iterdir() if f.suffix.lower() in _IMAGE_SUFFIXES)
-        if files:
-            classes[d.name] = files
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        classes[d.name] = sorted(f for f in d.iterdir() if f.suffix.lower() in _IMAGE_SUFFIXES)
     return classes
 
 
@@ -125,7 +125,9 @@ def _load_images(files: list[Path], size: int) -> np.ndarray:
 
 
 def load_image_folder(data_dir: str | Path, size: int = 32, test_every: int = 5):
-    """(x_train, y_train, x_test, y_test) from one folder per class (labels = sorted folder order)."""
+    """(x_train, y_train, x_test, y_test) from one folder per class. Label = position of the folder in the
+    sorted list of *all* class folders, empty ones included: a folder without images never shifts the labels
+    of the others (its class just has no samples, which the split rule then reports if it needs them)."""
     root = Path(data_dir)
     if not root.is_dir():
         raise DataFormatError(f"data directory not found: {root}")

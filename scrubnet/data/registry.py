@@ -33,8 +33,15 @@ class DataConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DataConfig":
-        return strict_from_dict(cls, d, "data")
+    def from_dict(cls, d: dict, prefix: str = "") -> "DataConfig":
+        """Checked: types as annotated, and the ranges of :data:`DATA_RANGES`."""
+        return strict_from_dict(cls, d, "data", prefix, DATA_RANGES)
+
+
+#: allowed ranges of the :class:`DataConfig` values
+DATA_RANGES = {"core_classes": ">= 0", "task_classes": ">= 0", "n_train_per_class": ">= 1",
+               "n_test_per_class": ">= 1", "core_per_class": ">= 1", "forget_class": ">= 0", "forget_count": ">= 1",
+               "forget_ids": ">= 0", "data_seed": ">= 0", "num_samples": ">= 1"}
 
 
 def load_pools(cfg: DataConfig):

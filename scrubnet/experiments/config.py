@@ -1,10 +1,13 @@
-"""Experiment configuration: dataclasses + TOML loading, with clear errors for unknown keys."""
+"""Experiment configuration: dataclasses + TOML loading, with clear errors for unknown keys and for values of
+the wrong type or range (:mod:`scrubnet._config`)."""
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from scrubnet._config import ConfigValueError, check_value
 from scrubnet.data.registry import DataConfig
 from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, TrainConfig
 
@@ -46,18 +49,30 @@ class ExperimentConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown configuration key(s): {', '.join(unknown)}")
-        data = DataConfig.from_dict(d.pop("data", {}) or {})
-        train = TrainConfig.from_dict({**cls().train.to_dict(), **(d.pop("train", {}) or {})})
+        for k, v in d.items():
+            if k not in ("data", "train"):
+                d[k] = check_value(k, v, _HINTS[k], {"seeds": ">= 0", "relearn_max_epochs": ">= 1"}.get(k))
+        for k in ("data", "train"):
+            if not isinstance(d.get(k, {}), dict):
+                raise ConfigValueError(f"configuration key {k}: expected a table (dict), got {d[k]!r}")
+        data = DataConfig.from_dict(d.pop("data", {}) or {}, prefix="data.")
+        train = TrainConfig.from_dict({**cls().train.to_dict(), **(d.pop("train", {}) or {})}, prefix="train.")
         cfg = cls(data=data, train=train, **d)
         if cfg.retrain_mode not in RETRAIN_MODES:
-            raise ValueError(f"retrain_mode must be one of {', '.join(RETRAIN_MODES)}, got {cfg.retrain_mode!r}")
+            raise ValueError(f"configuration key retrain_mode: expected one of {', '.join(RETRAIN_MODES)}, got "
+                             f"{cfg.retrain_mode!r}")
         if not cfg.seeds:
-            raise ValueError("at least one seed is needed")
+            raise ValueError("configuration key seeds: at least one seed is needed")
+        if len(set(cfg.seeds)) != len(cfg.seeds):
+            raise ValueError(f"configuration key seeds: duplicated seeds in {cfg.seeds} (each would be run twice)")
         return cfg
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read an :class:`ExperimentConfig` from a TOML file (top-level keys as in ``to_dict``)."""
+_HINTS = typing.get_type_hints(ExperimentConfig)
+
+
+def read_toml(path: str | Path) -> dict:
+    """The TOML file at ``path`` as a dict; clear errors for a missing or malformed file."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -66,7 +81,11 @@ def load_config(path: str | Path) -> ExperimentConfig:
     if not p.is_file():
         raise FileNotFoundError(f"configuration file not found: {p}")
     try:
-        d = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"configuration file {p} is not valid TOML: {e}") from None
-    return ExperimentConfig.from_dict(d)
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read an :class:`ExperimentConfig` from a TOML file (top-level keys as in ``to_dict``)."""
+    return ExperimentConfig.from_dict(read_toml(path))

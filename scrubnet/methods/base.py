@@ -125,7 +125,24 @@ class ForgettingMethod(ABC):
         return None
 
     def __call__(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
-        return self.scrub(model, as_tensors(retain), as_tensors(forget), ctx)
+        """:meth:`scrub` with the inputs checked on entry (finite weights and data) and the result on exit: a
+        NaN or inf anywhere raises ``ValueError`` instead of propagating into every weight."""
+        retain, forget = as_tensors(retain), as_tensors(forget)
+        require_finite_model(model, "the model to scrub")
+        for (x, _), part in ((retain, "D_r"), (forget, "D_f")):
+            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
+        res = self.scrub(model, retain, forget, ctx)
+        require_finite_model(res.model, f"method {self.name!r} returned a model that")
+        return res
+
+
+def require_finite_model(model: nn.Module, what: str) -> None:
+    """``ValueError`` naming the first parameters or buffers of ``model`` that hold a NaN or an inf."""
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"{what} has non-finite weights (NaN or inf) in {', '.join(bad[:3])}"
+                         + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
 
 
 _REGISTRY: dict[str, type[ForgettingMethod]] = {}
