@@ -2,12 +2,12 @@
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev
 
 from scrubnet.curvature.fisher import fisher_diag, fisher_diag_loop
 from scrubnet.curvature.ggn import GGNOperator, ggn_vector_product, mean_loss_and_grad
 from scrubnet.curvature.params import flatten, trainable_params
 from scrubnet.models import build_model
+from tests import dense_refs
 
 
 def _bn_cnn(seed=0):
@@ -22,41 +22,6 @@ def _bn_cnn(seed=0):
                 mod.bias.normal_()
     m.train()  # the Fisher must switch to eval mode itself and restore this
     return m
-
-
-def _dense_jacobian(model, x):
-    """J (N, K, p) of the logits in eval mode, from one jacrev over the whole batch (slow, tiny models)."""
-    params = trainable_params(model)
-    buffers = dict(model.named_buffers())
-    was = model.training
-    model.eval()
-    jac = jacrev(lambda p: functional_call(model, (p, buffers), (x,)))(params)
-    model.train(was)
-    n, k = len(x), None
-    blocks = []
-    for name, t in jac.items():
-        # jacrev over the batch: (N, K, *shape); samples are independent in eval mode
-        k = t.shape[1]
-        blocks.append(t.reshape(n, k, -1))
-    return torch.cat(blocks, dim=2)
-
-
-def _dense_ggn(model, x, loss="ce"):
-    jac = _dense_jacobian(model, x)
-    with torch.no_grad():
-        was = model.training
-        model.eval()
-        logits = model(x)
-        model.train(was)
-    g = torch.zeros(jac.shape[2], jac.shape[2], dtype=jac.dtype)
-    for i in range(len(x)):
-        if loss == "ce":
-            p = torch.softmax(logits[i], -1)
-            h = torch.diag(p) - torch.outer(p, p)
-        else:
-            h = torch.eye(logits.shape[1], dtype=jac.dtype)
-        g += jac[i].T @ h @ jac[i]
-    return g / len(x)
 
 
 def _max_rel(a: dict, b: dict) -> float:
@@ -147,7 +112,7 @@ def test_true_fisher_diag_equals_diagonal_of_dense_ggn():
     m = _bn_cnn(1)
     x = torch.randn(7, 1, 6, 6, dtype=torch.float64)
     fd = flatten(fisher_diag(m, x))
-    dense = torch.diagonal(_dense_ggn(m, x))
+    dense = torch.diagonal(dense_refs.dense_ggn(m, x))
     assert torch.allclose(fd, dense, rtol=1e-9, atol=1e-14)
 
 
@@ -198,7 +163,7 @@ def test_fisher_bad_input():
 def test_ggn_vector_product_equals_dense_ggn(loss):
     m = _bn_cnn(2)
     x = torch.randn(6, 1, 6, 6, dtype=torch.float64)
-    dense = _dense_ggn(m, x, loss)
+    dense = dense_refs.dense_ggn(m, x, loss)
     gen = torch.Generator().manual_seed(0)
     v = torch.randn(dense.shape[0], generator=gen, dtype=torch.float64)
     got = ggn_vector_product(m, x, v, loss=loss, batch_size=4)

@@ -12,7 +12,8 @@ from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.kernels import (BatchNormKernel, ConvKernel, LinearKernel, kernel_for,
                                         registered_kernels)
 from scrubnet.curvature.kfac import compute_kfac, kfac_layers
-from scrubnet.curvature.ntk import JacobianRows, dense_jacobian, ntk_gram
+from scrubnet.curvature.ntk import JacobianRows, ntk_gram
+from tests import dense_refs
 
 C = 3
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -101,7 +102,7 @@ def test_kernel_against_dense_reference(name, device):
             jac[:, lo:hi] = rows
     for (lo, hi), rows in engine.generic_rows(x):
         jac[:, lo:hi] = rows
-    dense = dense_jacobian(model, x)
+    dense = dense_refs.dense_jacobian(model, x)
     assert torch.allclose(jac, dense, rtol=1e-10, atol=1e-12)
     # 2. the NTK Gram: explicit and ghost contractions, held/streamed chunks, all on the device
     for method in ("explicit", "ghost"):

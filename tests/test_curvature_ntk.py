@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from scrubnet.curvature.ntk import (dense_jacobian, iter_jacobian_rows, jacobian_jvp, jacobian_vjp, ntk_diag_blocks,
+from scrubnet.curvature.ntk import (iter_jacobian_rows, jacobian_jvp, jacobian_vjp, ntk_diag_blocks,
                                     ntk_gram, ntk_matvec, solve_gram, solve_ntk_cg)
 from scrubnet.models.zoo import build_model
+from tests import dense_refs
 
 C = 3
 
@@ -37,7 +38,7 @@ def _case(name, shape, kw, n=6, seed=0):
 @pytest.mark.parametrize("method", ["explicit", "ghost"])
 def test_gram_equals_dense(name, shape, kw, method):
     model, x = _case(name, shape, kw)
-    jac = dense_jacobian(model, x)
+    jac = dense_refs.dense_jacobian(model, x)
     dense = jac @ jac.T
     for budget in (1 << 30, 20_000):  # all rows held at once / many held chunks and micro-batches
         gram = ntk_gram(model, x, memory_budget_bytes=budget, method=method)
@@ -51,7 +52,7 @@ def test_gram_equals_dense(name, shape, kw, method):
 def test_gram_resnet_auto_mixes_both_contractions():
     """Residual blocks, BatchNorm (eval) and the per-layer explicit/ghost choice, with chunking."""
     model, x = _case("resnet18", (3, 6, 6), {"width": 0.05}, n=4)
-    jac = dense_jacobian(model, x)
+    jac = dense_refs.dense_jacobian(model, x)
     gram = ntk_gram(model, x, memory_budget_bytes=60_000)
     assert torch.allclose(gram, jac @ jac.T, rtol=1e-10, atol=1e-10 * float(gram.abs().max()))
 
@@ -59,16 +60,20 @@ def test_gram_resnet_auto_mixes_both_contractions():
 def test_gram_bn_buffers_untouched_and_differs_from_train_mode():
     model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
     before = {k: v.clone() for k, v in model.named_buffers()}
-    ntk_gram(model, x)
+    gram = ntk_gram(model, x)
     for k, v in model.named_buffers():
         assert torch.equal(v, before[k]), k
+    # the Gram is the eval-mode one, and eval mode matters here: with batch statistics it differs
+    j_eval, j_train = dense_refs.dense_jacobian(model, x), dense_refs.dense_jacobian(model, x, mode="train")
+    assert torch.allclose(gram, j_eval @ j_eval.T, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(gram, j_train @ j_train.T, rtol=1e-3, atol=1e-6)
 
 
 def test_cross_gram():
     model, x = _case("cnn1d", (20,), {"channels": 4})
     x2 = torch.randn(4, 20, dtype=torch.float64)
     got = ntk_gram(model, x, x2, memory_budget_bytes=15_000)
-    want = dense_jacobian(model, x) @ dense_jacobian(model, x2).T
+    want = dense_refs.dense_jacobian(model, x) @ dense_refs.dense_jacobian(model, x2).T
     assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
@@ -90,13 +95,13 @@ def test_generic_fallback_for_unsupported_modules():
     torch.manual_seed(0)
     model = _Odd().double()
     x = torch.randn(5, 5, dtype=torch.float64)
-    jac = dense_jacobian(model, x)
+    jac = dense_refs.dense_jacobian(model, x)
     assert torch.allclose(ntk_gram(model, x, memory_budget_bytes=4000), jac @ jac.T, rtol=1e-10, atol=1e-12)
 
 
 def test_diag_blocks_weighted():
     model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
-    jac = dense_jacobian(model, x).reshape(len(x), C, -1)
+    jac = dense_refs.dense_jacobian(model, x).reshape(len(x), C, -1)
     v = torch.rand(jac.shape[-1], generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     want = torch.einsum("nkp,p,nlp->nkl", jac, v, jac)
     got = ntk_diag_blocks(model, x, v, memory_budget_bytes=30_000)
@@ -109,7 +114,7 @@ def test_diag_blocks_weighted():
 
 def test_rows_iterator_covers_every_parameter_once():
     model, x = _case("cnn2d", (1, 6, 6), {"channels": 3})
-    jac = dense_jacobian(model, x)
+    jac = dense_refs.dense_jacobian(model, x)
     rebuilt = torch.zeros_like(jac)
     for sl, (lo, hi), rows in iter_jacobian_rows(model, x, memory_budget_bytes=5000):
         rebuilt[sl.start * C:sl.stop * C, lo:hi] += rows
@@ -118,7 +123,7 @@ def test_rows_iterator_covers_every_parameter_once():
 
 def test_vjp_jvp_matvec():
     model, x = _case("cnn1d", (20,), {"channels": 4})
-    jac = dense_jacobian(model, x)
+    jac = dense_refs.dense_jacobian(model, x)
     g = torch.Generator().manual_seed(2)
     a = torch.randn(len(x), C, generator=g, dtype=torch.float64)
     v = torch.randn(jac.shape[1], generator=g, dtype=torch.float64)

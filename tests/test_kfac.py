@@ -2,25 +2,9 @@
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev
 
 from scrubnet.curvature.kfac import KFACPreconditioner, compute_kfac
-
-
-def dense_ggn(model, x, loss):
-    """(1/N) Σ_n J_nᵀ Λ_n J_n over all parameters (weight row-major, then bias)."""
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    names = list(params)
-    jac = jacrev(lambda p: functional_call(model, p, (x,)))(params)
-    n, c = model(x).shape
-    J = torch.cat([jac[k].reshape(n, c, -1) for k in names], dim=2)  # (N, c, p)
-    logits = model(x).detach()
-    if loss == "mse":
-        lam = torch.eye(c, dtype=x.dtype).expand(n, c, c)
-    else:
-        p = torch.softmax(logits, 1)
-        lam = torch.diag_embed(p) - p.unsqueeze(2) * p.unsqueeze(1)
-    return torch.einsum("nci,ncd,ndj->ij", J, lam, J) / n
+from tests import dense_refs
 
 
 def kron_in_param_order(fac, out_dim, in_dim):
@@ -38,7 +22,7 @@ def test_linear_mse_factors_equal_dense_fisher():
     facs = compute_kfac(lin, x, loss="mse", batch_size=4)  # several batches
     fac = facs[""]
     torch.testing.assert_close(fac.G, torch.eye(3, dtype=torch.float64))
-    torch.testing.assert_close(kron_in_param_order(fac, 3, 4), dense_ggn(lin, x, "mse"), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(kron_in_param_order(fac, 3, 4), dense_refs.dense_ggn(lin, x, "mse"), rtol=1e-10, atol=1e-12)
 
 
 def test_linear_ce_single_sample_equals_dense_fisher():
@@ -46,7 +30,7 @@ def test_linear_ce_single_sample_equals_dense_fisher():
     lin = nn.Linear(5, 4).double()
     x = torch.randn(1, 5, dtype=torch.float64)
     fac = compute_kfac(lin, x, loss="ce")[""]
-    torch.testing.assert_close(kron_in_param_order(fac, 4, 5), dense_ggn(lin, x, "ce"), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(kron_in_param_order(fac, 4, 5), dense_refs.dense_ggn(lin, x, "ce"), rtol=1e-10, atol=1e-12)
 
 
 def test_conv_covering_the_input_equals_linear():
@@ -55,7 +39,7 @@ def test_conv_covering_the_input_equals_linear():
     x = torch.randn(8, 2, 5, dtype=torch.float64)
     model = nn.Sequential(conv, nn.Flatten())
     fac = compute_kfac(model, x, loss="mse")["0"]
-    torch.testing.assert_close(kron_in_param_order(fac, 3, 10), dense_ggn(model, x, "mse"), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(kron_in_param_order(fac, 3, 10), dense_refs.dense_ggn(model, x, "mse"), rtol=1e-10, atol=1e-12)
 
 
 def test_preconditioner_is_the_damped_inverse():

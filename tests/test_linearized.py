@@ -2,13 +2,13 @@
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev
 
 from scrubnet.models.linearized import (
     LinearizedModel,
     convert_relu_to_leaky,
     select_parameter_names,
 )
+from tests import dense_refs
 
 
 def tiny_net(seed=0):
@@ -19,18 +19,6 @@ def tiny_net(seed=0):
     return net.double().eval()
 
 
-def dense_jacobian(net, names, x):
-    """J ∈ R^{(B·c)×p} by reverse mode, one column block per parameter in ``names``."""
-    params = {n: p.detach() for n, p in net.named_parameters()}
-
-    def f(sub):
-        return functional_call(net, {**params, **sub}, (x,))
-
-    jac = jacrev(f)({n: params[n] for n in names})
-    b, c = x.shape[0], 3
-    return torch.cat([jac[n].reshape(b * c, -1) for n in names], dim=1)
-
-
 @pytest.mark.parametrize("prefixes", [None, ["3", "5"]])
 def test_jvp_equals_dense_jacobian_times_delta(prefixes):
     net = tiny_net()
@@ -39,7 +27,7 @@ def test_jvp_equals_dense_jacobian_times_delta(prefixes):
     torch.manual_seed(1)
     dw = torch.randn(lin.num_linearized, dtype=torch.float64)
     lin.set_delta_flat(dw)
-    jac = dense_jacobian(net, lin.linearized_names, x)
+    jac = dense_refs.dense_jacobian(net, x, lin.linearized_names)
     expected = net(x) + (jac @ dw).view(7, 3)
     lin.train()  # BN must stay in eval mode
     assert not lin.base[1].training

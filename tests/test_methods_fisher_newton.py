@@ -17,6 +17,7 @@ from scrubnet.models import build_model
 from scrubnet.experiments.runner import noise_information
 from scrubnet.readouts.information import weight_information, weight_step_geometry
 from scrubnet.training import TrainConfig, finetune, train_epochs
+from tests import dense_refs
 
 
 def _linear_problem(seed=0, n=40, n_forget=6, d=5, k=3):
@@ -31,14 +32,10 @@ def _linear_problem(seed=0, n=40, n_forget=6, d=5, k=3):
 
 
 def _ridge_mse(x, y, k, wd, w0):
-    """Closed-form minimiser of mean ½‖Wx + b − onehot(y)‖² + (wd/2)‖(W,b) − (W0,b0)‖²."""
-    n = len(x)
-    xa = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], 1)           # (n, d+1)
-    t = torch.nn.functional.one_hot(y, k).to(x.dtype)                  # (n, k)
-    theta0 = torch.cat([w0["weight"], w0["bias"][:, None]], 1).T       # (d+1, k)
-    a = xa.T @ xa / n + wd * torch.eye(xa.shape[1], dtype=x.dtype)
-    theta = torch.linalg.solve(a, xa.T @ t / n + wd * theta0)
-    return theta[:-1].T, theta[-1]
+    """Closed-form minimiser of mean ½‖Wx + b − onehot(y)‖² + (wd/2)‖(W,b) − (W0,b0)‖², as (W, b)."""
+    start = torch.cat([w0["weight"], w0["bias"][:, None]], 1)
+    wb = dense_refs.ridge_closed_form(x, torch.nn.functional.one_hot(y, k).to(x.dtype), start, wd)
+    return wb[:, :-1], wb[:, -1]
 
 
 def test_newton_scrub_equals_retraining_on_linear_mse_model():

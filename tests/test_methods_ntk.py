@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from scrubnet.curvature.ntk import dense_jacobian
 from scrubnet.curvature.params import flatten, get_flat
 from scrubnet.experiments.runner import noise_information
 from scrubnet.methods import ForgetContext, get_method
@@ -17,6 +16,7 @@ from scrubnet.methods.ntk import ntk_direction, residuals, trapezium_scale
 from scrubnet.models.zoo import build_model
 from scrubnet.readouts.information import weight_step_geometry
 from scrubnet.training import TrainConfig
+from tests import dense_refs
 
 C = 3
 
@@ -50,7 +50,7 @@ def _tiny(name="cnn1d"):
 def _dense_delta(lin, x_r, y_r, x_f, y_f, w0, lam_d, lam_r, loss="ce", pull="point"):
     """δw with J materialised: Jᵀ(Θ + λ_D)⁻¹ b − J_rᵀ(Θ_rr + λ_r)⁻¹ b_r, and the retain displacement."""
     x, y = torch.cat([x_r, x_f]), torch.cat([y_r, y_f])
-    jac = dense_jacobian(lin, x)
+    jac = dense_refs.dense_jacobian(lin, x)
     with torch.no_grad():
         b = residuals(lin(x), y, loss, C).reshape(-1)
     delta0 = get_flat(lin) - w0
@@ -94,7 +94,7 @@ def test_equals_corrected_proposition_2(loss):
     lam = 0.7
     step = ntk_direction(model, (xr, yr), (xf, yf), wd=0.1, w0=get_flat(start), num_classes=C, loss=loss,
                          pull="point", ridge="fixed", ridge_value=lam)
-    jac = dense_jacobian(model, x)
+    jac = dense_refs.dense_jacobian(model, x)
     nr = 6 * C
     jr, jf = jac[:nr], jac[nr:]
     with torch.no_grad():
@@ -112,15 +112,6 @@ def test_equals_corrected_proposition_2(loss):
     assert float((step.delta_w - wrong).norm() / want.norm()) > 1e-3
 
 
-def _ridge_fit(x, t, w_start, wd):
-    """argmin (1/N)Σ ½‖W x + b − t‖² + (wd/2)‖[W b] − [W b]_0‖² in closed form: [W b] (c × d+1)."""
-    n = len(x)
-    xa = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], dim=1)
-    lhs = xa.T @ xa / n + wd * torch.eye(xa.shape[1], dtype=x.dtype)
-    rhs = xa.T @ t / n + wd * w_start.T
-    return torch.linalg.solve(lhs, rhs).T
-
-
 def _set_linear(model, wb):
     with torch.no_grad():
         model.head.weight.copy_(wb[:, :-1])
@@ -136,8 +127,8 @@ def test_linear_mse_scrub_equals_retrained_model(options):
     x, y = _data(n, (d,), seed=4)
     t = torch.nn.functional.one_hot(y, C).double()
     w_start = torch.cat([start.head.weight, start.head.bias[:, None]], dim=1).detach()
-    original = _set_linear(copy.deepcopy(start), _ridge_fit(x, t, w_start, wd))
-    retrained = _set_linear(copy.deepcopy(start), _ridge_fit(x[:n - nf], t[:n - nf], w_start, wd))
+    original = _set_linear(copy.deepcopy(start), dense_refs.ridge_closed_form(x, t, w_start, wd))
+    retrained = _set_linear(copy.deepcopy(start), dense_refs.ridge_closed_form(x[:n - nf], t[:n - nf], w_start, wd))
     # the closed form is the converged training: the gradient of the training objective vanishes there
     model = copy.deepcopy(original).train()
     loss = 0.5 * ((model(x) - t) ** 2).sum(1).mean() + 0.5 * wd * sum(

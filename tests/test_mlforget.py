@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, jacrev
 
 from scrubnet.mlforget import (
     MLConfig,
@@ -18,6 +17,7 @@ from scrubnet.mlforget import (
 )
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.training import TrainConfig
+from tests import dense_refs
 
 C = 3
 
@@ -34,16 +34,6 @@ def make_problem(seed=0, n=60, mu=0.05, **solver):
                    solver=SolverConfig(cg_tol=1e-13, cg_max_iter=2000, **solver))
     state = build_ml_model(None, split, cfg, TrainConfig(), seed=seed, core_model=core)
     return core, x, y, state
-
-
-def closed_form(core, x, y, mu, scale=5.0):
-    """argmin (1/n) Σ ½‖f0 + J w − s·e_y‖² + (µ/2)‖w‖² from a dense Jacobian (jacrev), by a direct solve."""
-    params = {k: v.detach() for k, v in core.named_parameters()}
-    jac = jacrev(lambda p: functional_call(core, p, (x,)))(params)
-    J = torch.cat([jac[k].reshape(len(x) * C, -1) for k in params], dim=1)
-    r = (scale * F.one_hot(y, C).double() - core(x).detach()).reshape(-1)
-    H = J.T @ J / len(x) + mu * torch.eye(J.shape[1], dtype=torch.float64)
-    return torch.linalg.solve(H, J.T @ r / len(x))
 
 
 def rel(a, b):
@@ -68,7 +58,7 @@ def test_objective_matches_dense_quantities():
 def test_training_is_the_closed_form_minimiser():
     core, x, y, state = make_problem()
     ids = state.user_ids
-    assert rel(state.model.delta_flat(), closed_form(core, x[ids], y[ids], 0.05)) < 1e-8
+    assert rel(state.model.delta_flat(), dense_refs.mixed_linear_closed_form(core, x[ids], y[ids], 0.05)) < 1e-8
 
 
 def test_one_request_without_noise_equals_retraining():
@@ -78,11 +68,11 @@ def test_one_request_without_noise_equals_retraining():
     rem = state.remaining_ids()
     assert not torch.isin(request, rem).any()
     assert len(rem) == len(state.user_ids) - 5
-    expected = closed_form(core, x[rem], y[rem], 0.05)
+    expected = dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)
     assert rel(out.w_before_noise, expected) < 1e-5
     assert rel(state.model.delta_flat(), expected) < 1e-5
     # and the step was not trivial: the weights moved by much more than the tolerance
-    before = closed_form(core, x[state.user_ids], y[state.user_ids], 0.05)
+    before = dense_refs.mixed_linear_closed_form(core, x[state.user_ids], y[state.user_ids], 0.05)
     assert rel(before, expected) > 1e-3
 
 
@@ -92,7 +82,7 @@ def test_ten_sequential_requests_equal_retraining():
     for k in range(10):
         forget_request(state, x, y, deletable[2 * k:2 * k + 2], sigma=0.0, noise_seed=k)
         rem = state.remaining_ids()
-        assert rel(state.model.delta_flat(), closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
+        assert rel(state.model.delta_flat(), dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
     assert len(state.forgotten_ids) == 20
     # retraining from scratch through the library gives the same weights
     assert rel(retrain_user_weights(state, x, y), state.model.delta_flat()) < 1e-8
@@ -130,7 +120,7 @@ def test_sgd_on_the_auxiliary_quadratic_approaches_the_newton_step():
     request = state.deletable_ids()[:5]
     rem = state.remaining_ids()
     rem = rem[~torch.isin(rem, request)]
-    expected = closed_form(core, x[rem], y[rem], 0.5)
+    expected = dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.5)
     before = state.model.delta_flat()
     lam_max = float(torch.linalg.eigvalsh(UserObjective(state.model, x[rem], y[rem], C, 0.5).dense_hessian())[-1])
     state.config.solver = SolverConfig(solver="sgd", sgd_epochs=300, sgd_lr=1.0 / lam_max, sgd_momentum=0.9,
@@ -146,13 +136,13 @@ def test_preconditioned_cg_gives_the_same_step(precond):
     request = state.deletable_ids()[:4]
     out = forget_request(state, x, y, request, sigma=0.0)
     rem = state.remaining_ids()
-    assert rel(out.w_before_noise, closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
+    assert rel(out.w_before_noise, dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
     if precond == "nystrom":  # built once and reused by the next request
         pre = state.precond
         forget_request(state, x, y, state.deletable_ids()[:2], sigma=0.0)
         assert state.precond is pre
         rem = state.remaining_ids()
-        assert rel(state.model.delta_flat(), closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
+        assert rel(state.model.delta_flat(), dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)) < 1e-5
 
 
 def test_forget_all_gives_the_core_model():
@@ -220,7 +210,8 @@ def test_ml_protocols_write_results_and_track_the_retrain(protocol, tmp_path):
     n_req = 3 if protocol == "sequential" else 1
     assert len(res["summary"]["mlforget"]) == n_req
     sizes = res["seeds"][0]["request_sizes"]
-    assert sizes == ([4, 4, 4] if protocol == "sequential" else sizes) and len(sizes) == n_req
+    # sequential: 3 requests of 4 % of the 100 samples of D; class: the whole class 0 (20 samples) at once
+    assert sizes == ([4, 4, 4] if protocol == "sequential" else [cfg.data.n_train_per_class])
     for k in range(n_req):
         m, r = res["summary"]["mlforget"][k], res["summary"]["mlforget-retrain"][k]
         for key in ("error_forget", "error_test", "mia_forget"):
