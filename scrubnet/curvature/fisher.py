@@ -3,7 +3,7 @@
 For a classifier with logits f_w(x) ∈ R^K and p(k|x) = softmax(f_w(x))_k, the **true Fisher** diagonal on a
 set {x_1..x_N} is (labels drawn from the model's own predictive distribution, mean over samples)
 
-    F_j = (1/N) Σ_i Σ_k p(k|x_i) · (∂ log p(k|x_i) / ∂w_j)²                      (spec fisher-forgetting §A5)
+    F_j = (1/N) Σ_i Σ_k p(k|x_i) · (∂ log p(k|x_i) / ∂w_j)²                      ("Eternal Sunshine")
 
 and the **empirical Fisher** diagonal uses the dataset labels instead:
 
@@ -25,8 +25,8 @@ grow with N. Two exact vectorised paths:
   layers covered by the kernel registry (:mod:`scrubnet.curvature.kernels`: Linear, Conv1d/Conv2d, eval-mode
   BatchNorm) from (layer input, output gradient) in closed form ((g²)ᵀa² for Linear, unfold + bmm for
   convolutions, x̂·g for BatchNorm); parameters of any other module (or of a module called twice) go
-  through the vmap path. Measured on 2 CPU threads (``benchmarks/fisher_diag.py``) it is ≈ 10–100×
-  faster than vmap for MLPs, on par to 2× for small CNNs.
+  through the vmap path. ``benchmarks/fisher_diag.py`` measures it against vmap and the batch-size-1 loop
+  (figures in the README's benchmark table).
 
 :func:`fisher_diag_loop` is the slow, obviously-correct twin: batch size 1 and one ``autograd.grad`` per class
 per sample, as in the authors' code. Tests and ``benchmarks/fisher_diag.py`` compare the two.
@@ -187,9 +187,8 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
     method="vmap":      per-sample gradients by ``torch.func`` (vmap over samples of a VJP vmapped over the K
                         √p_k-weighted class cotangents); works for any module.
     method="layerwise": one batched forward and K backward passes to the layer outputs, per-sample gradients
-                        of Linear / Conv1d / Conv2d / BatchNorm parameters in closed form (about 5–10× faster
-                        than vmap on CPU for convolutions, spec compute §11); parameters of other modules
-                        still go through vmap.
+                        of Linear / Conv1d / Conv2d / BatchNorm parameters in closed form; parameters of
+                        other modules still go through vmap.
     method="auto":      "layerwise" (it falls back to vmap per parameter by itself).
     All are exact (same number as :func:`fisher_diag_loop` up to rounding).
 

@@ -12,7 +12,7 @@ What is here
   output-gradients ``g`` of every row; per-row weight gradients are then ``Σ_s g_s a_sᵀ`` (a batched GEMM).
   Parameters of any other module fall back to ``torch.func.vmap(jacrev)`` on just those parameters.
 * :func:`ntk_gram` — Θ (or the cross-Gram J(x) J(x')ᵀ) block by block under a memory budget, choosing per
-  layer the cheaper of two exact contractions (compute.md §2 "layerwise outer products"):
+  layer the cheaper of two exact contractions (layerwise outer products):
     explicit: Θ_l = G_l G_lᵀ with per-row gradients G_l (rows × numel);
     ghost:    Θ_l[(n,k),(m,k')] = Σ_{s,t} (g_{nks}·g_{mk't}) (ã_{ns}·ã_{mt}),   ã = [a, 1] (bias folded in),
   ghost wins for layers with few positions T (every Linear: T = 1; late conv layers).
@@ -22,24 +22,14 @@ What is here
   conjugate gradient on Θ-vector products when the Gram is too large to hold).
 * :func:`dense_jacobian` — the obviously-correct twin for tests (``torch.func.jacrev`` of the whole batch).
 
-Why this algorithm (compute.md §2, §12): on CPU a layerwise per-row-gradient / outer-product kernel beat
+Why this algorithm: on CPU a layerwise per-row-gradient / outer-product kernel beat
 ``vmap(jacrev)`` 5.6–25×; here the c backward passes go to the layer *outputs* only (no weight gradients), and
-per-row weight gradients are a batched GEMM of (output-gradient, unfolded input). Measured with
-``benchmarks/ntk_scale.py`` (CIFAR ResNet-18, 32×32, c = 5, one thread on the shared 2-core box, so
-absolute times vary ×2 with the load of other jobs):
-
-* width 0.4 (p = 1.79 M), N = 500, budget 1.46 GiB: scrub 731 s (Gram 722 s), one pass of every Jacobian
-  row 60 s (ratio 12.2), peak RSS 1.39 GiB; the dense Jacobian would be 16.7 GiB. (An earlier run with a
-  0.98 GiB budget and a looser memory split: scrub 477 s, pass 66 s, ratio 7.3, peak 2.03 GiB.)
-* width 1.0 (p = 11.2 M), N = 500, budget 4.88 GiB: scrub 1854 s (Gram 1819 s), Jacobian pass 129 s
-  (ratio 14.4), peak RSS 3.15 GiB; the dense Jacobian would be 104 GiB. At N = 100: scrub 80 s, pass 29 s
-  (ratio 2.8), peak RSS 3.08 GiB.
-
-Where the time goes (profile, width 0.4, N = 150, 0.45 GiB budget, 93 s): the c backward passes 28 s
-(the rows of later chunks are recomputed once per held chunk of rows, and small micro-batches run
-below full CPU efficiency), the explicit contraction G_I G_Jᵀ 27 s (R²·p_explicit multiply-adds),
-per-row gradient GEMMs 13 s, ghost blocks 6 s, convolutions and unfolding 9 s. A larger budget (fewer
-held chunks) or a GPU shrinks the first; the second is the price of an exact Gram.
+per-row weight gradients are a batched GEMM of (output-gradient, unfolded input). The cost of the whole scrub
+against one pass of every Jacobian row and against retraining is measured by ``benchmarks/ntk_scale.py``
+(figures in the README's benchmark table, not repeated here). Where the time goes: the c backward passes
+(rows of later chunks are recomputed once per held chunk) and the explicit contraction G_I G_Jᵀ
+(R²·p_explicit multiply-adds); a larger budget (fewer held chunks) or a GPU shrinks the first, the second
+is the price of an exact Gram.
 
 Memory: ``memory_budget_bytes`` bounds the large buffers (the held block of rows, the captured layer
 inputs/output-gradients of one micro-batch, the contraction temporaries); chunk sizes are derived from

@@ -14,7 +14,8 @@ DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagefolder")
 @dataclass
 class DataConfig:
     """Which data and which split. Classes are given in the dataset's own labels; ``forget_class`` in
-    task indexing (0 = first task class). Defaults: the embedded MNIST-1D experiment of the spec."""
+    task indexing (0 = first task class). Defaults: the embedded MNIST-1D experiment (README, "The embedded
+    default experiment")."""
 
     dataset: str = "mnist1d"
     data_dir: str | None = None

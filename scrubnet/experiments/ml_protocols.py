@@ -1,4 +1,4 @@
-"""ML-Forgetting protocols with readouts after every request (thesis §3.6, Figs. 6.3, 6.6–6.7).
+"""ML-Forgetting protocols with readouts after every request (the thesis's Figs. 6.3, 6.6–6.7).
 
 * ``sequential`` — 10 % of the user data forgotten in 10 requests of 1 % each (random, seeded, never core).
 * ``class`` — a whole task class (``cfg.data.forget_class``, default 0) forgotten in one request; the core

@@ -1,4 +1,4 @@
-"""Fisher forgetting ("Eternal Sunshine", spec fisher-forgetting §A6 and ntk-lqf-mlforgetting §1.3 step 7).
+"""Fisher forgetting ("Eternal Sunshine"; the noise step of "Forgetting Outside the Box"). Decisions: docs/decisions.md.
 
 The deterministic part of the scrub is the identity, h(w) = w (the diagonal Fisher is too crude for a Newton
 step); forgetting comes from Gaussian noise shaped by the inverse Fisher of the retain set:
@@ -15,21 +15,11 @@ code: for tensors with ndim > 1 the variance is averaged over dim 1 (input featu
 back (``per_output_mean``); head parameters and 1-D parameters (biases, BatchNorm γ/β) get their variance
 multiplied by ``boost`` (10); for whole-class forgetting the forgotten class's head row (weight row and bias
 entry) gets mean 0 and variance 1e-4 (absolute, after every other rule; the code sets 1e-4 before its ×10 —
-we keep the value the spec names).
+we keep the value itself).
 
-**Default α = 3e-6** (:data:`DEFAULT_ALPHA`), chosen on the embedded default experiment (MLP 40-256-256-5
-on MNIST-1D, 25 samples of class 0 forgotten, the runner's default wd 0.03, seeds 0–2). Measured loss_forget
-(retrain: 0.268 / 0.180 / 0.189, original: 0.051 / 0.049 / 0.047):
-
-    α       loss_forget (s0/s1/s2)   error_retain %     error_test % (original 29.4/34.2/29.0)
-    1e-6    0.103 / 0.100 / 0.053    1.5 / 2.7 / 4.6    32.0 / 34.8 / 33.6
-    3e-6    0.228 / 0.302 / 0.109    9.3 / 10.9 / 14.7  37.8 / 38.0 / 37.4
-    1e-5    0.896 / 1.784 / 0.476    31 / 35 / 32       46.8 / 52.6 / 48.0
-
-The authors' 1e-6 (tuned for All-CNN/ResNet on 32×32 images) barely moves this MLP; 3e-6 brings the
-forget-set loss into the retrain band (mean 0.21 vs 0.21) at a cost of ≈ 10 points of retain error and
-≈ 5–8 points of test error, the trade Tables 2.1–2.2 report for Fisher (D_r error 5–10 %, test +4–7).
-``scrubnet sweep --method fisher`` shows the whole trade-off.
+**Default α = 3e-6** (:data:`DEFAULT_ALPHA`), chosen on the embedded default experiment instead of the
+authors' 1e-6 (tuned for 32×32 images), which barely moves the MLP; the measured trade-off is in
+docs/decisions.md ("Fisher forgetting"), and ``scrubnet sweep --method fisher`` shows the whole curve.
 
 The result carries the Gaussian N(μ, diag v) it sampled from; :meth:`FisherForgetting.noise_at` gives the
 same procedure at another model (its own Fisher), from which the evaluator computes the white-box bound

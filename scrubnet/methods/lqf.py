@@ -2,7 +2,7 @@
 
 Model: f_lin(x) = f_{w0}(x) + J(x)·Δw (:class:`~scrubnet.models.linearized.LinearizedModel`, Leaky-ReLU,
 BatchNorm in eval mode, all or a chosen set of layers linearised). Loss (eq. 5.3, normalised as a mean
-with ½ so that its Hessian is H = F + λI with F = (1/N) Σ J_nᵀ J_n, the setting of §5.7 / spec §2.7):
+with ½ so that its Hessian is H = F + λI with F = (1/N) Σ J_nᵀ J_n; docs/decisions.md, "LQF"):
 
     L(Δw) = (1/N) Σ_n ½‖f_lin(x_n) − α·onehot(y_n)‖² + (λ/2)‖Δw‖²          (α = 15; ‖Δw‖ = ‖w − w0‖)
 
@@ -10,12 +10,12 @@ Optimisers (``LQFConfig.optimizer``):
 * ``'kfac'`` (default): SGD with momentum on the K-FAC-preconditioned gradient (G ⊗ A + λI)⁻¹ g. The
   Hessian is constant (fixed by w0), so the factors are computed once, on the training data at w0, with the
   MSE output Hessian Λ = I. Parameters outside Linear/Conv layers (e.g. BN γ/β) get the plain gradient.
-  The weight decay is in the loss (not in the update), as the thesis requires for K-FAC (T:6684–6690).
+  The weight decay is in the loss (not in the update), so K-FAC preconditions it with the data term.
 * ``'sgd'``: plain SGD with momentum; ``'adam'``: Adam (Table 5.3).
 * :func:`solve_lqf` gives the exact minimiser by conjugate gradient on JVP/VJP products (for tests, for
   the influence formula, and whenever the data fit).
 
-Influence (§2.7, multiclass, sign corrected — spec errata 4): removing sample i and retraining (mean loss over
+Influence (multiclass, sign corrected; docs/decisions.md, "LQF"): removing sample i and retraining (mean loss over
 the N−1 others) changes the test prediction by
 
     Δf(x_t) = f_{w*}(x_t) − f_{w*_{−i}}(x_t) = −J_t H_{−i}⁻¹ (J_iᵀ r_i + λ w*)/(N − 1),

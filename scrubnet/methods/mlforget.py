@@ -9,7 +9,7 @@
   activation distance and the re-learn threshold inside the ML family. The activation distance of both
   methods is measured to the *noiseless* retrained ML model ŵ_u, so the noise gives the band a non-zero
   width.
-  ``info_weights_nats`` = ‖w'_u − ŵ_u‖²/σ² (w'_u: scrubbed before noise; ŵ_u: retrained), thesis T:10102.
+  ``info_weights_nats`` = ‖w'_u − ŵ_u‖²/σ² (w'_u: scrubbed before noise; ŵ_u: retrained), the papers' bound.
 * ``mlforget-retrain`` — the ML model retrained without D_f plus σ noise, the thesis's baseline
   S_0(w) = w + z. By default z is the scrub's own draw (common random numbers, ``coupled_noise``; see
   :class:`~scrubnet.mlforget.model.MLConfig`), so the two differ only by the solver error.

@@ -9,7 +9,7 @@ and the scrub is one Newton step on it,
     h(w) = w − H⁻¹ ∇L_r(w),   H = G_r + (wd + damping)·I,
 
 with G_r the Gauss–Newton matrix of the mean loss on D_r (= true Fisher for cross-entropy; the PSD
-Levenberg–Marquardt replacement of the Hessian, spec §A5), applied matrix-free (JVP + VJP, see
+Levenberg–Marquardt replacement of the Hessian; docs/decisions.md, "Newton scrub"), applied matrix-free (JVP + VJP, see
 :mod:`scrubnet.curvature.ggn`) inside :func:`scrubnet.curvature.solvers.conjugate_gradient`. The gradient
 includes the pull term wd·(w − w_0); parameters absent from ``ctx.w0`` get no pull. ``damping`` (default 0:
 the pull already makes H positive definite), the CG ``tol`` and ``max_iter`` and what CG achieved are

@@ -1,6 +1,6 @@
 """NTK one-shot scrubbing ("Forgetting Outside the Box"), computed matrix-free; and NTK + Fisher noise.
 
-Spec: ntk-lqf-mlforgetting.md §1.3, README decisions 1–2. Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
+Decisions: docs/decisions.md, "NTK scrub". Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
 c classes, J_S the (|S|·c × p) Jacobian of the logits on a set S at the linearisation point w* (eval mode),
 Θ_S = J_S J_Sᵀ, λ_S = wd·|S| (the training loss is a *mean* CE + (wd/2)‖w − w_0‖²), r_S the per-sample
 residual (CE: softmax(f) − onehot(y), i.e. the loss Hessian in logit space replaced by I; MSE:
@@ -20,37 +20,24 @@ and for a linear model with MSE it makes w_lin(S) the exact ridge solution from 
 and a single VJP; J is never stored (``scrubnet.curvature.ntk``). This equals P·J_fᵀ·M·V_c of the
 corrected Proposition 2 when one ridge is used in all three Grams (tests).
 
-Step length (decision 2, "trapezium"): scale = 1 + 2|cos θ|·‖m‖/‖δw‖ with
+Step length (the "trapezium" rescaling of the authors' code): scale = 1 + 2|cos θ|·‖m‖/‖δw‖ with
 m = (w(D) − w_0) − (w_lin(D_r) − w*) and θ the angle between δw and m; ``trapezium=False`` uses scale 1.
 The scrubbed weights are w(D) + scale·δw (always applied at the trained weights, even when linearised at
 w_0, as in the code). The evaluator compares the step with w(D_r) − w(D) (``weight_step_ratio`` =
 ‖w(D_r) − w(D)‖/‖scale·δw‖, ``weight_step_cosine``, ``weight_distance_ratio``; see
 :func:`scrubnet.readouts.information.weight_step_geometry`).
 
-Defaults (decided on the embedded default, MLP on MNIST-1D, wd 0.03, seeds 0–2; readouts as
-(seed 0 / 1 / 2), retrain in brackets, original in braces):
+Defaults (measurements in docs/decisions.md, "NTK scrub"):
 
 * ``pull="w0"`` (default) vs the code's ``pull="point"``: with the pull toward w(D) the linearised
-  problem ignores the balance (1/N)Jᵀr ≈ −wd(w(D) − w_0) that holds at the trained weights, so δw is
-  tiny (‖w(D_r) − w(D)‖/‖δw‖ = 8.2 / 6.7 / 8.3, cos(δw, w(D_r) − w(D)) = 0.17 / 0.18 / 0.15) and the
-  scrub barely moves: loss_forget 0.066 / 0.065 / 0.056 [0.268 / 0.180 / 0.189] {0.051 / 0.049 / 0.047}.
-  With the exact pull the step is 2.6 / 2.4 / 2.7 times too short in norm but better aligned
-  (cos 0.28 / 0.33 / 0.29).
-* ``trapezium=False`` (default): with ``pull="w0"`` the trapezium scale is 3.8 / 3.2 / 3.3 and overshoots
-  (loss_forget 0.61 / 0.35 / 0.37, error_forget 0.20 / 0.16 / 0.20 [0.12 / 0.04 / 0.08]), farther from
-  the retrain mean than the original on loss_forget; the unit step gives loss_forget 0.122 / 0.099 / 0.094
-  and mia_forget 0.84 / 0.88 / 0.92 [0.76 / 0.76 / 0.72] {0.96 / 1.0 / 1.0}, both closer to retrain than
-  the original, with error_retain/error_test unchanged (0.0 / 0.0 / 0.002, 0.294 / 0.342 / 0.288).
-  The trapezium scale is always computed and logged (``trapezium_scale``). The authors' configuration
-  is ``pull="point", trapezium=True``.
-* Through the runner (3 seeds, mean ± std): ntk loss_forget 0.105 ± 0.012 [retrain 0.212 ± 0.040]
-  {original 0.049 ± 0.002}, mia_forget 88.0 ± 3.3 % [74.7 ± 1.9] {98.7 ± 1.9}, relearn 95.7 [100] {1},
-  error_retain 0.1 % and error_test 30.8 ± 2.4 % [31.7 ± 2.5]: closer to retrain than the original on every
-  forget readout, but still nearer the original than the retrain mean on loss_forget. Figure 4
-  (``ntk_activation_line.png``, seed 0) shows why: the L1 distance to retrain on D_f keeps falling past the
-  scrubbed point (0.259 at α = 0, 0.155 at α = 1, 0.057 at α = 2) while on D_r it stays flat
-  (0.036 → 0.034), i.e. the unit step undershoots and a step of ≈ 2 would land nearer retrain; the
-  trapezium's ≈ 3.4 overshoots. ``step_scale`` sets a fixed multiplier for such studies.
+  problem ignores the balance (1/N)Jᵀr ≈ −wd(w(D) − w_0) that holds at the trained weights, so δw is tiny
+  and the scrub barely moves; with the exact pull the step is too short in norm but better aligned.
+* ``trapezium=False`` (default): with ``pull="w0"`` the trapezium scale overshoots (farther from the retrain
+  mean than the original on loss_forget); the unit step moves every forget readout toward retrain with
+  retain and test error unchanged. The trapezium scale is always computed and logged
+  (``trapezium_scale``); ``step_scale`` sets a fixed multiplier. The authors' configuration is
+  ``pull="point", trapezium=True``. Figure 4 (``ntk_activation_line.png``) shows whether the unit step
+  undershoots: the L1 distance to retrain on D_f along w(D) + α·(scrub − w(D)).
 
 Solvers: float64 Cholesky with jitter escalation (reported) when the Nc×Nc Gram fits in half of
 ``memory_budget_bytes``, else (or with ``solver="cg"``) conjugate gradient on Θ-vector products
@@ -187,7 +174,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
 
 
 def trapezium_scale(delta_w: Tensor, m: Tensor) -> tuple[float, float]:
-    """(scale, cos θ) with scale = 1 + 2|cos θ|·‖m‖/‖δw‖ and cos θ = ⟨δw, m⟩/(‖δw‖‖m‖) (spec §1.3 step 5)."""
+    """(scale, cos θ) with scale = 1 + 2|cos θ|·‖m‖/‖δw‖ and cos θ = ⟨δw, m⟩/(‖δw‖‖m‖) (the authors' code)."""
     dn, mn = float(delta_w.norm()), float(m.norm())
     if dn == 0.0:
         return 1.0, 0.0
@@ -283,7 +270,7 @@ class NTKScrub(ForgettingMethod):
 
 @register("ntk-fisher")
 class NTKFisherScrub(NTKScrub):
-    """NTK scrub followed by Fisher noise at the scrubbed point (spec §1.3 step 7).
+    """NTK scrub followed by Fisher noise at the scrubbed point ("Forgetting Outside the Box", NTK + Fisher).
 
     Extra options: alpha (default 1e-9, the authors' NTK+Fisher value), form ("code" | "paper"). The result
     carries the Gaussian of the noise; :meth:`noise_at` is the Fisher noise at another model (the evaluator

@@ -1,17 +1,17 @@
 """The Mixed-Linear (ML) model: core weights trained non-linearly on D_core, user weights linear around them.
 
-Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent, §3.9):
+Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions.md,
+"ML-Forgetting"):
 
 1. **Core data.** D_core = the pre-training data (the core classes, used by ``pretrain`` to build w_0, as
-   ImageNet is in the thesis) plus ``core_fraction`` (30 %, thesis §3.6) of the task data D, drawn at random
-   (seeded) from D_r = D \\ D_f so that it is never forgotten. User data D_u: ``user_data='all'`` (default)
+   ImageNet is in the thesis) plus ``core_fraction`` (30 %, the papers' split) of the task data D, drawn at
+   random (seeded) from D_r = D \\ D_f so that it is never forgotten. User data D_u: ``user_data='all'`` (default)
    = all of D, the core 30 % included but never deletable — the thesis's own Fig. 6.5 protocol ("the user
    data is 100 % of the Aircrafts, so the 30 % appears in both sets"); ``user_data='rest'`` = D minus the core
-   part. Measured on MNIST-1D (MLP, 3 seeds, µ = 0.03–0.1): 'rest' leaves the ML model 3–5 points of test
-   error behind the non-linear original, 'all' within ≈1–1.5 points on average (the linear part then also
-   learns from the core 30 %, which the non-linear original saw too).
+   part. 'all' keeps the ML model closer to the non-linear original's test error (the linear part then also
+   learns from the core 30 %, which the original saw too; figures in docs/decisions.md, "ML-Forgetting").
 2. **Core weights** w_c: a copy of the fine-tuning start w_0 (pre-trained backbone + fresh task head) with its
-   ReLUs turned into Leaky-ReLUs (LQF's advice, thesis T:7447–7466), fine-tuned *non-linearly* with
+   ReLUs turned into Leaky-ReLUs (LQF's advice: Leaky-ReLUs linearise better), fine-tuned *non-linearly* with
    cross-entropy on the task part of D_core using the protocol's :func:`scrubnet.training.finetune`.
 3. **User weights** w_u (start 0) on the parameters named by ``linearize`` (default: all), trained on D_u
    with the mean MSE to 5·one-hot + (µ/2)‖w_u‖² (:mod:`scrubnet.mlforget.objective`). Default training is the
@@ -245,7 +245,7 @@ def reference_noise(cfg: MLConfig, out: ForgetOutcome, seed: int) -> Tensor:
 
 def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: float | None = None,
                    noise_seed: int = 0, apply: bool = True) -> ForgetOutcome:
-    """ML-Forgetting of one request (thesis §3.3, steps 1–6): on the remaining data D_r (user ids minus the
+    """ML-Forgetting of one request (the papers' six steps): on the remaining data D_r (user ids minus the
     forgotten ones minus ``ids``), Δ = H_{D_r}⁻¹ g_{D_r}(w_u); w' = w_u − Δ; w_u ← w' + σ·ε, ε ~ N(0, I)
     drawn from ``torch.Generator().manual_seed(noise_seed)``. ``x_all, y_all`` = all of D.
     With ``apply`` the state is updated (weights and forgotten ids)."""
@@ -296,7 +296,8 @@ def retrain_user_weights(state: MLState, x_all: Tensor, y_all: Tensor) -> Tensor
 
 def remaining_information_nats(w_prime: Tensor, w_hat: Tensor, sigma: float) -> float:
     """‖w' − ŵ‖²/σ² (nats): the thesis's bound on the information left about the forgotten data
-    (T:10102–10120), with w' the scrubbed weights before noise and ŵ the retrained ones. ``inf`` if σ = 0
+    (docs/decisions.md, "ML-Forgetting"),
+    with w' the scrubbed weights before noise and ŵ the retrained ones. ``inf`` if σ = 0
     and the two differ, 0 if they are identical."""
     d2 = float(torch.sum((w_prime.double() - w_hat.double()) ** 2))
     if sigma == 0:

@@ -3,13 +3,12 @@
 * :func:`newton_step` — Δ = H_{D_r}⁻¹ g_{D_r}(w_u) by conjugate gradient on JVP/VJP products
   (``scrubnet.curvature.solvers.conjugate_gradient``), optionally preconditioned with K-FAC of the core
   network, (G ⊗ A + µI)⁻¹ per layer, or with a randomised Nyström sketch of H_D built once and reused by
-  later requests (SPD preconditioners: they change the iterations, not the answer; measured on the embedded
-  ML model, one request: 242 CG iterations without, 74 with a rank-100 sketch (2.2 s to build), 48 with
-  rank 300);
+  later requests (SPD preconditioners: they change the iterations, not the answer;
+  ``benchmarks/mlforget_cost.py --precond`` measures the iterations and times);
   or, ``solver='sgd'``, by the thesis's SGD on the auxiliary quadratic
-  L̂(v) = ½ vᵀ H v − gᵀ v with mini-batch estimates of vᵀHv and the exact, fixed g (T:7509–7546; momentum
+  L̂(v) = ½ vᵀ H v − gᵀ v with mini-batch estimates of vᵀHv and the exact, fixed g (the papers' schedule: momentum
   0.999, lr × 0.5 per epoch, 3 epochs at 0.01).
-* :func:`fit_user_weights_sgd` — the papers' training of w_u from 0 by SGD on L_D (T:8183: 50 epochs,
+* :func:`fit_user_weights_sgd` — the papers' training of w_u from 0 by SGD on L_D (the papers' schedule: 50 epochs,
   batch 64, lr 0.05, momentum 0.9, ×0.1 at epochs 25 and 40), used as the "retrain from scratch" baseline.
 """
 from __future__ import annotations
@@ -159,7 +158,7 @@ def _sgd_auxiliary(obj: UserObjective, g: Tensor, cfg: SolverConfig, generator) 
 
 @dataclass
 class SGDTrainConfig:
-    """The papers' SGD for fitting w_u from 0 (T:8183)."""
+    """The papers' SGD for fitting w_u from 0 (50 epochs, batch 64, lr 0.05, momentum 0.9, ×0.1 at 25 and 40)."""
 
     epochs: int = 50
     lr: float = 0.05

@@ -1,4 +1,5 @@
-"""The black-box bound: nats about D_f carried by the activations of one query (spec ntk-lqf §1.2).
+"""The black-box bound: nats about D_f carried by the activations of one query ("Forgetting Outside the Box",
+Prop. 5 and Lemma 2).
 
 The scrubbed weights are Gaussian, S(w) ~ N(μ_s, diag v_s); the retrain reference gets the same procedure,
 N(μ_r, diag v_r). Through the network linearised at the mean, the logits of a query x are Gaussian
