@@ -28,11 +28,11 @@ from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
 from scrubnet.experiments.config import ExperimentConfig, read_toml
-from scrubnet.experiments.ml_protocols import run_ml_protocol
-from scrubnet.experiments.report import report_from_dir
+from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
+from scrubnet.experiments.report import report_from_dir, report_warnings
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
-from scrubnet.experiments.sweep import run_sweep
+from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
 from scrubnet.methods.base import ForgetContext, get_method
 from scrubnet.models import MODELS
 
@@ -230,6 +230,8 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
     _prepare_run_dir(out, overwrite)
     results = run_experiment(cfg, out, progress=not quiet, console=console, device=dev)
     _print_summary(results)
+    for w in report_warnings(results):
+        console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
 
 
@@ -453,8 +455,28 @@ def report(run_dir: Path = typer.Argument(..., help="a directory written by `scr
     resolve_device(device)
     if not run_dir.is_dir():
         raise UserError(f"run directory not found: {run_dir}")
-    md = report_from_dir(run_dir)
+    rp, sp = run_dir / "results.json", run_dir / "sweep.json"
+    if not rp.is_file() and sp.is_file():  # a `scrubnet sweep` directory: redraw its figure
+        sweep_result = _read_json(sp)
+        plot_sweep(sweep_result, sweep_figure_path(run_dir, sweep_result["method"]))
+        console.print(f"re-drew the sweep figure of {sweep_result['method']} in {run_dir}")
+        return
+    results = _read_json(rp) if rp.is_file() else {}
+    if results.get("protocol") in ("sequential", "class"):  # the ML-Forgetting protocols
+        md = rerender_ml(results, run_dir)
+    else:
+        md = report_from_dir(run_dir)
     console.print(md, markup=False, highlight=False)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not a readable scrubnet results file: {e}") from None
+    if not isinstance(d, dict):
+        raise UserError(f"{path} is not a scrubnet results file")
+    return d
 
 
 @app.command()

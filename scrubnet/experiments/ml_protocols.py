@@ -145,13 +145,19 @@ def band_checks(summary: dict) -> dict:
     return out
 
 
-def _write(results: dict, out_dir: Path) -> None:
-
-
+def _write(results: dict, out_dir: Path) -> str:
+    """results.json, the figures and report.md (each atomically); returns the markdown."""
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "results.json", json.dumps(results, indent=1, default=float) + "\n")
+    return rerender(results, out_dir)
+
+
+def rerender(results: dict, out_dir: Path) -> str:
+    """The figures and report.md of a protocol run from its results dict (``scrubnet report`` uses it)."""
     figs = _figures(results, out_dir)
-    atomic_write_text(out_dir / "report.md", render_ml_report(results, figs))
+    md = render_ml_report(results, figs)
+    atomic_write_text(out_dir / "report.md", md)
+    return md
 
 
 def _figures(results: dict, out_dir: Path) -> list[str]:

@@ -10,8 +10,8 @@ import numpy as np
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
 
 #: readouts plotted as panels, with their display names
-PANELS = [("error_retain", "error D_r"), ("error_forget", "error D_f"), ("error_test", "error D_test"),
-          ("loss_forget", "loss D_f (nats)"), ("mia_forget", "membership attack on D_f"),
+PANELS = [("error_retain", "error D_r (%)"), ("error_forget", "error D_f (%)"), ("error_test", "error D_test (%)"),
+          ("loss_forget", "loss D_f (nats)"), ("mia_forget", "membership attack on D_f (%)"),
           ("relearn_epochs", "re-learn time (epochs)"), ("activation_l1_retain", "L1 to retrain, D_r"),
           ("activation_l1_forget", "L1 to retrain, D_f"), ("activation_l1_test", "L1 to retrain, D_test")]
 
@@ -27,6 +27,77 @@ def _fmt(r: str, s: dict) -> str:
     return f"{m:.3f} ± {sd:.3f}"
 
 
+def unranked_readouts(results: dict, band: str = "retrain") -> list[str]:
+    """Readouts on which the original's mean ± std band and the ``band`` method's overlap
+    (|Δmean| ≤ std_original + std_band): there an untouched original would itself look "inside the band",
+    so such a readout cannot rank methods."""
+    ms = results["methods"]
+    so = ms.get("original", {}).get("summary", {})
+    sb = ms.get(band, {}).get("summary", {})
+    return [r for r, _ in PANELS if r in so and r in sb and r != "activation_l1_retain"
+            and abs(so[r]["mean"] - sb[r]["mean"]) <= so[r]["std"] + sb[r]["std"]]
+
+
+def _runs_where(d: dict, test) -> list:
+    return [run["seed"] for run in d.get("runs", []) if test(run.get("readouts", {}))]
+
+
+def mia_degenerate(results: dict) -> dict[str, list]:
+    """Methods (→ seeds) whose membership attack predicted one class for every point: the readout
+    ``mia_degenerate`` = 1 where the runner recorded it; for results without it, every run of every method
+    at exactly 0 % or exactly 100 % (then the attack cannot have measured anything)."""
+    ms = results["methods"]
+    out = {m: _runs_where(d, lambda r: r.get("mia_degenerate", 0) >= 0.5) for m, d in ms.items()}
+    out = {m: s for m, s in out.items() if s}
+    if not out and not any("mia_degenerate" in run.get("readouts", {}) for d in ms.values() for run in d["runs"]):
+        vals = [run["readouts"]["mia_forget"] for d in ms.values() for run in d["runs"] if "mia_forget" in
+                run.get("readouts", {})]
+        if vals and (all(v == 0.0 for v in vals) or all(v == 1.0 for v in vals)):
+            out = {m: [run["seed"] for run in d["runs"]] for m, d in ms.items()}
+    return out
+
+
+def objective_raised(results: dict) -> dict[str, list]:
+    """Methods (→ seeds) whose step ended above where it started on its own objective (the method reports
+    ``objective_before``/``objective_after`` in its info; methods without them are not judged)."""
+    out = {}
+    for m, d in results["methods"].items():
+        seeds = _runs_where(d, lambda r: "objective_before" in r and "objective_after" in r and
+                            r["objective_after"] > r["objective_before"] + 1e-9 * (1 + abs(r["objective_before"])))
+        if seeds:
+            out[m] = seeds
+    return out
+
+
+def report_warnings(results: dict) -> list[str]:
+    """What the reader must know before trusting the tables, one sentence each (report.md and terminal)."""
+    warn = []
+    for seed, p in (results.get("protocol") or {}).items():
+        for k in ("original", "retrain"):
+            if f"{k}_zero_error_epoch" in p and p[f"{k}_zero_error_epoch"] is None:
+                err = p.get(f"{k}_train_error")
+                warn.append(f"seed {seed}: fine-tuning of the {k} model hit the epoch cap ({p.get(f'{k}_epochs')} "
+                            "epochs) before zero training error"
+                            + (f" ({100 * err:.1f} % left)" if isinstance(err, (int, float)) else "")
+                            + "; the protocol's stopping rule did not fire (raise train.max_epochs or lower "
+                            "train.wd)")
+    bands = sorted({d.get("band", "retrain") for m, d in results["methods"].items() if m != "original"}
+                   & set(results["methods"]))
+    for b in bands:
+        un = unranked_readouts(results, b)
+        if un:
+            warn.append(f"the original and `{b}` bands overlap on {', '.join(un)}: these readouts cannot rank "
+                        "methods (an untouched original would pass them)")
+    deg = mia_degenerate(results)
+    if deg:
+        warn.append("the membership attack is degenerate (its classifier predicts one class for every point) for "
+                    + ", ".join(f"{m} (seeds {s})" for m, s in deg.items())
+                    + ": mia_forget is not a measurement there")
+    for m, seeds in objective_raised(results).items():
+        warn.append(f"`{m}` raised its own objective (objective_after > objective_before) on seeds {seeds}")
+    return warn
+
+
 def render_report(results: dict) -> str:
     """Markdown: one table of mean ± std per readout (errors and attack in %), retrain marked as target."""
     ms = results["methods"]
@@ -38,7 +109,7 @@ def render_report(results: dict) -> str:
             if r not in readouts:
                 readouts.append(r)
     core = [p for p, _ in PANELS if p in readouts]
-    extra = [r for r in readouts if r not in core]
+    extra = [r for r in readouts if r not in core and r != "mia_degenerate"]
     seeds = cfg.get("seeds", [])
     lines = ["# scrubnet report", "",
              f"Dataset `{cfg['data']['dataset']}`, model `{cfg['model']}`, seeds {seeds}, retrain mode "
@@ -47,13 +118,24 @@ def render_report(results: dict) -> str:
              "Mean ± std over seeds. Errors and the membership attack in %, losses in nats, re-learn time in "
              "epochs of 500 samples, L1 = mean ‖softmax − softmax_retrain‖₁. **retrain** is the target: a "
              "method has forgotten when its readouts fall inside the retrain band.", ""]
+    warnings = report_warnings(results)
+    if warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
+    degenerate = mia_degenerate(results)
+
+    def cell(m: str, c: str, summary: dict) -> str:
+        if c not in summary:
+            return "–"
+        if c == "mia_forget" and m in degenerate:
+            return "degenerate"
+        return _fmt(c, summary[c])
 
     def table(cols: list[str]) -> list[str]:
         out = ["| method | time (s) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
         for m, d in ms.items():
             name = f"**{m}** (target)" if m == "retrain" else m
             t = sum(r["time_s"] for r in d["runs"]) / max(len(d["runs"]), 1)
-            cells = [(_fmt(c, d["summary"][c]) if c in d.get("summary", {}) else "–") for c in cols]
+            cells = [cell(m, c, d.get("summary", {})) for c in cols]
             out.append(f"| {name} | {t:.2f} | " + " | ".join(cells) + " |")
         return out
 
@@ -78,13 +160,22 @@ def render_report(results: dict) -> str:
                 lines.append(f"- original vs retrain on `{r}`: |Δmean| = {v['gap']:.4f}, 2·std(retrain) = "
                              f"{v['two_std_retrain']:.4f} → {'separated' if v['separated'] else 'NOT separated'}")
             elif k.endswith("_inside_band"):
-                inside = [r for r, ok in v["readouts"].items() if ok]
-                lines.append(f"- `{k[:-len('_inside_band')]}` inside the `{v['band']}` band on {len(inside)}/"
-                             f"{len(v['readouts'])} readouts" + (f": {', '.join(inside)}" if inside else ""))
+                m = k[:-len("_inside_band")]
+                un = set(unranked_readouts(results, v["band"]))
+                if m in degenerate:
+                    un.add("mia_forget")
+                ranked = {r: ok for r, ok in v["readouts"].items() if r not in un}
+                inside = [r for r, ok in ranked.items() if ok]
+                cannot = [r for r in v["readouts"] if r in un]
+                lines.append(f"- `{m}` inside the `{v['band']}` band on {len(inside)}/{len(ranked)} readouts that "
+                             "can rank methods" + (f": {', '.join(inside)}" if inside else "")
+                             + (f"; cannot rank methods on {', '.join(cannot)}" if cannot else ""))
             else:
+                lf_unranked = "loss_forget" in unranked_readouts(results, "retrain")
                 lines.append(f"- `{k}`: distance to original {v['distance_to_original']:.4f}, to retrain "
                              f"{v['distance_to_retrain']:.4f} → closer to {v['closer_to']}"
-                             + (" (inside the retrain band)" if v["inside_retrain_band"] else ""))
+                             + (" (loss_forget cannot rank methods: the original and retrain bands overlap)"
+                                if lf_unranked else " (inside the retrain band)" if v["inside_retrain_band"] else ""))
         lines.append("")
     proto = results.get("protocol", {})
     if proto:
@@ -110,16 +201,17 @@ def plot_readouts(results: dict, path: Path) -> None:
     fig, axes = subplots(nrow, ncol, figsize=(4.2 * ncol, 2.8 * nrow), squeeze=False)
     names = list(ms)
     for ax, (r, title) in zip(axes.flat, panels):
+        k = 100.0 if r in PERCENT else 1.0  # the tables' units: errors and the attack in %
         ret = ms.get("retrain", {}).get("summary", {}).get(r)
         if ret is not None:
-            ax.axhspan(ret["mean"] - ret["std"], ret["mean"] + ret["std"], color="tab:green", alpha=0.25,
+            ax.axhspan(k * (ret["mean"] - ret["std"]), k * (ret["mean"] + ret["std"]), color="tab:green", alpha=0.25,
                        label="retrain band")
-            ax.axhline(ret["mean"], color="tab:green", lw=1)
+            ax.axhline(k * ret["mean"], color="tab:green", lw=1)
         for i, m in enumerate(names):
             s = ms[m].get("summary", {}).get(r)
             if s is None:
                 continue
-            ax.errorbar([i], [s["mean"]], yerr=[s["std"]], fmt="o", capsize=3,
+            ax.errorbar([i], [k * s["mean"]], yerr=[k * s["std"]], fmt="o", capsize=3,
                         color="tab:green" if m == "retrain" else "tab:blue")
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)

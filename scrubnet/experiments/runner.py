@@ -37,7 +37,7 @@ from scrubnet.models import build_model
 from scrubnet.readouts.activation_info import activation_information_sets
 from scrubnet.readouts.basic import activation_l1, error_and_loss, softmax_entropy
 from scrubnet.readouts.information import weight_information, weight_step_geometry
-from scrubnet.readouts.mia import membership_attack
+from scrubnet.readouts.mia import membership_attack_flagged
 from scrubnet.readouts.relearn import relearn_time
 from scrubnet.training import TrainHistory, finetune, finetune_start, pretrain, retrain
 
@@ -199,7 +199,8 @@ def evaluate(model: nn.Module, sr: SeedRun, *, original: nn.Module | None = None
     out: dict[str, float] = {}
     for part, (x, y) in (("retain", s.retain), ("forget", s.forget), ("test", s.test)):
         out[f"error_{part}"], out[f"loss_{part}"] = error_and_loss(model, x, y)
-    out["mia_forget"] = membership_attack(model, s.retain, s.forget, s.test)
+    out["mia_forget"], degenerate = membership_attack_flagged(model, s.retain, s.forget, s.test)
+    out["mia_degenerate"] = float(degenerate)  # 1: the attack predicted one class for every point
     _, thr = error_and_loss(original, *s.forget)
     out["relearn_epochs"] = float(relearn_time(model, s.x, s.y, *s.forget, thr, wd=sr.config.train.wd,
                                                max_epochs=sr.config.relearn_max_epochs, seed=sr.seed,

@@ -90,8 +90,13 @@ def run_sweep(method: str, param: str, values: list[float], cfg: ExperimentConfi
               "anchors": {k: _summary(v) for k, v in anchor_runs.items()},
               "created_unix": time.time()}
     atomic_write_json(out_dir / "sweep.json", result)
-    plot_sweep(result, out_dir / f"sweep_{_safe(method)}.png")
+    plot_sweep(result, sweep_figure_path(out_dir, method))
     return result
+
+
+def sweep_figure_path(out_dir: Path | str, method: str) -> Path:
+    """Where the sweep figure of ``method`` goes in ``out_dir``."""
+    return Path(out_dir) / f"sweep_{_safe(method)}.png"
 
 
 def _safe(name: str) -> str:
