@@ -9,6 +9,7 @@ from pathlib import Path
 
 from scrubnet._config import ConfigValueError, check_value
 from scrubnet.data.registry import DataConfig
+from scrubnet.readouts.relearn import RELEARN_MAX_EPOCHS
 from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, TrainConfig
 
 
@@ -33,7 +34,7 @@ class ExperimentConfig:
     method_options: dict = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     retrain_mode: str = DEFAULT_RETRAIN_MODE
-    relearn_max_epochs: int = 100
+    relearn_max_epochs: int = RELEARN_MAX_EPOCHS
 
     def to_dict(self) -> dict:
         return asdict(self)

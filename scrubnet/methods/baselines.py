@@ -24,6 +24,10 @@ from scrubnet.device import model_device, seeded_generator
 from scrubnet.training import RETRAIN_MODES, retrain as retrain_fn, sgd_loop
 
 
+#: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10)
+BASELINE_EPOCHS = 10
+
+
 def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int, lr: float | None,
               negate: Tensor | None = None, seed_offset: int = 0) -> nn.Module:
     """``epochs`` epochs of the fine-tuning objective (mean CE + (wd/2)‖w − w_0‖², :func:`~scrubnet.training.sgd_loop`)
@@ -80,9 +84,10 @@ class Retrain(ForgettingMethod):
 
 @register("finetune")
 class Finetune(ForgettingMethod):
-    """Keep training on D_r only (``epochs`` epochs, default 10, at the fine-tuning lr unless ``lr``)."""
+    """Keep training on D_r only (``epochs`` epochs, default :data:`BASELINE_EPOCHS`, at the fine-tuning lr unless
+    ``lr``)."""
 
-    def __init__(self, epochs: int = 10, lr: float | None = None):
+    def __init__(self, epochs: int = BASELINE_EPOCHS, lr: float | None = None):
         self.epochs, self.lr = int(epochs), lr
 
     def scrub(self, model, retain, forget, ctx):
@@ -93,7 +98,7 @@ class Finetune(ForgettingMethod):
 class NegGrad(ForgettingMethod):
     """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c))."""
 
-    def __init__(self, epochs: int = 10, lr: float | None = None):
+    def __init__(self, epochs: int = BASELINE_EPOCHS, lr: float | None = None):
         self.epochs, self.lr = int(epochs), lr
 
     def scrub(self, model, retain, forget, ctx):
@@ -109,7 +114,7 @@ class NegGrad(ForgettingMethod):
 class RandomLabels(ForgettingMethod):
     """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded)."""
 
-    def __init__(self, epochs: int = 10, lr: float | None = None):
+    def __init__(self, epochs: int = BASELINE_EPOCHS, lr: float | None = None):
         self.epochs, self.lr = int(epochs), lr
 
     def scrub(self, model, retain, forget, ctx):

@@ -17,9 +17,13 @@ from scrubnet.device import model_device, seeded_generator
 from scrubnet.training import predict_logits, sgd_loop
 
 
+#: the re-learn readout's cap (epochs of ``samples_per_epoch`` samples), the authors' 100
+RELEARN_MAX_EPOCHS = 100
+
+
 def relearn_time(model: nn.Module, x: Tensor, y: Tensor, x_forget: Tensor, y_forget: Tensor, threshold: float, *,
                  wd: float, lr: float = 0.01, samples_per_epoch: int = 500, batch_size: int = 128,
-                 max_epochs: int = 100, seed: int = 0, freeze_bn: bool = True) -> int:
+                 max_epochs: int = RELEARN_MAX_EPOCHS, seed: int = 0, freeze_bn: bool = True) -> int:
     """Epochs (1-based) until the D_f loss falls to ``threshold`` (+1e-5); ``max_epochs`` if never."""
     model = copy.deepcopy(model)
     w_start = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
