@@ -49,11 +49,11 @@ class Split:
     def to(self, device: torch.device | str) -> "Split":
         """This split with every tensor on ``device`` (self when already there)."""
         device = torch.device(device)
-        if self.x.device == device:
+        tensors = (self.x_core, self.y_core, self.x, self.y, self.x_test, self.y_test, self.forget_idx)
+        if all(t.device == device for t in tensors):
             return self
-        move = [t.to(device) for t in (self.x_core, self.y_core, self.x, self.y, self.x_test, self.y_test,
-                                       self.forget_idx)]
-        return Split(*move, self.num_classes, self.num_core_classes, self.forget_class, self.name, dict(self.meta))
+        return Split(*(t.to(device) for t in tensors), self.num_classes, self.num_core_classes, self.forget_class,
+                     self.name, dict(self.meta))
 
     @property
     def retain_idx(self) -> Tensor:
@@ -98,7 +98,7 @@ class Split:
 
     def with_forget(self, forget_idx: Tensor, forget_class: int | None = None) -> "Split":
         """A copy of this split with another forget set (ids validated)."""
-        idx = validate_forget_ids(forget_idx, len(self.y))
+        idx = validate_forget_ids(forget_idx, len(self.y)).to(self.y.device)
         return Split(self.x_core, self.y_core, self.x, self.y, self.x_test, self.y_test, idx,
                      self.num_classes, self.num_core_classes, forget_class, self.name, dict(self.meta))
 
