@@ -74,7 +74,7 @@ class Audit:
                        "threads": int(threads), "device": device}
         self.times: dict[str, list[float]] = {}
         needed = set(methods) | {band_of(m) for m in methods}
-        self.all_methods = [m for m in methods] + sorted(needed - set(methods))
+        self.all_methods = list(methods) + sorted(needed - set(methods))
 
     # ------------------------------------------------------------------ plan of models
     def options(self, method: str) -> dict:
@@ -115,7 +115,9 @@ class Audit:
                     g = groups.setdefault((s, f), {"s": s, "f": f, "forget": d.forget[(s, f)].tolist(), "runs": []})
                     g["runs"].append({"id": f"scrub/{m}/{s}/{f}", "method": m, "options": self.options(m),
                                       "seed": self.seed_split(s)})
-            for u in range(self.plan.eps_models.get(m, self.plan.eps_models.get(self._user_of(m), 3))):
+            if m not in self.methods:
+                continue  # a band reference only: needed for U-LiRA's OUT rows, not scored itself
+            for u in range(self.plan.eps_models.get(m, 3)):
                 g = groups.setdefault(("eps", u), {"s": 0, "f": 0, "forget": d.forget[(0, 0)].tolist(), "runs": []})
                 g["runs"].append({"id": f"eps/{m}/{u}", "method": m, "options": self.options(m),
                                   "seed": P.derive(self.audit_seed, f"eps/{u}")})
