@@ -27,13 +27,13 @@ from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
-from scrubnet.experiments.config import ExperimentConfig, read_toml
+from scrubnet.experiments.config import ExperimentConfig, dump_toml, load_config, read_toml
 from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
 from scrubnet.experiments.report import report_from_dir, report_warnings
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
-from scrubnet.methods.base import ForgetContext, get_method
+from scrubnet.methods.base import ForgetContext, available_methods, get_method
 from scrubnet.models import MODELS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -44,6 +44,8 @@ err_console = Console(stderr=True)
 
 DEVICE_HELP = "auto | cpu | cuda: where tensors live (auto: CUDA when a GPU is present, else the CPU)"
 DEVICE_OPTION = typer.Option("auto", "--device", help=DEVICE_HELP)
+DATASET_HELP = " | ".join(DATASETS)
+MODEL_HELP = " | ".join(MODELS)
 THREADS_OPTION = typer.Option(1, help="torch CPU threads (1: numbers independent of the machine's core count)")
 
 
@@ -193,10 +195,11 @@ def _build_config(config: Optional[Path], dataset, data_dir, model, methods, see
 @app.command()
 @handle_errors
 def run(out: Path = typer.Option(..., "--out", help="output directory (results.json, report.md, figures)"),
-        dataset: Optional[str] = typer.Option(None, help="mnist1d | digits | cifar10 | cifar100 | imagefolder"),
+        dataset: Optional[str] = typer.Option(None, help=DATASET_HELP),
         data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset"),
-        model: Optional[str] = typer.Option(None, help="mlp | cnn1d | cnn2d | allcnn | resnet18"),
-        methods: Optional[str] = typer.Option(None, help="comma-separated methods (default: all that apply)"),
+        model: Optional[str] = typer.Option(None, help=MODEL_HELP),
+        methods: Optional[str] = typer.Option(None, help="comma-separated methods (default: all that apply) of "
+                                              + ", ".join(available_methods())),
         seeds: Optional[int] = typer.Option(None, help="number of seeds (default 3)"),
         forget_class: Optional[int] = typer.Option(None, help="forget class (task index)"),
         forget_count: Optional[int] = typer.Option(None, help="samples of the forget class (default: all)"),
@@ -266,11 +269,16 @@ def _print_summary(results: dict) -> None:
 @app.command()
 @handle_errors
 def train(out: Path = typer.Option(..., "--out", help="directory for original/start/retrain checkpoints"),
-          dataset: Optional[str] = typer.Option(None), data_dir: Optional[Path] = typer.Option(None),
-          model: Optional[str] = typer.Option(None), seed: int = typer.Option(0),
-          forget_class: Optional[int] = typer.Option(None), forget_count: Optional[int] = typer.Option(None),
-          forget_ids: Optional[Path] = typer.Option(None, help="also train the retrain reference without these"),
-          retrain_mode: Optional[str] = typer.Option(None), config: Optional[Path] = typer.Option(None),
+          dataset: Optional[str] = typer.Option(None, help=DATASET_HELP),
+          data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset"),
+          model: Optional[str] = typer.Option(None, help=MODEL_HELP),
+          seed: int = typer.Option(0, help="seed of every random choice of the training"),
+          forget_class: Optional[int] = typer.Option(None, help="forget class (task index)"),
+          forget_count: Optional[int] = typer.Option(None, help="samples of the forget class (default: all)"),
+          forget_ids: Optional[Path] = typer.Option(None, help="file of forget ids: the retrain reference is "
+                                                    "trained without these"),
+          retrain_mode: Optional[str] = typer.Option(None, help="replace | remove"),
+          config: Optional[Path] = typer.Option(None, help="TOML configuration file (see `scrubnet config --dump`)"),
           overwrite: bool = typer.Option(False, help="replace the checkpoints of an earlier training in --out"),
           threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Pre-train, fine-tune the original model on D and save it, w_0 (start) and the retrain reference as
@@ -338,7 +346,8 @@ def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: t
 @handle_errors
 def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safetensors with sidecar)"),
            forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D)"),
-           method: str = typer.Option(..., help="scrubbing method"),
+           method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
+               m for m in available_methods() if not m.startswith("mlforget"))),
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
@@ -483,8 +492,10 @@ def _read_json(path: Path) -> dict:
 @handle_errors
 def sweep(method: str = typer.Option(..., help="method with a noise scale (fisher, ntk-fisher, newton)"),
           alphas: str = typer.Option(..., help="comma-separated values of alpha"),
-          out: Path = typer.Option(..., "--out"), seeds: Optional[int] = typer.Option(None),
-          config: Optional[Path] = typer.Option(None), quiet: bool = typer.Option(False),
+          out: Path = typer.Option(..., "--out", help="output directory (sweep.json and the figure)"),
+          seeds: Optional[int] = typer.Option(None, help="number of seeds (default: the configuration's)"),
+          config: Optional[Path] = typer.Option(None, help="TOML configuration file (see `scrubnet config --dump`)"),
+          quiet: bool = typer.Option(False, help="no progress bar"),
           threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Trade-off sweep: test error against remaining information over the noise scale alpha."""
 
@@ -498,6 +509,23 @@ def sweep(method: str = typer.Option(..., help="method with a noise scale (fishe
     cfg = _build_config(config, None, None, None, None, seeds, None, None, None, None)
     run_sweep(method, "alpha", values, cfg, out, progress=not quiet, device=dev)
     console.print(f"wrote sweep results to {out}")
+
+
+@app.command("config")
+@handle_errors
+def config_cmd(dump: bool = typer.Option(False, "--dump", help="print every configuration key as TOML, with its "
+                                         "default (or --config's value) and unit as comments"),
+               config: Optional[Path] = typer.Option(None, help="TOML file to check (and print with --dump)"),
+               threads: int = THREADS_OPTION):
+    """Print the experiment configuration (`scrubnet config --dump > my.toml`) or check a TOML file."""
+    _set_threads(threads)
+    if not dump and config is None:
+        raise UserError("give --dump (print every key) and/or --config FILE (check it)")
+    cfg = load_config(config) if config is not None else ExperimentConfig()
+    if dump:
+        typer.echo(dump_toml(cfg), nl=False)
+    else:
+        console.print(f"{config}: a valid configuration")
 
 
 app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")

@@ -90,3 +90,91 @@ def read_toml(path: str | Path) -> dict:
 def load_config(path: str | Path) -> ExperimentConfig:
     """Read an :class:`ExperimentConfig` from a TOML file (top-level keys as in ``to_dict``)."""
     return ExperimentConfig.from_dict(read_toml(path))
+
+
+#: one line per configuration key: what it is and its unit (``scrubnet config --dump`` writes them as comments)
+KEY_DOCS = {
+    "model": "architecture: mlp | cnn1d | cnn2d | allcnn | resnet18",
+    "methods": "methods to run (unset: every method that applies)",
+    "seeds": "seeds; one protocol run per seed (integers, no duplicates)",
+    "retrain_mode": "gold standard: replace (forgotten samples replaced by copies of retained ones) | remove",
+    "relearn_max_epochs": "cap of the re-learn-time readout, in epochs (≥ 1)",
+    "model_options": "architecture options, e.g. hidden = 256 (units: neurons, channels)",
+    "method_options": "per-method options, e.g. [method_options.fisher] alpha = 3e-6",
+    "data.dataset": "mnist1d | digits | cifar10 | cifar100 | imagefolder",
+    "data.data_dir": "directory of a file-based dataset (unset for the embedded ones)",
+    "data.core_classes": "classes used for pre-training (dataset labels)",
+    "data.task_classes": "classes of D and D_test (dataset labels)",
+    "data.n_train_per_class": "samples per task class in D (count)",
+    "data.n_test_per_class": "samples per task class in D_test (count)",
+    "data.core_per_class": "pre-training samples per core class (count; unset: all)",
+    "data.forget_class": "forgotten class, as a task index (0 = first task class)",
+    "data.forget_count": "samples of the forget class in D_f (count; unset: the whole class)",
+    "data.forget_ids": "explicit D_f as positions in D (replaces forget_class/forget_count)",
+    "data.data_seed": "seed of which samples enter D, D_test, the core and D_f",
+    "data.num_samples": "MNIST-1D generator pool size (count)",
+    "train.lr": "fine-tuning learning rate (per SGD step)",
+    "train.momentum": "fine-tuning SGD momentum, in [0, 1)",
+    "train.wd": "coefficient of (wd/2)·‖w − w_0‖² during fine-tuning",
+    "train.batch_size": "fine-tuning mini-batch (samples)",
+    "train.extra_epochs": "epochs after the first zero-training-error epoch",
+    "train.min_epochs": "fine-tuning epochs at least",
+    "train.max_epochs": "fine-tuning epochs at most (the cap; reported when hit before zero training error)",
+    "train.freeze_bn": "BatchNorm statistics frozen during fine-tuning",
+    "train.pretrain_epochs": "pre-training epochs on the core classes",
+    "train.pretrain_lr": "pre-training learning rate (per SGD step)",
+    "train.pretrain_momentum": "pre-training SGD momentum, in [0, 1)",
+    "train.pretrain_wd": "pre-training weight decay (toward 0)",
+    "train.pretrain_batch_size": "pre-training mini-batch (samples)",
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as a TOML value")
+
+
+def _toml_table(d: dict, prefix: str, lines: list[str]) -> None:
+    """``key = value  # doc`` lines of the plain values of ``d``; None is written commented out."""
+    for k, v in d.items():
+        if isinstance(v, dict):
+            continue
+        doc = KEY_DOCS.get(prefix + k, "")
+        comment = f"  # {doc}" if doc else ""
+        if v is None:
+            lines.append(f"# {k} ={comment or '  # unset'}")
+        else:
+            lines.append(f"{k} = {_toml_value(v)}{comment}")
+
+
+def _toml_subtables(d: dict, name: str, lines: list[str]) -> None:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{name}.{k}]"]
+            _toml_table(v, "", lines)
+            _toml_subtables(v, f"{name}.{k}", lines)
+
+
+def dump_toml(cfg: ExperimentConfig | None = None) -> str:
+    """Every key of ``cfg`` (default: the defaults) as TOML, each with its meaning and unit as a comment;
+    :func:`load_config` reads it back to an equal configuration."""
+    d = (cfg or ExperimentConfig()).to_dict()
+    lines = ["# scrubnet experiment configuration: every key with its value (the defaults unless edited).",
+             "# Use it with `scrubnet run --config FILE`. Keys shown as `# key =` are unset.", ""]
+    top = {k: v for k, v in d.items() if k not in ("data", "train")}
+    _toml_table(top, "", lines)
+    for name in ("data", "train"):
+        lines += ["", f"[{name}]"]
+        _toml_table(d[name], f"{name}.", lines)
+    for name in ("model_options", "method_options"):
+        lines += ["", f"# {KEY_DOCS[name]}", f"[{name}]"]
+        _toml_table(d[name], "", lines)
+        _toml_subtables(d[name], name, lines)
+    return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from scrubnet.methods.artifacts import retrain_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+from scrubnet.models import find_classifier
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.training import RETRAIN_MODES, retrain as retrain_fn, sgd_loop
 
@@ -130,20 +131,22 @@ class RandomLabels(ForgettingMethod):
 class Hiding(ForgettingMethod):
     """Class forgetting only: re-initialise the forgotten class's row of the head (weight and bias).
 
-    The model must expose its final ``nn.Linear`` as ``model.head``. Only the outputs are masked;
-    the features keep everything they knew.
+    The model's final ``nn.Linear`` is found as ``head``, ``fc`` or ``classifier`` (torchvision and timm
+    names), or named by the option ``classifier``. Only the outputs are masked; the features keep everything
+    they knew.
     """
 
     needs_retain = False
     class_only = True
 
+    def __init__(self, classifier: str | None = None):
+        self.classifier = classifier
+
     def scrub(self, model, retain, forget, ctx):
         if ctx.forget_class is None:
             raise ValueError("hiding applies to class forgetting only: give a whole forget class")
         model = copy.deepcopy(model)
-        head = getattr(model, "head", None)
-        if not isinstance(head, nn.Linear):
-            raise ValueError("hiding needs the model's final layer as an nn.Linear attribute 'head'")
+        _, head = find_classifier(model, self.classifier)
         g = seeded_generator(10_007 * ctx.seed + 6, head.weight.device)
         bound = 1.0 / math.sqrt(head.in_features)
         with torch.no_grad():

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.methods.artifacts import ArtifactCache, fisher_key
+from scrubnet.models import find_classifier
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
 
 DEFAULT_ALPHA = 3e-6
@@ -46,20 +47,22 @@ CLAMP_MAX_HEAD = 1e2
 FORGOTTEN_ROW_VAR = 1e-4
 
 
-def head_param_names(model: nn.Module, num_classes: int) -> set[str]:
-    """Names of the classifier-head parameters: those of ``model.head`` when the model has one, else (the
+def head_param_names(model: nn.Module, num_classes: int, classifier: str | None = None) -> set[str]:
+    """Names of the classifier-head parameters: those of the model's classifier (``classifier`` when given,
+    else found as ``head``, ``fc`` or ``classifier``: :func:`scrubnet.models.find_classifier`), else (the
     authors' rule) every trainable parameter whose first dimension equals ``num_classes``."""
-    head = getattr(model, "head", None)
-    if isinstance(head, nn.Module):
-        for prefix, mod in model.named_modules():
-            if mod is head:
-                return {f"{prefix}.{k}" if prefix else k for k, p in mod.named_parameters() if p.requires_grad}
-    return {k for k, p in model.named_parameters() if p.requires_grad and p.ndim >= 1 and p.shape[0] == num_classes}
+    try:
+        prefix, _ = find_classifier(model, classifier)
+    except ValueError:
+        if classifier is not None:
+            raise
+        return {k for k, p in model.named_parameters() if p.requires_grad and p.ndim >= 1 and p.shape[0] == num_classes}
+    return {f"{prefix}.{k}" for k, p in model.get_submodule(prefix).named_parameters() if p.requires_grad}
 
 
 def fisher_noise_variance(model: nn.Module, fisher: dict[str, Tensor], *, alpha: float, num_classes: int,
                           forget_class: int | None = None, form: str = "code", clamp: bool = True,
-                          per_output_mean: bool = True, boost: float = 10.0
+                          per_output_mean: bool = True, boost: float = 10.0, classifier: str | None = None
                           ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The noise mean μ and variance v of Fisher forgetting (rules in the module docstring), as dicts over
     the trainable parameters of ``model``. ``fisher`` maps every such name to its diagonal Fisher."""
@@ -71,7 +74,7 @@ def fisher_noise_variance(model: nn.Module, fisher: dict[str, Tensor], *, alpha:
         raise ValueError(f"boost must be > 0, got {boost}")
     if forget_class is not None and not 0 <= forget_class < num_classes:
         raise ValueError(f"forget_class {forget_class} outside 0..{num_classes - 1}")
-    head = head_param_names(model, num_classes)
+    head = head_param_names(model, num_classes, classifier)
     mean, var = {}, {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -125,7 +128,8 @@ def fisher_noise(model: nn.Module, retain, *, alpha: float, num_classes: int, fo
                  form: str = "code", generator: torch.Generator | None = None, seed: int | None = None,
                  kind: str = "true", clamp: bool = True, per_output_mean: bool = True, boost: float = 10.0,
                  fisher: dict[str, Tensor] | None = None, batch_size: int | None = None,
-                 cache: ArtifactCache | None = None) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor]]:
+                 cache: ArtifactCache | None = None, classifier: str | None = None
+                 ) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor]]:
     """Fisher forgetting of ``model`` with its own diagonal Fisher on ``retain`` = (x, y).
 
     Returns ``(noisy_model, mean, var)``: a new model with w = μ + √v ⊙ ε, and μ, v as dicts over the
@@ -145,7 +149,7 @@ def fisher_noise(model: nn.Module, retain, *, alpha: float, num_classes: int, fo
         fisher = _cached_fisher(model, x, y, kind, batch_size, cache)
     mean, var = fisher_noise_variance(model, fisher, alpha=alpha, num_classes=num_classes,
                                       forget_class=forget_class, form=form, clamp=clamp,
-                                      per_output_mean=per_output_mean, boost=boost)
+                                      per_output_mean=per_output_mean, boost=boost, classifier=classifier)
     return sample_gaussian_weights(model, mean, var, generator), mean, var
 
 
@@ -154,11 +158,13 @@ class FisherForgetting(ForgettingMethod):
     """Fisher forgetting: w + √(α·v(F)) ε with the authors' options (module docstring).
 
     Options: alpha (default :data:`DEFAULT_ALPHA`), form ("code" | "paper"), kind ("true" | "empirical"
-    Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch).
+    Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch), classifier (name of the final
+    layer when it is not ``head``, ``fc`` or ``classifier``).
     """
 
     def __init__(self, alpha: float = DEFAULT_ALPHA, form: str = "code", kind: str = "true", clamp: bool = True,
-                 per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None):
+                 per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None,
+                 classifier: str | None = None):
         if not float(alpha) > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
         if form not in FORMS:
@@ -168,11 +174,12 @@ class FisherForgetting(ForgettingMethod):
         self.alpha, self.form, self.kind = float(alpha), form, kind
         self.clamp, self.per_output_mean, self.boost = bool(clamp), bool(per_output_mean), float(boost)
         self.batch_size = batch_size
+        self.classifier = classifier
 
     def _options(self, ctx: ForgetContext) -> dict:
         return dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form,
                     kind=self.kind, clamp=self.clamp, per_output_mean=self.per_output_mean, boost=self.boost,
-                    batch_size=self.batch_size, cache=ctx.cache)
+                    batch_size=self.batch_size, cache=ctx.cache, classifier=self.classifier)
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
         if ctx.num_classes < 1:
@@ -193,5 +200,6 @@ class FisherForgetting(ForgettingMethod):
         fisher = _cached_fisher(model, x, y, self.kind, self.batch_size, ctx.cache)
         mean, var = fisher_noise_variance(model, fisher, alpha=self.alpha, num_classes=ctx.num_classes,
                                           forget_class=ctx.forget_class, form=self.form, clamp=self.clamp,
-                                          per_output_mean=self.per_output_mean, boost=self.boost)
+                                          per_output_mean=self.per_output_mean, boost=self.boost,
+                                          classifier=self.classifier)
         return WeightGaussian(mean, var)

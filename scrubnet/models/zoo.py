@@ -184,3 +184,30 @@ def replace_head(model: nn.Module, num_classes: int, seed: int = 0) -> nn.Module
         head = nn.Linear(old.in_features, num_classes)  # initialised on the CPU: same weights on every device
     model.head = head.to(device=old.weight.device, dtype=old.weight.dtype)
     return model
+
+
+#: attribute names under which models keep their final classifier (ours: ``head``; torchvision: ``fc`` or
+#: ``classifier``; timm: ``head``, ``fc`` or ``classifier``), in the order they are tried
+CLASSIFIER_NAMES = ("head", "fc", "classifier")
+
+
+def find_classifier(model: nn.Module, name: str | None = None) -> tuple[str, nn.Linear]:
+    """(dotted name, module) of the model's final ``nn.Linear``: the submodule ``name`` when given (dotted
+    paths allowed, e.g. ``"classifier.1"``), else the first of :data:`CLASSIFIER_NAMES` the model has. A
+    container (``nn.Sequential``) found there stands for its last ``nn.Linear``. ``ValueError`` naming the
+    attributes tried when there is none."""
+    modules = dict(model.named_modules())
+    candidates = [name] if name is not None else list(CLASSIFIER_NAMES)
+    for cand in candidates:
+        mod = modules.get(cand)
+        if mod is None:
+            continue
+        if isinstance(mod, nn.Linear):
+            return cand, mod
+        linears = [(f"{cand}.{k}", m) for k, m in mod.named_modules() if isinstance(m, nn.Linear)]
+        if linears:
+            return linears[-1]
+    if name is not None:
+        raise ValueError(f"the model has no nn.Linear classifier named {name!r}")
+    raise ValueError(f"cannot find the model's classifier: no nn.Linear under {', '.join(CLASSIFIER_NAMES)}; "
+                     "give its name with the method option classifier=NAME")
