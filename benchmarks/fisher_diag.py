@@ -1,18 +1,26 @@
-"""Benchmark: the vectorised true-Fisher diagonal against the authors' batch-size-1 loop.
+"""Benchmark: the vectorised true-Fisher diagonal against the best exact library (BackPACK) and the authors' loop.
 
-For each model, on the same model and data, side by side in one run: ``fisher_diag`` with its default
-(layerwise kernels, method="auto") and with method="vmap" (pure torch.func), and ``fisher_diag_loop``
-(batch size 1, one backward per class per sample). Prints wall time and peak resident memory of each, the
-max relative difference of each vectorised diagonal to the loop (elementwise over entries above 1e-6 of
-their tensor's maximum, and normwise per tensor), and the speed-ups. Models:
+Yardstick: BackPACK's ``DiagGGNExact`` (``backpack-for-pytorch==1.7.1``), the exact GGN diagonal, which for
+softmax cross-entropy is the true Fisher diagonal (divided by N for the mean). BackPACK is not a scrubnet
+dependency: the benchmark installs it (``pip install --no-deps``, with its two small pure-Python
+dependencies) only when it is missing, without touching the pinned torch; ``--no-backpack`` skips it.
+
+For each model, on the same model and data: ``fisher_diag`` with its default (layerwise kernels,
+method="auto") and with method="vmap" (pure torch.func), BackPACK's DiagGGNExact, and ``fisher_diag_loop``
+(batch size 1, one backward per class per sample, the authors' protocol). After one warm-up call of each,
+the contenders are timed ``--reps`` times (≥ 3) in alternation (default, vmap, BackPACK, loop, default, …)
+and the median is reported, on one torch thread by default. Prints the median times, the peak resident
+memory of each, the max relative difference of every diagonal to the loop's (elementwise over entries above
+1e-6 of their tensor's maximum, and normwise per tensor), and the ratios. Models:
 
 * ``mlp``   — the embedded default experiment's MLP (40-256-256-5), N = 475 (its |D_r|), 5 classes;
 * ``cnn2d`` — the small 2-D CNN with BatchNorm (eval mode, non-trivial running statistics), 1×8×8 inputs
   (digits-sized), N = 300, 10 classes.
 
-The final line ``speedup: X`` is the default path against the loop on the first model listed.
+The last lines are ``speedup_vs_loop: X`` and ``speedup: Y`` — Y is BackPACK's median time over scrubnet's
+default path on the first model listed (> 1: scrubnet is faster than the best exact library).
 
-    python benchmarks/fisher_diag.py [--models mlp,cnn2d] [--threads 2] [--dtype float32]
+    python benchmarks/fisher_diag.py [--models mlp,cnn2d] [--threads 1] [--reps 3] [--dtype float32]
 
 Peak memory is the process's VmHWM (Linux; reset through /proc/self/clear_refs before each run) minus the
 resident size at the start, falling back to ``resource.getrusage`` max RSS.
@@ -20,7 +28,14 @@ resident size at the start, falling back to ``resource.getrusage`` max RSS.
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib
+import importlib.metadata
+import statistics
+import subprocess
+import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -94,42 +109,113 @@ def rel_diff(fast: dict, slow: dict) -> tuple[float, float]:
     return elem, norm
 
 
-def bench(model_name: str, dtype: torch.dtype, n: int | None) -> float:
+BACKPACK_PINS = ("backpack-for-pytorch==1.7.1", "einops==0.8.2", "unfoldNd==0.2.3")
+
+
+def load_backpack():
+    """The backpack module, installed (``--no-deps``, pinned torch untouched) if missing; None if that fails."""
+    try:
+        return importlib.import_module("backpack")
+    except ImportError:
+        pass
+    print(f"installing {', '.join(BACKPACK_PINS)} for the yardstick (not a scrubnet dependency)")
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *BACKPACK_PINS],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"could not install BackPACK: {res.stderr.strip().splitlines()[-1:]}")
+        return None
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module("backpack")
+    except ImportError as e:
+        print(f"could not import BackPACK: {e}")
+        return None
+
+
+def backpack_fisher(backpack_mod, model: nn.Module):
+    """A function x → {name: true-Fisher diagonal} by BackPACK's DiagGGNExact on a converted copy of ``model``
+    (eval mode). The GGN of Σ_i CE equals Σ_i Jᵀ(diag p − p pᵀ)J, so the mean true Fisher is it / N; the labels
+    do not enter the GGN (any label gives the same diagonal)."""
+    diag_ggn_exact = importlib.import_module("backpack.extensions").DiagGGNExact  # optional dependency
+    ext = backpack_mod.extend(copy.deepcopy(model).eval(), use_converter=True)
+    loss_fn = backpack_mod.extend(nn.CrossEntropyLoss(reduction="sum"))
+    names = [k for k, _ in model.named_parameters()]
+
+    def run(x):
+        ext.zero_grad()
+        y = torch.zeros(len(x), dtype=torch.long)
+        with backpack_mod.backpack(diag_ggn_exact()), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")  # BackPACK's own hooks
+            loss_fn(ext(x), y).backward()
+        return {k: p.diag_ggn_exact.detach() / len(x) for k, p in zip(names, ext.parameters())}
+    return run
+
+
+def bench(model_name: str, dtype: torch.dtype, n: int | None, reps: int, backpack_mod) -> dict:
     model, x = build(model_name, dtype, n)
     p = sum(t.numel() for t in model.parameters())
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     print(f"\n== {model_name}: {p} parameters{' (BatchNorm, eval mode)' if has_bn else ''}, N={len(x)}, "
           f"classes={MODELS[model_name]['classes']}, {str(dtype).replace('torch.', '')}")
-    fisher_diag(model, x[:4])                  # warm-up (first vmap trace, allocator)
-    fisher_diag(model, x[:4], method="vmap")
-    rows = []
-    slow, t_loop, m_loop = measure(lambda: fisher_diag_loop(model, x))
-    for label, method in (("vectorised (default)", "auto"), ("vectorised (vmap only)", "vmap")):
-        fast, t, mem = measure(lambda: fisher_diag(model, x, method=method))
-        rows.append((label, t, mem, *rel_diff(fast, slow)))
-    rows.append(("loop (batch 1, K backwards)", t_loop, m_loop, 0.0, 0.0))
-    print(f"{'':<30}{'time (s)':>10}{'peak MiB':>10}{'speed-up':>10}{'max rel diff':>14}{'normwise':>10}")
-    for label, t, mem, e, nw in rows:
-        print(f"{label:<30}{t:>10.3f}{mem:>10.1f}{t_loop / t:>10.1f}{e:>14.2e}{nw:>10.2e}")
-    return t_loop / rows[0][1], max(rows[0][3], rows[1][3])
+    contenders = {"scrubnet (default)": lambda: fisher_diag(model, x),
+                  "scrubnet (vmap only)": lambda: fisher_diag(model, x, method="vmap")}
+    if backpack_mod is not None:
+        bp = backpack_fisher(backpack_mod, model)
+        contenders["BackPACK DiagGGNExact"] = lambda: bp(x)
+    contenders["loop (batch 1, K backwards)"] = lambda: fisher_diag_loop(model, x)
+    results, times, peaks = {}, {k: [] for k in contenders}, {k: 0.0 for k in contenders}
+    for label, fn in contenders.items():   # warm-up (first vmap trace, allocator, BackPACK hooks)
+        results[label] = fn()
+    for _ in range(reps):                  # alternated repetitions
+        for label, fn in contenders.items():
+            _, t, mem = measure(fn)
+            times[label].append(t)
+            peaks[label] = max(peaks[label], mem)
+    slow = results["loop (batch 1, K backwards)"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    t_default = med["scrubnet (default)"]
+    print(f"{'':<30}{'median s':>10}{'peak MiB':>10}{'÷ default':>10}{'max rel diff':>14}{'normwise':>10}")
+    worst = 0.0
+    for label in contenders:
+        e, nw = rel_diff(results[label], slow)
+        if label != "loop (batch 1, K backwards)":
+            worst = max(worst, e)
+        print(f"{label:<30}{med[label]:>10.4f}{peaks[label]:>10.1f}{med[label] / t_default:>10.2f}{e:>14.2e}{nw:>10.2e}")
+    out = {"vs_loop": med["loop (batch 1, K backwards)"] / t_default, "rel_diff": worst}
+    if "BackPACK DiagGGNExact" in med:
+        out["vs_backpack"] = med["BackPACK DiagGGNExact"] / t_default
+        print(f"speedup_vs_backpack ({model_name}): {out['vs_backpack']:.2f}")
+    print(f"speedup_vs_loop ({model_name}): {out['vs_loop']:.1f}")
+    return out
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="mlp,cnn2d", help=f"comma-separated, from {', '.join(MODELS)}")
     ap.add_argument("--n", type=int, default=None, help="number of samples (default: per model)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: timings on a shared machine are stable only on one)")
+    ap.add_argument("--reps", type=int, default=3, help="alternated timed repetitions (≥ 3), median reported")
+    ap.add_argument("--no-backpack", action="store_true", help="skip the BackPACK yardstick")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad or not names:
         ap.error(f"unknown model(s) {bad}; choose from {', '.join(MODELS)}")
+    if args.reps < 3:
+        ap.error("--reps must be ≥ 3")
     torch.set_num_threads(args.threads)
-    print(f"true Fisher diagonal, torch {torch.__version__}, {args.threads} thread(s)")
-    results = [bench(m, getattr(torch, args.dtype), args.n) for m in names]
-    print(f"\nmax relative difference (all models, both vectorised paths): {max(r[1] for r in results):.2e}")
-    print(f"speedup: {results[0][0]:.1f}")
+    backpack_mod = None if args.no_backpack else load_backpack()
+    print(f"true Fisher diagonal, torch {torch.__version__}, {args.threads} thread(s), median of {args.reps} "
+          f"alternated repetitions; yardstick: "
+          f"{'BackPACK ' + importlib.metadata.version('backpack-for-pytorch') + ' DiagGGNExact' if backpack_mod else 'none (BackPACK missing)'}")
+    results = [bench(m, getattr(torch, args.dtype), args.n, args.reps, backpack_mod) for m in names]
+    print(f"\nmax relative difference to the loop (all models, scrubnet and BackPACK): "
+          f"{max(r['rel_diff'] for r in results):.2e}")
+    print(f"speedup_vs_loop: {results[0]['vs_loop']:.1f}")
+    if "vs_backpack" in results[0]:
+        print(f"speedup: {results[0]['vs_backpack']:.2f}")
 
 
 if __name__ == "__main__":

@@ -92,3 +92,16 @@ def mixed_linear_closed_form(core: nn.Module, x: Tensor, y: Tensor, mu: float, s
     r = (scale * F.one_hot(y, c).to(x.dtype) - core(x).detach()).reshape(-1)
     h = jac.T @ jac / len(x) + mu * torch.eye(jac.shape[1], dtype=x.dtype)
     return torch.linalg.solve(h, jac.T @ r / len(x))
+
+
+def dense_log_softmax_jacobian(model: nn.Module, x: Tensor) -> dict[str, Tensor]:
+    """{name: (N, c, *shape)} Jacobian of the log-softmax outputs w.r.t. each trainable parameter (eval mode);
+    the true-Fisher diagonal is (1/N) Σ_i Σ_k p_ik J_ik²."""
+    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    buffers = {k: b.clone() for k, b in model.named_buffers()}
+    was = model.training
+    model.eval()
+    try:
+        return jacrev(lambda p: torch.log_softmax(functional_call(model, (p, buffers), (x,)), -1))(params)
+    finally:
+        model.train(was)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev
 
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.kernels import (BatchNormKernel, ConvKernel, LinearKernel, kernel_for,
@@ -71,18 +70,6 @@ def _case(name: str, device: str, n: int = 5):
     return model, x, kernel_type
 
 
-def _dense_log_softmax_jacobian(model, x):
-    """(N, c, p) Jacobian of log-softmax outputs, eval mode, by jacrev of the whole batch."""
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = dict(model.named_buffers())
-    model.eval()
-    try:
-        jac = jacrev(lambda p: torch.log_softmax(functional_call(model, (p, buffers), (x,)), -1))(params)
-    finally:
-        model.train()
-    return {k: v for k, v in jac.items()}
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_kernel_against_dense_reference(name, device):
@@ -111,7 +98,7 @@ def test_kernel_against_dense_reference(name, device):
             assert gram.device.type == device
             assert torch.allclose(gram, dense @ dense.T, rtol=1e-10, atol=1e-10 * float(dense.abs().max()) ** 2)
     # 3. squared sums (true-Fisher diagonal), layerwise kernels and the vmap fallback
-    jl = _dense_log_softmax_jacobian(model, x)
+    jl = dense_refs.dense_log_softmax_jacobian(model, x)
     model.eval()
     with torch.no_grad():
         p = torch.softmax(model(x), -1)

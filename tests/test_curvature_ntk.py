@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from scrubnet.curvature.ntk import (iter_jacobian_rows, jacobian_jvp, jacobian_vjp, ntk_diag_blocks,
-                                    ntk_gram, ntk_matvec, solve_gram, solve_ntk_cg)
+                                    ntk_gram, ntk_gram_flops, ntk_matvec, solve_gram, solve_ntk_cg)
 from scrubnet.models.zoo import build_model
 from tests import dense_refs
 
@@ -171,3 +171,18 @@ def test_bad_inputs():
         ntk_gram(model, x[:0])
     with pytest.raises(ValueError):
         solve_gram(torch.eye(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), -1.0)
+
+
+def test_gram_flops_of_a_linear_model_by_hand():
+    """One Linear layer d → c: the Jacobian pass is the forward (no layer output to back-propagate through),
+    the Gram the cheaper of explicit ½R(R+1)·numel + R·numel and ghost ½(N²(d+1) + R²(c+1)) multiply-adds."""
+    d, n = 7, 11
+    model = nn.Linear(d, C).double()
+    x = torch.randn(n, d, dtype=torch.float64)
+    got = ntk_gram_flops(model, x)
+    r, numel = n * C, (d + 1) * C
+    explicit = 0.5 * r * (r + 1) * numel + r * numel
+    ghost = 0.5 * (n * n * (d + 1) + r * r * (C + 1))
+    assert got["jacobian_pass"] == pytest.approx(n * 2 * d * C)
+    assert got["gram"] == pytest.approx(2 * min(explicit, ghost))
+    assert got["total"] == pytest.approx(got["jacobian_pass"] + got["gram"])

@@ -7,34 +7,32 @@ model in **eval mode** (BatchNorm uses its running statistics, so samples do not
 rows are well defined); the model's mode is restored afterwards.
 
 What is here
-* :class:`JacobianRows` — the engine: one forward pass with hooks on every ``Linear``/``Conv1d``/``Conv2d``/
-  ``BatchNorm`` layer plus c batched backward passes give, per layer, its inputs ``a`` and the
-  output-gradients ``g`` of every row; per-row weight gradients are then ``Σ_s g_s a_sᵀ`` (a batched GEMM).
-  Parameters of any other module fall back to ``torch.func.vmap(jacrev)`` on just those parameters.
-* :func:`ntk_gram` — Θ (or the cross-Gram J(x) J(x')ᵀ) block by block under a memory budget, choosing per
-  layer the cheaper of two exact contractions (layerwise outer products):
+* :class:`JacobianRows` — the engine: one forward pass with hooks on every layer covered by the kernel
+  registry (:mod:`scrubnet.curvature.kernels`: Linear, Conv1d/Conv2d, eval-mode BatchNorm) plus c backward
+  passes to the layer *outputs* give, per layer, its inputs ``a`` and the output-gradients ``g`` of every
+  row; per-row weight gradients are then ``Σ_s g_s a_sᵀ`` (the kernel's batched GEMM). Parameters of any
+  other module go through the kernels' torch.func fallback on just those parameters.
+* :func:`ntk_gram` — Θ (or the cross-Gram J(x) J(x')ᵀ) under a memory budget, choosing per layer the
+  cheaper of two exact contractions:
     explicit: Θ_l = G_l G_lᵀ with per-row gradients G_l (rows × numel);
     ghost:    Θ_l[(n,k),(m,k')] = Σ_{s,t} (g_{nks}·g_{mk't}) (ã_{ns}·ã_{mt}),   ã = [a, 1] (bias folded in),
-  ghost wins for layers with few positions T (every Linear: T = 1; late conv layers).
+  ghost wins for layers with few positions T (every Linear: T = 1; late conv layers). Every Jacobian row
+  is computed once per held chunk (once in all when the compact factors of x fit in the budget) and the
+  symmetric blocks once ("NTK cost" in docs/decisions.md). :func:`ntk_gram_flops` gives its FLOP floor.
 * :func:`ntk_diag_blocks` — the N per-sample c×c blocks J_x diag(v) J_xᵀ (activation covariances).
 * :func:`jacobian_vjp` (Jᵀa: one backward of Σ_i a_i·f(x_i)), :func:`jacobian_jvp` (J v, ``torch.func.jvp``),
-  :func:`ntk_matvec` (Θu = J(Jᵀu)) and :func:`solve_ntk` (ridge solve by Cholesky with jitter, or by
-  conjugate gradient on Θ-vector products when the Gram is too large to hold).
+  :func:`ntk_matvec` (Θu = J(Jᵀu)) and :func:`solve_gram` / :func:`solve_ntk_cg` (ridge solve by Cholesky
+  with jitter, or by conjugate gradient on Θ-vector products when the Gram is too large to hold).
 * :func:`dense_jacobian` — the obviously-correct twin for tests (``torch.func.jacrev`` of the whole batch).
 
-Why this algorithm: on CPU a layerwise per-row-gradient / outer-product kernel beat
-``vmap(jacrev)`` 5.6–25×; here the c backward passes go to the layer *outputs* only (no weight gradients), and
-per-row weight gradients are a batched GEMM of (output-gradient, unfolded input). The cost of the whole scrub
-against one pass of every Jacobian row and against retraining is measured by ``benchmarks/ntk_scale.py``
-(figures in the README's benchmark table, not repeated here). Where the time goes: the c backward passes
-(rows of later chunks are recomputed once per held chunk) and the explicit contraction G_I G_Jᵀ
-(R²·p_explicit multiply-adds); a larger budget (fewer held chunks) or a GPU shrinks the first, the second
-is the price of an exact Gram.
+Why this algorithm: on CPU a layerwise per-row-gradient / outer-product kernel beat ``vmap(jacrev)``
+5.6–25× (ResNet-18, one thread); the c backward passes go to the layer outputs only (no weight gradients).
+Measured figures (``benchmarks/ntk_scale.py``) are in the README and docs/decisions.md ("NTK cost").
 
-Memory: ``memory_budget_bytes`` bounds the large buffers (the held block of rows, the captured layer
-inputs/output-gradients of one micro-batch, the contraction temporaries); chunk sizes are derived from
-it with a one-sample probe of the layer shapes. The budget is a target for these buffers, not a hard cap
-on the process (autograd's own activations for one micro-batch come on top).
+Memory: ``memory_budget_bytes`` bounds the large buffers (3/5 for the held factors, 1/5 for the capture
+of one micro-batch, 1/5 for the contraction temporaries); sizes are derived from it with a one-sample probe
+of the layer shapes. The budget is a target for these buffers, not a hard cap on the process (autograd's
+own activations for one micro-batch come on top).
 """
 from __future__ import annotations
 
@@ -330,13 +328,15 @@ def _ghost_block(a_i: Tensor, g_i: Tensor, a_j: Tensor, g_j: Tensor, c: int, bud
 class _Held:
     """Compact Jacobian factors of ``n`` consecutive samples (rows sample-major, c rows per sample).
 
-    rows:  {(start, stop): (n·c, numel)} per-row gradients (explicit layers kept as rows, BN, fallback);
+    rows:  (n·c, width) per-row gradients of every parameter kept as rows (explicit layers, BN, fallback),
+           side by side in one matrix (columns: ``_GramPlan.row_cols``), so that their Gram is one GEMM;
     raw:   {layer: (a (n, ...), g (c, n, ...))} the capture itself, for explicit layers whose rows are
            larger than their capture; per-row gradients are rebuilt per contraction block;
-    ghost: {layer: (a (n, ...), g rows (n·c, T, d_out))} for layers contracted by the ghost rule."""
+    ghost: {layer: (ã (n, T, d_in[+1]), g rows (n·c, T, d_out))} for layers contracted by the ghost rule
+           (input patches unfolded once)."""
 
     n: int
-    rows: dict = field(default_factory=dict)
+    rows: Tensor | None = None
     raw: dict = field(default_factory=dict)
     ghost: dict = field(default_factory=dict)
 
@@ -366,18 +366,35 @@ class _GramPlan:
                 break
             self.storage[lay.name] = "raw"
         self.per_sample_bytes = self.per_sample(generic) * itemsize
+        self.row_cols: dict[tuple[int, int], tuple[int, int]] = {}
+        spans = [sl for lay in engine.layers if self.storage[lay.name] == "rows"
+                 for sl in (lay.weight, lay.bias) if sl is not None]
+        spans += [engine.offsets[k] for k in engine.generic_names]
+        col = 0
+        for lo, hi in spans:
+            self.row_cols[(lo, hi)] = (col, col + hi - lo)
+            col += hi - lo
+        self.row_width = col
 
     def per_sample(self, generic: int) -> int:
         c, total = self.c, generic
         for lay in self.engine.layers:
             kind = self.storage[lay.name]
-            total += c * lay.numel if kind == "rows" else lay.input_numel + c * lay.output_numel
+            if kind == "rows":
+                total += c * lay.numel
+            elif kind == "raw":
+                total += lay.input_numel + c * lay.output_numel
+            else:
+                total += lay.positions * (lay.d_in + 1) + c * lay.output_numel
         return total
 
     def hold(self, x: Tensor, micro: int) -> _Held:
         """Capture every sample of ``x`` once (micro-batches) into preallocated compact factors."""
         eng, c, n = self.engine, self.c, len(x)
         held = _Held(n)
+        if self.row_width:
+            dtype = next(iter(eng.params.values())).dtype
+            held.rows = torch.empty(n * c, self.row_width, dtype=dtype, device=x.device)
         for s in range(0, n, micro):
             xb = x[s:s + micro]
             lo, hi = s, s + len(xb)
@@ -395,7 +412,8 @@ class _GramPlan:
                     held.raw[lay.name][1][:, lo:hi] = g
                     continue
                 else:
-                    a, g = cap.inputs[lay.name][0], eng.ghost_rows(lay, cap.grads[lay.name][0])
+                    a = eng.ghost_factors(lay, cap.inputs[lay.name][0])
+                    g = eng.ghost_rows(lay, cap.grads[lay.name][0])
                     if lay.name not in held.ghost:
                         held.ghost[lay.name] = (a.new_empty((n,) + tuple(a.shape[1:])),
                                                 g.new_empty((n * c,) + tuple(g.shape[1:])))
@@ -403,14 +421,12 @@ class _GramPlan:
                     held.ghost[lay.name][1][lo * c:hi * c] = g
                     continue
                 for sl, r in parts:
-                    if sl not in held.rows:
-                        held.rows[sl] = r.new_empty((n * c, r.shape[1]))
-                    held.rows[sl][lo * c:hi * c] = r
+                    c0, c1 = self.row_cols[sl]
+                    held.rows[lo * c:hi * c, c0:c1] = r
             del cap
             for sl, r in eng.generic_rows(xb):
-                if sl not in held.rows:
-                    held.rows[sl] = r.new_empty((n * c, r.shape[1]))
-                held.rows[sl][lo * c:hi * c] = r
+                c0, c1 = self.row_cols[sl]
+                held.rows[lo * c:hi * c, c0:c1] = r
         return held
 
     def contract(self, hi: _Held, hj: _Held, out: Tensor, same: bool, budget: int) -> None:
@@ -421,6 +437,8 @@ class _GramPlan:
         lay_by_name = {lay.name: lay for lay in eng.layers}
 
         def pairs(n_i: int, n_j: int, step: int):
+            if same:  # at least 8 blocks per side: the blocks above the diagonal are ≈ 56 % of the square
+                step = min(step, max(1, -(-n_i // 8)))
             for s in range(0, n_i, step):
                 for t in range(s if same else 0, n_j, step):
                     yield s, min(n_i, s + step), t, min(n_j, t + step)
@@ -430,12 +448,10 @@ class _GramPlan:
             if same and t != s:
                 out[t * c:f * c, s * c:e * c] += blk.T.to(out.dtype)
 
-        # per-row gradients held: GEMM of slices, symmetric blocks once
-        step = max(1, min(hi.n, 2048 // c)) if same else max(hi.n, hj.n)
-        for sl, ri in hi.rows.items():
-            rj = hj.rows[sl]
-            for s, e, t, f in pairs(hi.n, hj.n, step):
-                add(s, e, t, f, ri[s * c:e * c] @ rj[t * c:f * c].T)
+        # per-row gradients held side by side: one GEMM per block, symmetric blocks once
+        if hi.rows is not None:
+            for s, e, t, f in pairs(hi.n, hj.n, max(hi.n, hj.n)):
+                add(s, e, t, f, hi.rows[s * c:e * c] @ hj.rows[t * c:f * c].T)
         # captures: rebuild per-row gradients per block of samples sized to the budget
         for name, (a_i, g_i) in hi.raw.items():
             lay = lay_by_name[name]
@@ -444,23 +460,17 @@ class _GramPlan:
             cache: tuple[int, list] | None = None
             for s, e, t, f in pairs(hi.n, hj.n, step):
                 if cache is None or cache[0] != s:
-                    cache = (s, eng.rows_from(lay, a_i[s:e], g_i[:, s:e]))
+                    cache = (s, eng.rows_from(lay, a_i[s:e], g_i[:, s:e]))   # rows of block s, reused along t
                 rows_j = cache[1] if same and t == s else eng.rows_from(lay, a_j[t:f], g_j[:, t:f])
                 blk = None
-                for (_, r_i), (_, r_j) in zip(cache[1], rows_j):
-                    prod = r_i @ r_j.T
-                    blk = prod if blk is None else blk + prod
+                for (_, r_i), (_, r_j) in zip(cache[1], rows_j):   # weight, then bias
+                    blk = r_i @ r_j.T if blk is None else blk.addmm_(r_i, r_j.T)
                 add(s, e, t, f, blk)
-        # ghost rule: patches rebuilt per block (cheap next to the T² contraction)
+        # ghost rule on the held patches
         for name, (a_i, g_i) in hi.ghost.items():
-            lay = lay_by_name[name]
             a_j, g_j = hj.ghost[name]
-            per = (lay.positions * (lay.d_in + 1) + c * lay.positions * lay.d_out) * a_i.element_size()
-            step = max(1, int(budget // max(4 * per, 1)))
-            for s, e, t, f in pairs(hi.n, hj.n, step):
-                pa_i = eng.ghost_factors(lay, a_i[s:e])
-                pa_j = pa_i if same and t == s else eng.ghost_factors(lay, a_j[t:f])
-                add(s, e, t, f, _ghost_block(pa_i, g_i[s * c:e * c], pa_j, g_j[t * c:f * c], c, budget))
+            for s, e, t, f in pairs(hi.n, hj.n, max(hi.n, hj.n)):
+                add(s, e, t, f, _ghost_block(a_i[s:e], g_i[s * c:e * c], a_j[t:f], g_j[t * c:f * c], c, budget))
 
 
 def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
