@@ -14,11 +14,13 @@ Bad input gives one line ``error: …`` on stderr and exit code 2; nothing parti
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 import typer
 
@@ -106,8 +108,20 @@ CHECKPOINT_OPT = typer.Option(None, "--checkpoint", help="ML checkpoint director
 THREADS_OPT = typer.Option(1, help="torch CPU threads (1: numbers independent of the core count)")
 
 
+def _fingerprint_v1(split) -> str:
+    """The data fingerprint that checkpoints of the ledger format recorded: the split's fingerprint
+    followed by its forget ids (kept only to check migrated checkpoints)."""
+    h = hashlib.sha256()
+    for t in (split.x_core, split.y_core, split.x, split.y, split.x_test, split.y_test, split.forget_idx):
+        h.update(np.ascontiguousarray(t.detach().cpu().numpy()).tobytes())
+    return h.hexdigest()
+
+
 def _data_loader(meta: dict):
     split = load_split(DataConfig.from_dict(meta["data"]))
+    if meta.get("data_fingerprint_v1") and _fingerprint_v1(split) != meta["data_fingerprint_v1"]:
+        raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "
+                         "it was trained on (fingerprint mismatch)")
     if meta.get("data_fingerprint") and split.fingerprint() != meta["data_fingerprint"]:
         raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "
                          "it was trained on (fingerprint mismatch)")

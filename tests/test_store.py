@@ -14,7 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scrubnet.cli_mlforget import _data_loader, mlforget_app
+from scrubnet.cli_mlforget import _data_loader, _fingerprint_v1, mlforget_app
+from scrubnet.data import DataConfig, load_split
 from scrubnet.mlforget import store
 
 DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
@@ -235,7 +236,10 @@ def _to_legacy(src, dst):
              "sha256_before": r["sha256_before"], "sha256_after": r["sha256_after"], **r["solver"]} for r in reqs]
     wname = f"weights-{seq:06d}.safetensors"
     shutil.copy(src / store.WEIGHTS / f"{st['weights_sha256']}.safetensors", dst / wname)
+    # the ledger format's fingerprint covered the forget ids too
+    fp_v1 = _fingerprint_v1(load_split(DataConfig.from_dict(static["data"])))
     meta = {**{k: v for k, v in static.items() if k != "format"}, "format": "scrubnet-mlforget/1", "seq": seq,
+            "data_fingerprint": fp_v1,
             "weights_file": wname, "weights_sha256": st["weights_sha256"], "forgotten_ids": st["forgotten_ids"],
             "last_request": recs[-1]}
     (dst / "state.json").write_text(json.dumps(meta))

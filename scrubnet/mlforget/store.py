@@ -618,6 +618,8 @@ def migrate_legacy(path: str | Path) -> None:
     static.update({k: v for k, v in meta.items() if k not in static and k not in
                    ("format", "seq", "weights_file", "weights_sha256", "forgotten_ids", "last_request")})
     static["format"] = FORMAT
+    # the ledger format's data fingerprint also covered the forget ids; kept under its own name
+    static["data_fingerprint_v1"], static["data_fingerprint"] = static.get("data_fingerprint"), None
     static["migrated_from"] = "scrubnet-mlforget/1 (state.json + ledger.jsonl)"
     state = {"request_id": meta["seq"], "weights_sha256": meta["weights_sha256"],
              "forgotten_ids": [i for i in meta["forgotten_ids"] if i not in core],
