@@ -85,10 +85,12 @@ def newton_step_softmax_regression(model: nn.Linear, x: Tensor, y: Tensor, *, wd
     return w - torch.linalg.pinv(h, hermitian=True) @ g
 
 
-def mixed_linear_closed_form(core: nn.Module, x: Tensor, y: Tensor, mu: float, scale: float = 5.0) -> Tensor:
-    """argmin_w (1/n) Σ ½‖f_core(x) + J w − s·onehot(y)‖² + (µ/2)‖w‖² (all parameters of ``core`` linearised)."""
+def mixed_linear_closed_form(core: nn.Module, x: Tensor, y: Tensor, mu: float, scale: float = 5.0,
+                             names: list[str] | None = None) -> Tensor:
+    """argmin_w (1/n) Σ ½‖f_core(x) + J w − s·onehot(y)‖² + (µ/2)‖w‖², J over the parameters ``names``
+    (default: all parameters of ``core`` linearised), by a direct solve of the primal normal equations."""
     c = core(x[:1]).shape[1]
-    jac = dense_jacobian(core, x)
+    jac = dense_jacobian(core, x, names)
     r = (scale * F.one_hot(y, c).to(x.dtype) - core(x).detach()).reshape(-1)
     h = jac.T @ jac / len(x) + mu * torch.eye(jac.shape[1], dtype=x.dtype)
     return torch.linalg.solve(h, jac.T @ r / len(x))

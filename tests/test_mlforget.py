@@ -12,9 +12,11 @@ from scrubnet.mlforget import (
     build_ml_model,
     forget_all,
     forget_request,
+    remaining_information_bound,
     remaining_information_nats,
     retrain_user_weights,
 )
+from scrubnet.readouts.information import gaussian_kl_diag
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.training import TrainConfig
 from tests import dense_refs
@@ -24,14 +26,15 @@ C = 3
 
 
 
-def make_problem(seed=0, n=60, mu=0.05, **solver):
+def make_problem(seed=0, n=60, mu=0.05, linearize=None, **solver):
     torch.manual_seed(seed)
     core = nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.1), nn.Linear(8, C)).double().eval()
     x = torch.randn(n, 6, dtype=torch.float64)
     y = torch.randint(0, C, (n,))
     split = SimpleNamespace(x=x, y=y, forget_idx=torch.tensor([0, 1]), num_classes=C)
-    cfg = MLConfig(mu=mu, sigma=0.0, core_fraction=0.3, user_data="rest",
-                   solver=SolverConfig(cg_tol=1e-13, cg_max_iter=2000, **solver))
+    solver = {"cg_max_iter": 2000, "weight_tol": 1e-11, **solver}
+    cfg = MLConfig(mu=mu, sigma=0.0, core_fraction=0.3, user_data="rest", linearize=linearize,
+                   solver=SolverConfig(**solver))
     state = build_ml_model(None, split, cfg, TrainConfig(), seed=seed, core_model=core)
     return core, x, y, state
 
@@ -98,7 +101,12 @@ def test_noise_is_sigma_scaled_and_remaining_information():
     w_hat = retrain_user_weights(state, x, y)
     info = remaining_information_nats(out.w_before_noise, w_hat, 1e-3)
     assert 0 <= info < 1e-6  # exact step: w' = ŵ up to the solver tolerance
-    assert remaining_information_nats(w_hat + 1e-3, w_hat, 1e-3) == pytest.approx(p)
+    # the Gaussian KL with the ½, the same number as the readouts' KL of two isotropic Gaussians
+    shifted = w_hat + 1e-3
+    assert remaining_information_nats(shifted, w_hat, 1e-3) == pytest.approx(p / 2)
+    var = torch.full_like(w_hat, 1e-6)
+    assert remaining_information_nats(shifted, w_hat, 1e-3) == pytest.approx(gaussian_kl_diag(shifted, var, w_hat, var))
+    assert remaining_information_bound(shifted, w_hat, 1e-3) == pytest.approx(p)
 
 
 def test_reference_noise_common_random_numbers_or_independent():
@@ -132,7 +140,7 @@ def test_sgd_on_the_auxiliary_quadratic_approaches_the_newton_step():
 
 @pytest.mark.parametrize("precond", ["kfac", "nystrom"])
 def test_preconditioned_cg_gives_the_same_step(precond):
-    core, x, y, state = make_problem(precond=precond, precond_rank=20)
+    core, x, y, state = make_problem(solver="cg", precond=precond, precond_rank=20)
     request = state.deletable_ids()[:4]
     out = forget_request(state, x, y, request, sigma=0.0)
     rem = state.remaining_ids()
@@ -224,3 +232,94 @@ def test_ml_protocols_write_results_and_track_the_retrain(protocol, tmp_path):
     assert (tmp_path / "report.md").is_file() and (tmp_path / f"{protocol}_loss_forget.png").is_file()
     with pytest.raises(ValueError, match="unknown ML protocol"):
         run_ml_protocol("nope", cfg, None, progress=False)
+
+
+# ---- the exact solvers: dual (Schur complement on the eigendecomposed Gram) and warm-started CG ----------
+
+def test_dual_coefficients_equal_a_dense_solve_of_the_retained_block():
+    from scrubnet.mlforget.dual import DualFactor
+    core, x, y, state = make_problem(n=40)
+    fac = state.factor
+    assert isinstance(fac, DualFactor) and state.train_info["train_solver"] == "dual"
+    J = dense_refs.dense_jacobian(core, x[fac.ids])
+    torch.testing.assert_close(fac.eigvecs @ torch.diag(fac.eigvals) @ fac.eigvecs.T, J @ J.T, rtol=1e-10, atol=1e-10)
+    r = (core(x[fac.ids]).detach() - 5 * F.one_hot(y[fac.ids], C).double())
+    g = torch.Generator().manual_seed(0)
+    for drop in (0, 1, 5, 12):
+        keep = torch.ones(len(fac.ids), dtype=torch.bool)
+        keep[torch.randperm(len(keep), generator=g)[:drop]] = False
+        a, info = fac.coefficients(keep)
+        rows = keep.repeat_interleave(C)
+        K = (J @ J.T)[rows][:, rows] + int(keep.sum()) * 0.05 * torch.eye(int(rows.sum()), dtype=torch.float64)
+        expected = torch.linalg.solve(K, r[keep].reshape(-1))
+        torch.testing.assert_close(a[keep].reshape(-1), expected, rtol=1e-10, atol=1e-12)
+        assert torch.all(a[~keep] == 0) and info["relative_residual"] < 1e-12
+        assert info["removed_rows"] == drop * C
+
+
+@pytest.mark.parametrize("solver", ["dual", "cg"])
+def test_exact_solvers_equal_retraining_over_sequential_requests(solver):
+    """Each step equals the closed-form retrained weights to an absolute 1e-9; the steps compose."""
+    core, x, y, state = make_problem(seed=2, n=70, solver=solver)
+    deletable = state.deletable_ids()
+    for k in range(4):
+        out = forget_request(state, x, y, deletable[3 * k:3 * k + 3], sigma=0.0, noise_seed=k)
+        assert out.info.solver == solver
+        rem = state.remaining_ids()
+        expected = dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)
+        assert float((out.w_before_noise - expected).norm()) < 1e-9
+        if solver == "cg":
+            assert out.info.extra["weight_error_bound"] <= 1e-11 and out.info.extra["converged"]
+        else:
+            assert out.info.extra["removed_rows"] == 3 * (k + 1) * C and out.info.relative_residual < 1e-12
+    w_hat, info = retrain_user_weights(state, x, y, return_info=True)
+    assert float((w_hat - state.model.delta_flat()).norm()) < 1e-9
+    assert info["train_solver"] == solver
+
+
+def test_dual_with_a_subset_of_linearised_weights_and_noise_between_requests():
+    """Only the head linearised; noise added after each request does not change the next exact step."""
+    core, x, y, state = make_problem(seed=3, n=50, linearize=["2"])
+    deletable = state.deletable_ids()
+    for k in range(3):
+        forget_request(state, x, y, deletable[2 * k:2 * k + 2], sigma=1e-2, noise_seed=k)
+    out = forget_request(state, x, y, deletable[6:8], sigma=0.0)
+    rem = state.remaining_ids()
+    expected = dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05, names=["2.weight", "2.bias"])
+    assert float((out.w_before_noise - expected).norm()) < 1e-9
+
+
+def test_dual_factor_is_rebuilt_when_missing_or_mostly_removed():
+    core, x, y, state = make_problem(seed=4, n=40)
+    deletable = state.deletable_ids()
+    state.factor = None  # as after loading a checkpoint
+    out = forget_request(state, x, y, deletable[:2], sigma=0.0)
+    assert out.info.extra["factor_rebuilt"] == "missing" and out.info.extra["factor_build_s"] > 0
+    assert len(state.factor.ids) == len(state.user_ids) - len(state.forgotten_ids) + 2
+    out = forget_request(state, x, y, deletable[2:20], sigma=0.0)   # > half of the factor's rows
+    assert out.info.extra["factor_rebuilt"] == "over half removed"
+    rem = state.remaining_ids()
+    assert torch.equal(state.factor.ids, rem)
+    assert float((out.w_before_noise - dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)).norm()) < 1e-9
+
+
+def test_auto_chooses_by_size_and_retraining_never_uses_the_factor():
+    core, x, y, state = make_problem(n=40)          # 28 user samples × 3 classes = 84 rows
+    assert state.exact_solver(28) == "dual"
+    state.config.solver = SolverConfig(dual_max_rows=50, weight_tol=1e-11)
+    assert state.exact_solver(28) == "cg"
+    out = forget_request(state, x, y, state.deletable_ids()[:2], sigma=0.0)
+    assert out.info.solver == "cg" and state.precond is not None
+    state.config.solver = SolverConfig(weight_tol=1e-11)
+    state.factor.residuals.zero_()  # a corrupted factor would change the scrub, never the yardstick
+    w_hat = retrain_user_weights(state, x, y)
+    rem = state.remaining_ids()
+    assert float((w_hat - dense_refs.mixed_linear_closed_form(core, x[rem], y[rem], 0.05)).norm()) < 1e-9
+
+
+def test_dual_fit_from_scratch_is_the_closed_form():
+    from scrubnet.mlforget.dual import dual_fit
+    core, x, y, state = make_problem(n=30)
+    w, info = dual_fit(state.model, x[:20], y[:20], C, 0.05)
+    assert float((w - dense_refs.mixed_linear_closed_form(core, x[:20], y[:20], 0.05)).norm()) < 1e-10
+    assert info["dual_rows"] == 20 * C and info["relative_residual"] < 1e-12

@@ -15,8 +15,10 @@ Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is 
    cross-entropy on the task part of D_core using the protocol's :func:`scrubnet.training.finetune`.
 3. **User weights** w_u (start 0) on the parameters named by ``linearize`` (default: all), trained on D_u
    with the mean MSE to 5·one-hot + (µ/2)‖w_u‖² (:mod:`scrubnet.mlforget.objective`). Default training is the
-   exact minimiser (a Newton step from 0 by K-FAC-preconditioned CG); ``train_solver='sgd'`` uses the
-   papers' 50-epoch SGD instead.
+   exact minimiser by the exact solver chosen by size (:mod:`scrubnet.mlforget.solve`): in the dual it
+   builds the user-data Gram and its eigendecomposition, kept in ``MLState.factor`` for every later request
+   (:mod:`scrubnet.mlforget.dual`); with CG it builds the Nyström preconditioner kept in ``MLState.precond``.
+   ``train_solver='sgd'`` uses the papers' 50-epoch SGD instead.
 
 The returned :class:`MLState` keeps which ids (positions in D) are core, user and already forgotten.
 The ML module (``state.model``, a :class:`~scrubnet.models.linearized.LinearizedModel`) maps x → logits
@@ -25,6 +27,7 @@ and its only trainable parameters are w_u.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -32,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
+from scrubnet.mlforget.dual import DualFactor, dual_fit
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.mlforget.solve import (
     NystromPreconditioner,
@@ -114,6 +118,7 @@ class MLState:
     seed: int
     train_info: dict = field(default_factory=dict)
     precond: object = None  # a preconditioner of H built once (Nyström) and reused by later requests
+    factor: DualFactor | None = None  # the user-data Gram, eigendecomposed once, used by every dual request
 
     def remaining_ids(self) -> Tensor:
         """User ids not yet forgotten (sorted)."""
@@ -128,6 +133,15 @@ class MLState:
     def objective(self, x: Tensor, y: Tensor) -> UserObjective:
         return UserObjective(self.model, x, y, self.num_classes, self.config.mu, self.config.target_scale,
                              self.config.chunk)
+
+    def objective64(self, x: Tensor, y: Tensor) -> UserObjective:
+        """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
+        return UserObjective(copy.deepcopy(self.model).double(), x.double(), y, self.num_classes, self.config.mu,
+                             self.config.target_scale, self.config.chunk)
+
+    def exact_solver(self, n_samples: int) -> str:
+        """'dual' or 'cg' for ``n_samples`` samples (N·c rows of the Gram), see :class:`SolverConfig`."""
+        return self.config.solver.exact_solver(n_samples * self.num_classes)
 
     def copy(self) -> "MLState":
         return copy.deepcopy(self)
@@ -165,17 +179,51 @@ def train_core(start: nn.Module, x: Tensor, y: Tensor, train_cfg: TrainConfig, s
     return core.eval()
 
 
+def _precond_for(state: MLState, obj: UserObjective, generator: torch.Generator | None):
+    """The CG preconditioner: ``state.precond`` when built, else built now from ``obj`` (and kept) if
+    ``precond='nystrom'``; K-FAC is built per solve by :func:`newton_step`."""
+    if state.config.solver.precond != "nystrom":
+        return None
+    if state.precond is None:
+        state.precond = NystromPreconditioner(obj, state.config.solver.precond_rank,
+                                              torch.Generator().manual_seed(state.seed))
+    return state.precond
+
+
 def fit_user_weights(state: MLState, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, dict]:
-    """Train w_u from 0 on (x, y) with ``state.config.train_solver``; returns (w_u, info). Does not set it."""
+    """Train w_u from 0 on (x, y) with ``state.config.train_solver``; returns (w_u, info). Does not set it.
+
+    'newton' = the exact minimiser from scratch with the exact solver chosen by size: the dual
+    (:func:`scrubnet.mlforget.dual.dual_fit`: Gram, Cholesky, one VJP) or float64 CG from zero to the
+    absolute tolerance, with the state's Nyström preconditioner (built here if missing). This is also the
+    retraining yardstick (:func:`retrain_user_weights`)."""
     cfg = state.config
-    obj = state.objective(x, y)
-    zero = torch.zeros(state.model.num_linearized, dtype=state.model.delta[0].dtype)
     if cfg.train_solver == "newton":
-        solver = SolverConfig(**{**asdict(cfg.solver), "solver": "cg"})
-        delta, info = newton_step(obj, zero, solver, generator=generator)
-        return -delta, {"train_" + k: v for k, v in info.as_dict().items() if isinstance(v, (int, float))}
+        t0 = time.perf_counter()
+        if state.exact_solver(len(y)) == "dual":
+            w, info = dual_fit(state.model, x, y, state.num_classes, cfg.mu, cfg.target_scale)
+        else:
+            obj = state.objective64(x, y)
+            zero = torch.zeros(state.model.num_linearized, dtype=torch.float64)
+            t1 = time.perf_counter()
+            precond = _precond_for(state, obj, generator)
+            t2 = time.perf_counter()
+            delta, step = newton_step(obj, zero, SolverConfig(**{**asdict(cfg.solver), "solver": "cg"}),
+                                      generator=generator, precond=precond)
+            w = (-delta).to(state.model.delta[0].dtype)
+            info = {k: v for k, v in step.as_dict().items() if isinstance(v, (int, float, str)) and v is not None}
+            info["precond_build_s"] = t2 - t1
+        info["seconds"] = time.perf_counter() - t0
+        return w, {"train_" + k: v for k, v in info.items()}
+    obj = state.objective(x, y)
     w, info = fit_user_weights_sgd(obj, cfg.sgd_train, generator)
     return w, {"train_epochs": info["epochs"], "train_loss": info["loss"]}
+
+
+def build_factor(state: MLState, x_all: Tensor, y_all: Tensor, ids: Tensor) -> DualFactor:
+    """The user-data Gram of ``ids`` eigendecomposed (:class:`~scrubnet.mlforget.dual.DualFactor`)."""
+    cfg = state.config
+    return DualFactor.build(state.model, x_all, y_all, ids, state.num_classes, cfg.mu, cfg.target_scale)
 
 
 def build_ml_model(start: nn.Module, split, cfg: MLConfig, train_cfg: TrainConfig, seed: int, *,
@@ -190,7 +238,17 @@ def build_ml_model(start: nn.Module, split, cfg: MLConfig, train_cfg: TrainConfi
     model = LinearizedModel(core_model, prefixes=cfg.linearize)
     state = MLState(model, core_ids, user_ids, torch.zeros(0, dtype=torch.long), cfg, split.num_classes, seed)
     g = torch.Generator().manual_seed(7919 * seed + 11)
-    w, info = fit_user_weights(state, split.x[user_ids], split.y[user_ids], g)
+    if cfg.train_solver == "newton" and state.exact_solver(len(user_ids)) == "dual":
+        # training is the request "remove nothing" on the factor every later request uses
+        t0 = time.perf_counter()
+        state.factor = build_factor(state, split.x, split.y, user_ids)
+        w, info = state.factor.fit(model, split.x, torch.ones(len(user_ids), dtype=torch.bool))
+        info = {"train_solver": "dual", "train_seconds": time.perf_counter() - t0, "train_iterations": 0,
+                "train_gram_s": state.factor.seconds["gram_s"], "train_eig_s": state.factor.seconds["eig_s"],
+                "train_dual_rows": state.factor.rows,
+                "train_relative_residual": info["relative_residual"]}
+    else:
+        w, info = fit_user_weights(state, split.x[user_ids], split.y[user_ids], g)
     model.set_delta_flat(w)
     state.train_info = info
     return state
@@ -245,31 +303,45 @@ def reference_noise(cfg: MLConfig, out: ForgetOutcome, seed: int) -> Tensor:
 
 def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: float | None = None,
                    noise_seed: int = 0, apply: bool = True) -> ForgetOutcome:
-    """ML-Forgetting of one request (the papers' six steps): on the remaining data D_r (user ids minus the
-    forgotten ones minus ``ids``), Δ = H_{D_r}⁻¹ g_{D_r}(w_u); w' = w_u − Δ; w_u ← w' + σ·ε, ε ~ N(0, I)
-    drawn from ``torch.Generator().manual_seed(noise_seed)``. ``x_all, y_all`` = all of D.
+    """ML-Forgetting of one request: on the remaining data D_r (user ids minus the forgotten ones minus
+    ``ids``), the exact step w' = w_u − H_{D_r}⁻¹ g_{D_r}(w_u) = argmin L_{D_r}; then w_u ← w' + σ·ε,
+    ε ~ N(0, I) drawn from ``torch.Generator().manual_seed(noise_seed)``. ``x_all, y_all`` = all of D.
+
+    The solver (:class:`~scrubnet.mlforget.solve.SolverConfig`, recorded in ``info.solver``): 'dual' — the
+    Schur complement on the state's eigendecomposed Gram (built here, and timed in ``factor_build_s``, only if
+    the state has none, e.g. a checkpoint just loaded; rebuilt on the remaining data once more than half of its
+    rows are removed); 'cg' — float64 CG warm-started at w_u with the state's Nyström preconditioner, to the
+    absolute tolerance; 'sgd' — the papers' inexact SGD on the auxiliary quadratic.
     With ``apply`` the state is updated (weights and forgotten ids)."""
     ids = check_forget_ids(state, ids)
     sigma = state.config.sigma if sigma is None else float(sigma)
     if sigma < 0:
         raise ValueError(f"sigma must be ≥ 0, got {sigma}")
+    t0 = time.perf_counter()
     remaining = state.remaining_ids()
     remaining = remaining[~torch.isin(remaining, ids)]
-    obj = state.objective(x_all[remaining], y_all[remaining])
     w = state.model.delta_flat()
     gen = torch.Generator().manual_seed(int(noise_seed))
-    precond = None
-    if state.config.solver.solver == "cg" and state.config.solver.precond == "nystrom":
-        if state.precond is None:  # built once, on the data before this request, then reused
-            full = state.remaining_ids()
-            state.precond = NystromPreconditioner(state.objective(x_all[full], y_all[full]),
-                                                  state.config.solver.precond_rank,
-                                                  torch.Generator().manual_seed(state.seed))
-        precond = state.precond
-    delta, info = newton_step(obj, w, state.config.solver, generator=gen, precond=precond)
-    w_prime = w - delta
+    solver = state.config.solver
+    if solver.solver == "sgd":
+        delta, info = newton_step(state.objective(x_all[remaining], y_all[remaining]), w, solver, generator=gen)
+        w_prime = w - delta
+    elif state.exact_solver(len(state.remaining_ids())) == "dual":
+        w_prime, info = _dual_step(state, x_all, y_all, remaining)
+    else:
+        obj = state.objective64(x_all[remaining], y_all[remaining])
+        t1 = time.perf_counter()
+        built = state.precond is None
+        precond = _precond_for(state, state.objective64(x_all[state.remaining_ids()], y_all[state.remaining_ids()])
+                               if built else obj, gen)
+        t2 = time.perf_counter()
+        delta, info = newton_step(obj, w.double(), SolverConfig(**{**asdict(solver), "solver": "cg"}),
+                                  generator=gen, precond=precond)
+        w_prime = (w.double() - delta).to(w.dtype)
+        info.extra["precond_build_s"] = (t2 - t1) if built else 0.0
     eps = torch.randn(w.shape, generator=gen, dtype=w.dtype)
     w_new = w_prime + sigma * eps if sigma > 0 else w_prime.clone()
+    info.seconds = time.perf_counter() - t0
     info.extra["n_remaining"] = int(len(remaining))
     info.extra["n_forgotten_now"] = int(len(ids))
     info.extra["sigma"] = sigma
@@ -279,30 +351,57 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     return ForgetOutcome(w_prime, w_new, info)
 
 
+def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
+    """w' = argmin L_{remaining} by the Schur complement on the state's factor (built or rebuilt if needed)."""
+    t0 = time.perf_counter()
+    fac = state.factor
+    rebuilt = ""
+    if fac is None or not bool(torch.isin(remaining, fac.ids).all()):
+        rebuilt = "missing"
+    elif 2 * (len(fac.ids) - len(remaining)) > len(fac.ids):
+        rebuilt = "over half removed"
+    if rebuilt:
+        base = state.remaining_ids() if rebuilt == "missing" else remaining
+        state.factor = fac = build_factor(state, x_all, y_all, base)
+    t1 = time.perf_counter()
+    w_prime, d = fac.fit(state.model, x_all, torch.isin(fac.ids, remaining))
+    extra = {"dual_rows": d["dual_rows"], "removed_rows": d["removed_rows"], "solve_s": d["solve_s"],
+             "vjp_s": d["vjp_s"], "factor_build_s": t1 - t0 if rebuilt else 0.0,
+             "factor_rebuilt": rebuilt or "no"}
+    return w_prime, StepInfo("dual", 0, d["relative_residual"], None, None, 0.0, extra)
+
+
 def forget_all(state: MLState) -> None:
     """Forget every user sample: w_u ← 0, so the model is exactly f_{w_c} (seen only D_core)."""
     state.model.reset_delta()
     state.forgotten_ids = state.user_ids.clone()
 
 
-def retrain_user_weights(state: MLState, x_all: Tensor, y_all: Tensor) -> Tensor:
-    """ŵ_u: w_u trained from scratch (from 0, same seed and schedule as the original) on the remaining
-    user data of ``state``."""
+def retrain_user_weights(state: MLState, x_all: Tensor, y_all: Tensor, *, return_info: bool = False):
+    """ŵ_u: w_u trained from scratch (from 0, same seed and training solver as the original; with the default
+    'newton' the best exact solver from scratch, see :func:`fit_user_weights`) on the remaining user data of
+    ``state``. Never uses the state's factor. With ``return_info``: (ŵ_u, info)."""
     rem = state.remaining_ids()
     g = torch.Generator().manual_seed(7919 * state.seed + 11)
-    w, _ = fit_user_weights(state, x_all[rem], y_all[rem], g)
-    return w
+    w, info = fit_user_weights(state, x_all[rem], y_all[rem], g)
+    return (w, info) if return_info else w
 
 
 def remaining_information_nats(w_prime: Tensor, w_hat: Tensor, sigma: float) -> float:
-    """‖w' − ŵ‖²/σ² (nats): the thesis's bound on the information left about the forgotten data
-    (docs/decisions.md, "ML-Forgetting"),
-    with w' the scrubbed weights before noise and ŵ the retrained ones. ``inf`` if σ = 0
-    and the two differ, 0 if they are identical."""
+    """KL( N(w', σ²I) ‖ N(ŵ, σ²I) ) = ‖w' − ŵ‖²/(2σ²) in nats — the Gaussian KL with the ½, the convention
+    of ``info_weights_nats`` for every method — with w' the scrubbed weights before noise and ŵ the
+    retrained ones (both then get the same noise σ·ε). ``inf`` if σ = 0 and the two differ, 0 if identical.
+    The thesis's bound on the information left, E‖w' − ŵ‖²/σ², is twice this (:func:`remaining_information_bound`)."""
     d2 = float(torch.sum((w_prime.double() - w_hat.double()) ** 2))
     if sigma == 0:
         return 0.0 if d2 == 0 else float("inf")
-    return d2 / sigma ** 2
+    return 0.5 * d2 / sigma ** 2
+
+
+def remaining_information_bound(w_prime: Tensor, w_hat: Tensor, sigma: float) -> float:
+    """‖w' − ŵ‖²/σ² (nats): the thesis's bound on the information about the forgotten data left in the
+    noisy weights (= 2 × :func:`remaining_information_nats`), reported as ``info_weights_bound_nats``."""
+    return 2.0 * remaining_information_nats(w_prime, w_hat, sigma)
 
 
 def ml_module_with_weights(state: MLState, w: Tensor) -> LinearizedModel:

@@ -1,15 +1,34 @@
-"""Solvers for the user weights: the Newton step H⁻¹g (CG or the papers' SGD) and SGD training.
+"""Solvers for the user weights: the exact step (dual or CG, chosen by size), the papers' SGD step, SGD training.
 
-* :func:`newton_step` — Δ = H_{D_r}⁻¹ g_{D_r}(w_u) by conjugate gradient on JVP/VJP products
-  (``scrubnet.curvature.solvers.conjugate_gradient``), optionally preconditioned with K-FAC of the core
-  network, (G ⊗ A + µI)⁻¹ per layer, or with a randomised Nyström sketch of H_D built once and reused by
-  later requests (SPD preconditioners: they change the iterations, not the answer;
-  ``benchmarks/mlforget_cost.py --precond`` measures the iterations and times);
-  or, ``solver='sgd'``, by the thesis's SGD on the auxiliary quadratic
-  L̂(v) = ½ vᵀ H v − gᵀ v with mini-batch estimates of vᵀHv and the exact, fixed g (the papers' schedule: momentum
-  0.999, lr × 0.5 per epoch, 3 epochs at 0.01).
-* :func:`fit_user_weights_sgd` — the papers' training of w_u from 0 by SGD on L_D (the papers' schedule: 50 epochs,
-  batch 64, lr 0.05, momentum 0.9, ×0.1 at epochs 25 and 40), used as the "retrain from scratch" baseline.
+Which exact solver (``SolverConfig.solver = 'auto'``, the default; the choice is recorded in every step's
+info as ``solver``):
+
+* **dual** when the user-data Gram has at most ``dual_max_rows`` rows (N·c ≤ 5000 by default: the float64
+  eigenvectors then take ≤ 200 MB; above, the one-off eigendecomposition, O((Nc)³), outgrows the CG path; see
+  docs/decisions.md, "ML-Forgetting solvers") — the Gram
+  built once per checkpoint, a Schur complement per request (:mod:`scrubnet.mlforget.dual`); direct, so
+  exact to rounding;
+* **cg** otherwise — the Newton step Δ = H_{D_r}⁻¹ g_{D_r}(w_u) by conjugate gradient on JVP/VJP products
+  in float64, warm-started at the current weights (an exact Newton step from any point lands on the
+  minimiser; starting at the previous solution leaves only the change to resolve), preconditioned by a
+  randomised Nyström sketch of H built once (on the user data, at training) and reused by every request.
+  It stops at an **absolute** tolerance: ‖HΔ − g‖ ≤ µ·``weight_tol``, which bounds the weight error
+  ‖w' − w*‖ ≤ ‖HΔ − g‖/λ_min(H) ≤ ``weight_tol`` because H ⪰ µI (default 1e-6 = σ/100 at the default σ,
+  i.e. at most ½·10⁻⁴ nats of the Gaussian KL). A tolerance relative to the initial residual would leave an
+  error proportional to ‖g‖, which from zero (retraining) is large.
+
+Retraining from scratch (the yardstick and the reference of the readouts) uses the best exact solver of the
+same family: the dual from scratch on D_r (Gram, Cholesky, one VJP) or CG from zero with the same
+preconditioner and the same absolute tolerance.
+
+* :func:`newton_step` — the CG step above (float32 or float64, whatever the objective's dtype), optionally
+  preconditioned with K-FAC of the core network, (G ⊗ A + µI)⁻¹ per layer, or the Nyström sketch
+  (SPD preconditioners: they change the iterations, not the answer; ``benchmarks/mlforget_cost.py --precond``
+  measures the iterations and times); or, ``solver='sgd'``,
+  the thesis's SGD on the auxiliary quadratic L̂(v) = ½ vᵀ H v − gᵀ v with mini-batch estimates of vᵀHv and
+  the exact, fixed g (momentum 0.999, lr × 0.5 per epoch, 3 epochs at 0.01) — fast but inexact.
+* :func:`fit_user_weights_sgd` — the papers' training of w_u from 0 by SGD on L_D (50 epochs, batch 64,
+  lr 0.05, momentum 0.9, ×0.1 at epochs 25 and 40).
 """
 from __future__ import annotations
 
@@ -26,13 +45,16 @@ from scrubnet.mlforget.objective import UserObjective
 
 @dataclass
 class SolverConfig:
-    """How Newton steps are solved. ``solver``: 'cg' (default, deterministic) or 'sgd' (the papers')."""
+    """How Newton steps are solved (module docstring). ``solver``: 'auto' (default: 'dual' when N·c ≤
+    ``dual_max_rows``, else 'cg'), 'dual', 'cg' (both exact) or 'sgd' (the papers', inexact)."""
 
-    solver: str = "cg"
-    cg_tol: float = 1e-6           # relative residual ‖H Δ − g‖/‖g‖
-    cg_max_iter: int = 1000
-    precond: str = "none"          # 'none', 'kfac' or 'nystrom' (measured: K-FAC barely lowers the condition
-    #                                number of the MLP's GGN — 1741 → 1413 on a tiny one — so it is off by default)
+    solver: str = "auto"
+    dual_max_rows: int = 5000      # N·c up to which the dual (Gram + eigendecomposition) is used
+    weight_tol: float = 1e-6       # CG: absolute bound on ‖w' − w*‖ (stop at ‖HΔ − g‖ ≤ µ·weight_tol)
+    cg_tol: float = 0.0            # CG: optional relative residual ‖HΔ − g‖/‖g‖ that also stops it
+    cg_max_iter: int = 5000
+    precond: str = "nystrom"       # CG: 'none', 'kfac' or 'nystrom' (measured: K-FAC barely lowers the condition
+    #                                number of the MLP's GGN — 1741 → 1413 on a tiny one)
     precond_rank: int = 200        # sketch size of the Nyström preconditioner
     precond_samples: int = 2048    # samples of D_r the K-FAC factors are estimated on
     sgd_epochs: int = 3
@@ -42,8 +64,17 @@ class SolverConfig:
     sgd_batch_size: int = 128
 
     def __post_init__(self):
-        if self.solver not in ("cg", "sgd"):
-            raise ValueError(f"solver must be 'cg' or 'sgd', got {self.solver!r}")
+        if self.solver not in ("auto", "dual", "cg", "sgd"):
+            raise ValueError(f"solver must be 'auto', 'dual', 'cg' or 'sgd', got {self.solver!r}")
+        if not self.weight_tol > 0 or not self.cg_tol >= 0:
+            raise ValueError("weight_tol must be positive and cg_tol ≥ 0")
+
+    def exact_solver(self, rows: int) -> str:
+        """The exact solver, 'dual' or 'cg', for a Gram of ``rows`` = N·c rows: the one forced by ``solver``,
+        else (for 'auto', and for training and retraining when the requests use 'sgd') chosen by size."""
+        if self.solver in ("dual", "cg"):
+            return self.solver
+        return "dual" if rows <= self.dual_max_rows else "cg"
         if self.precond not in ("kfac", "none", "nystrom"):
             raise ValueError(f"precond must be 'none', 'kfac' or 'nystrom', got {self.precond!r}")
 
@@ -55,8 +86,8 @@ class StepInfo:
     solver: str
     iterations: int
     relative_residual: float
-    grad_norm: float
-    loss_before: float
+    grad_norm: float | None       # ‖g_{D_r}(w_u)‖ (None for the dual, which never forms the gradient)
+    loss_before: float | None     # L_{D_r}(w_u) (None for the dual)
     seconds: float
     extra: dict = field(default_factory=dict)
 
@@ -115,18 +146,24 @@ class NystromPreconditioner:
 
 def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: torch.Generator | None = None,
                 precond=None) -> tuple[Tensor, StepInfo]:
-    """Δ ≈ H⁻¹ g(w) on the objective's data; returns (Δ, info). The new weights are w − Δ."""
+    """Δ ≈ H⁻¹ g(w) on the objective's data; returns (Δ, info). The new weights are w − Δ.
+
+    CG (any ``cfg.solver`` but 'sgd') stops at ‖HΔ − g‖ ≤ max(µ·weight_tol, cg_tol·‖g‖); the info records
+    the absolute residual and the bound ``weight_error_bound`` = ‖HΔ − g‖/µ on ‖w − Δ − w*‖."""
     t0 = time.perf_counter()
     g, loss = obj.gradient(w)
     gnorm = float(torch.linalg.vector_norm(g))
-    if cfg.solver == "cg":
+    if cfg.solver != "sgd":
         if precond is None and cfg.precond == "kfac":
             precond = kfac_preconditioner(obj, cfg.precond_samples, generator)
         elif precond is None and cfg.precond == "nystrom":
             precond = NystromPreconditioner(obj, cfg.precond_rank, generator)
-        delta, si = conjugate_gradient(obj.hvp, g, tol=cfg.cg_tol, max_iter=cfg.cg_max_iter, precond=precond)
+        tol = max(cfg.cg_tol, obj.mu * cfg.weight_tol / max(gnorm, 1e-300))
+        delta, si = conjugate_gradient(obj.hvp, g, tol=tol, max_iter=cfg.cg_max_iter, precond=precond)
+        abs_res = si.relative_residual * gnorm
         info = StepInfo("cg", si.iterations, si.relative_residual, gnorm, loss, 0.0,
-                        {"converged": bool(si.converged), "preconditioner": cfg.precond})
+                        {"converged": bool(si.converged), "preconditioner": cfg.precond if precond is not None
+                         else "none", "absolute_residual": abs_res, "weight_error_bound": abs_res / obj.mu})
     else:
         delta = _sgd_auxiliary(obj, g, cfg, generator)
         res = float(torch.linalg.vector_norm(obj.hvp(delta) - g)) / max(gnorm, 1e-300)
