@@ -23,8 +23,8 @@ Tables:
 
 Protocol of a request:
 
-1. outside any lock: load the data D (they depend only on the static ``checkpoint`` table) and warm up the
-   Jacobian-product code on one sample, so the lock is held for the computation only;
+1. outside any lock: load the data D (they depend only on the static ``checkpoint`` table), so the lock is
+   held for the computation only;
 2. ``BEGIN IMMEDIATE`` — the write lock is taken *before* the state is read, so concurrent requests
    serialise: each sees the weights its predecessor committed, none is lost, none is applied twice;
 3. if a request with the same key is already stored, stop: it was applied (``applied_now=False``);
@@ -462,11 +462,6 @@ def _apply(path: str | Path, kind: str, key: str, compute, prepare=None) -> tupl
     with _open(path) as (p, con, static):
         prepared = prepare(static) if prepare is not None else None
         model = _empty_model(static)
-        if prepared is not None:
-            # one Jacobian product on a single sample before the lock: its one-time set-up (lazy imports
-            # inside torch.func, ≈1.5 s) is then paid in parallel, not while every other request waits
-            x = prepared[0][:1]
-            model.vjp(x, torch.zeros(1, static["num_classes"], dtype=x.dtype))
         with _write_transaction(con):
             _pause("locked")
             row = con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE key = ?", (key,)).fetchone()
