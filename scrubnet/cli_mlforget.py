@@ -190,7 +190,7 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
     if applied:
         info = record["solver"]
         typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
-                   f"{info.get('iterations')} {info.get('solver')} steps, residual "
+                   f"{info.get('solver')} solver ({info.get('iterations')} iterations), residual "
                    f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")
     else:
         typer.echo(f"request already applied as #{record['id']} (nothing done)")
