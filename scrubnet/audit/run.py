@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from scrubnet.audit import pool as P
 from scrubnet.audit.engine import LocalEngine
