@@ -294,3 +294,17 @@ def test_config_round_trip_keeps_types():
     assert ExperimentConfig.from_dict(json.loads(cfg.to_json())) == cfg
     with pytest.raises(ValueError, match="data.forget_ids"):
         ExperimentConfig.from_dict({"data": {"forget_ids": [1.5]}})
+
+
+def test_run_overwrite_replaces_only_the_earlier_runs_files(tmp_path, trained):
+    out = tmp_path / "run"
+    out.mkdir()
+    for stale in ("results.json", "readouts.png", "sequential_loss_forget.png"):
+        (out / stale).write_text("stale")
+    (out / "notes.txt").write_text("mine")
+    code, msg = invoke("run", "--config", trained / "tiny.toml", "--methods", "original,retrain", "--out", out,
+                       "--quiet", "--overwrite")
+    assert code == 0, msg
+    assert (out / "notes.txt").read_text() == "mine"
+    assert not (out / "sequential_loss_forget.png").exists()
+    assert json.loads((out / "results.json").read_text())["methods"].keys() == {"original", "retrain"}

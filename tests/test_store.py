@@ -277,3 +277,15 @@ def test_train_refuses_existing_output_and_bad_options(base_ckpt, tmp_path):
     assert not (tmp_path / "new").exists()
     r = CliRunner().invoke(mlforget_app, ["forget", str(tmp_path / "nothing"), "--ids", "1"])
     assert r.exit_code == 2 and "not found" in r.output
+
+
+def test_non_finite_data_changes_nothing(base_ckpt, tmp_path):
+    ck = tmp_path / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    x, y = _data_loader(static_of(ck))
+    x = x.clone()
+    x[deletable(ck, 1, skip=7)[0], 3] = float("nan")
+    before = snapshot(ck)
+    with pytest.raises(store.StoreError, match="non-finite"):
+        store.forget(ck, deletable(ck, 2), x_all=x, y_all=y)
+    assert snapshot(ck) == before
