@@ -199,7 +199,7 @@ def run_problem(name: str, state: MLState, x, y, ids, reps: int, sgd_epochs: int
     e_dual, e_cg, e_sgd = err(w_dual, w_star), err(w_cg, w_star), err(sgd_out.w_before_noise, w_star)
     kl = (lambda e: 0.5 * e * e / sigma ** 2) if sigma > 0 else (lambda e: float("nan"))
     epochs, reached = results["retrain_sgd"]
-    print(f"  medians of {reps} alternated repetitions (one warm-up run each), σ = {sigma:g} for the KL:")
+    print(f"  medians of {reps} alternated repetitions, σ = {sigma:g} for the KL:")
     print(f"  forget, the papers' SGD step        {med['forget_sgd']:8.3f} s   ‖w − w*‖ {e_sgd:9.3g}  "
           f"KL {kl(e_sgd):9.3g} nats")
     print(f"  retrain, the papers' SGD to its loss {med['retrain_sgd']:7.3f} s   ({epochs} epochs, reached: "
