@@ -22,6 +22,7 @@ from rich.table import Table
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
 from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from scrubnet.cli_audit import audit
+from scrubnet.cli_dp import dp
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
@@ -530,6 +531,7 @@ def config_cmd(dump: bool = typer.Option(False, "--dump", help="print every conf
 
 app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
 app.command(name="audit")(handle_errors(audit))
+app.command(name="dp")(handle_errors(dp))
 
 
 def main() -> None:  # console-script entry point
