@@ -30,7 +30,7 @@ from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
 from scrubnet.experiments.config import ExperimentConfig, dump_toml, load_config, read_toml
 from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
-from scrubnet.experiments.report import report_from_dir, report_warnings
+from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_warnings
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
@@ -255,15 +255,19 @@ def _print_summary(results: dict) -> None:
     for _, title in cols:
         t.add_column(title, no_wrap=True)
 
-    def cell(c, s):
+    degenerate = mia_degenerate(results)
+
+    def cell(c, s, m):
         if c not in s:
             return "–"
+        if c == "mia_forget" and m in degenerate:
+            return "degenerate"
         k = 100.0 if c in ("error_retain", "error_forget", "error_test", "mia_forget") else 1.0
         fmt = ".1f" if k == 100.0 or c == "relearn_epochs" else ".3f"
         return f"{k * s[c]['mean']:{fmt}}±{k * s[c]['std']:{fmt}}"
 
     for m, d in results["methods"].items():
-        t.add_row(m, *[cell(c, d["summary"]) for c, _ in cols])
+        t.add_row(m, *[cell(c, d["summary"], m) for c, _ in cols])
     console.print(t)
 
 
@@ -309,6 +313,10 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
                            "forget_ids": sr.split.forget_idx.tolist()})
     atomic_write_text(out / "forget_ids.txt", "# D_f of this training: positions in D, one per line\n"
                       + "".join(f"{i}\n" for i in sr.split.forget_idx.tolist()))
+    for k, h in sr.histories.items():
+        if h.zero_error_epoch is None:
+            console.print(f"[bold yellow]warning:[/] fine-tuning of the {k} model hit the epoch cap ({h.epochs} "
+                          f"epochs) before zero training error ({100 * h.final_error:.1f} % left)", highlight=False)
     console.print(f"wrote {out}/start, original and retrain checkpoints and forget_ids.txt (|D| = {len(sr.split.y)}, "
                   f"|D_f| = {len(sr.split.forget_idx)})")
 

@@ -16,17 +16,17 @@ def _s(mean, std):
 
 
 def _results(**over):
-    """A results dict: original and retrain separated on loss_forget, overlapping on error_test."""
+    """A results dict: original and retrain separated on loss_forget, overlapping on error_forget."""
     summ = {
-        "original": {"loss_forget": _s(0.05, 0.01), "error_test": _s(0.30, 0.02), "mia_forget": _s(0.9, 0.05)},
-        "retrain": {"loss_forget": _s(0.20, 0.02), "error_test": _s(0.31, 0.02), "mia_forget": _s(0.7, 0.05)},
-        "finetune": {"loss_forget": _s(0.06, 0.01), "error_test": _s(0.30, 0.02), "mia_forget": _s(0.88, 0.05)},
+        "original": {"loss_forget": _s(0.05, 0.01), "error_forget": _s(0.30, 0.02), "mia_forget": _s(0.9, 0.05)},
+        "retrain": {"loss_forget": _s(0.20, 0.02), "error_forget": _s(0.31, 0.02), "mia_forget": _s(0.7, 0.05)},
+        "finetune": {"loss_forget": _s(0.06, 0.01), "error_forget": _s(0.30, 0.02), "mia_forget": _s(0.88, 0.05)},
     }
     runs = {m: [{"seed": 0, "time_s": 1.0, "readouts": {k: v["mean"] for k, v in s.items()}}] for m, s in summ.items()}
     res = {"config": {"data": {"dataset": "mnist1d"}, "model": "mlp", "seeds": [0]},
            "methods": {m: {"runs": runs[m], "summary": summ[m], "band": "retrain"} for m in summ},
            "checks": {"finetune_inside_band": {"band": "retrain", "readouts": {"loss_forget": False,
-                                                                               "error_test": True,
+                                                                               "error_forget": True,
                                                                                "mia_forget": False}},
                       "finetune_loss_forget": {"distance_to_original": 0.01, "distance_to_retrain": 0.14,
                                                "closer_to": "original", "inside_retrain_band": False}},
@@ -48,14 +48,14 @@ def test_epoch_cap_is_reported():
 
 def test_unseparated_readout_cannot_rank_methods():
     md = render_report(_results())
-    assert "overlap on error_test: these readouts cannot rank methods" in md
-    # error_test is not counted as "inside the band"; it is listed as unable to rank
+    assert "overlap on error_forget: these readouts cannot rank methods" in md
+    # error_forget is not counted as "inside the band"; it is listed as unable to rank
     assert "`finetune` inside the `retrain` band on 0/2 readouts that can rank methods; cannot rank methods on " \
-           "error_test" in md
+           "error_forget" in md
     # an untouched original passes nothing that can rank
     res = _results()
     res["checks"]["original_like_inside_band"] = {"band": "retrain",
-                                                  "readouts": {"loss_forget": False, "error_test": True}}
+                                                  "readouts": {"loss_forget": False, "error_forget": True}}
     assert "`original_like` inside the `retrain` band on 0/1" in render_report(res)
 
 
@@ -98,7 +98,7 @@ def test_figures_use_the_tables_units(tmp_path, monkeypatch):
     for ax, y in calls:  # titles are set after the points are drawn
         seen.setdefault(ax.get_title(), []).append(y)
     assert seen["membership attack on D_f (%)"][0] == pytest.approx(90.0)
-    assert seen["error D_test (%)"][0] == pytest.approx(30.0)
+    assert seen["error D_f (%)"][0] == pytest.approx(30.0)
     assert seen["loss D_f (nats)"][0] == pytest.approx(0.05)
 
 
