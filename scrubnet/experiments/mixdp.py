@@ -305,8 +305,9 @@ def figures(report: dict, out: Path) -> None:
     atomic_savefig(fig, out / "error_vs_eps.png", dpi=110)
     pdp = report["pdp"]
     fig, ax = subplots(figsize=(6, 4))
+    bins = np.linspace(0.0, 1.05 * pdp["eps"], 43)   # shared bins; no value exceeds the target
     for m, vals in pdp["epsilon"].items():
-        ax.hist(vals, bins=40, alpha=0.6, label=m)
+        ax.hist(vals, bins=bins, alpha=0.6, label=m)
     ax.axvline(pdp["eps"], color="k", ls="--", label=f"target ε = {pdp['eps']:g}")
     ax.set(xlabel="per-instance ε of a private sample", ylabel="samples",
            title=f"per-instance privacy (seed {pdp['seed']})")
