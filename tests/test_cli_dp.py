@@ -48,6 +48,7 @@ def test_dp_cli_tiny(tmp_path):
             assert r["eps"] == 1.0 and r["steps"] == 28
             assert r["mu"] == math.sqrt(28) / 20 and r["epsilon_spent"] <= 1.0
             assert r["pdp_epsilon_max"] <= r["epsilon_spent"] + 1e-9
+            assert len(r["clip_thresholds"]) == 28 and min(r["clip_thresholds"]) > 0
     for f in ("report.md", "error_vs_eps.png", "pdp_hist.png"):
         assert (out / f).is_file()
     # the checkpoint is the trained classifier: reloaded, it has the recorded test error and accounting

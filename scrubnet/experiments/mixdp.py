@@ -221,8 +221,7 @@ def run_mixdp(cfg: MixDPConfig, out: Path | None = None, log=None) -> dict:
                 _, lr, run = best
                 acc = run.accounting
                 results.append(_row(method, eps, seed, e, run.weights, acc, lr=lr,
-                                    clip_threshold_first=acc.clip_thresholds[0] if acc.clip_thresholds else None,
-                                    clip_threshold_last=acc.clip_thresholds[-1] if acc.clip_thresholds else None,
+                                    clip_thresholds=acc.clip_thresholds,
                                     pdp_epsilon_max=float(run.pdp_epsilon.max()),
                                     pdp_epsilon_median=float(np.median(run.pdp_epsilon)),
                                     recon_error_public=run.recon_error_public,
