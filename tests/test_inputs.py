@@ -16,26 +16,9 @@ from scrubnet.data.files import load_image_folder
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.models import build_model
+from tests.test_cli import TINY_TOML
 
 runner = CliRunner()
-
-TINY_TOML = """
-model = "mlp"
-seeds = [0]
-relearn_max_epochs = 5
-[model_options]
-hidden = 32
-[data]
-n_train_per_class = 20
-n_test_per_class = 20
-core_per_class = 40
-forget_count = 5
-num_samples = 1500
-[train]
-max_epochs = 15
-pretrain_epochs = 2
-batch_size = 32
-"""
 
 
 def invoke(*args):
