@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from scrubnet.cli_mlforget import _data_loader, _fingerprint_v1, mlforget_app
 from scrubnet.data import DataConfig, load_split
 from scrubnet.mlforget import store
+from scrubnet.mlforget.model import retrain_user_weights
 
 DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
 TRAIN = '{"pretrain_epochs": 2, "max_epochs": 5}'
@@ -289,3 +290,54 @@ def test_non_finite_data_changes_nothing(base_ckpt, tmp_path):
     with pytest.raises(store.StoreError, match="non-finite"):
         store.forget(ck, deletable(ck, 2), x_all=x, y_all=y)
     assert snapshot(ck) == before
+
+
+def _forget_twice(ck, ids_a, ids_b):
+    infos = []
+    for ids in (ids_a, ids_b):
+        rec, applied = store.forget(ck, ids, sigma=0.0, data_loader=_data_loader)
+        assert applied
+        infos.append(rec["solver"])
+    return store.load(ck)[0], infos
+
+
+def test_persisted_factor_is_loaded_and_matches_a_rebuilt_one(base_ckpt, tmp_path):
+    assert (base_ckpt / store.FACTOR).is_file()  # training used the dual and saved its factor
+    with_file, without = tmp_path / "with", tmp_path / "without"
+    shutil.copytree(base_ckpt, with_file)
+    shutil.copytree(base_ckpt, without)
+    (without / store.FACTOR).unlink()
+    ids_a, ids_b = deletable(base_ckpt, 3), deletable(base_ckpt, 4, skip=3)
+    loaded, info_l = _forget_twice(with_file, ids_a, ids_b)
+    rebuilt, info_r = _forget_twice(without, ids_a, ids_b)
+    for i in info_l:
+        assert (i["factor_file"], i["factor_rebuilt"], i["factor_source"]) == ("loaded", "no", "file")
+        assert i["factor_build_s"] == 0.0
+    assert (info_r[0]["factor_file"], info_r[0]["factor_rebuilt"]) == ("absent", "missing")
+    w_l, w_r = loaded.model.delta_flat(), rebuilt.model.delta_flat()
+    scale = float(w_r.abs().max())
+    torch.testing.assert_close(w_l, w_r, rtol=0, atol=1e-6 * scale)
+    # both are the exact retrain on the remaining data (the dense dual from scratch, no factor)
+    x, y = _data_loader(static_of(base_ckpt))
+    w_hat = retrain_user_weights(loaded, x, y)
+    torch.testing.assert_close(w_l, w_hat.to(w_l.dtype), rtol=0, atol=1e-5 * scale)
+    assert store.verify(with_file)["valid"]
+
+
+def test_factor_file_with_a_foreign_key_is_ignored(base_ckpt, tmp_path):
+    ck, ref = tmp_path / "ck", tmp_path / "ref"
+    shutil.copytree(base_ckpt, ck)
+    shutil.copytree(base_ckpt, ref)
+    (ref / store.FACTOR).unlink()
+    data = (ck / store.FACTOR).read_bytes()
+    factor, status, key = store._read_factor(ck)
+    assert status == "read" and len(key) == 64
+    store._write_factor(ck, factor, "0" * 64)  # same tensors, a key of other weights / data / settings
+    ids = deletable(base_ckpt, 3)
+    rec, _ = store.forget(ck, ids, sigma=0.0, data_loader=_data_loader)
+    assert (rec["solver"]["factor_file"], rec["solver"]["factor_rebuilt"]) == ("key mismatch", "missing")
+    rec_ref, _ = store.forget(ref, ids, sigma=0.0, data_loader=_data_loader)
+    assert rec["sha256_after"] == rec_ref["sha256_after"]  # the same rebuild as with no file
+    (ck / store.FACTOR).write_bytes(data[:100])  # a truncated file: ignored too
+    rec, _ = store.forget(ck, deletable(base_ckpt, 2, skip=3), sigma=0.0, data_loader=_data_loader)
+    assert (rec["solver"]["factor_file"], rec["solver"]["factor_rebuilt"]) == ("unreadable", "missing")

@@ -124,6 +124,29 @@ class DualFactor:
     num_classes: int
     seconds: dict = field(default_factory=dict)
     net: nn.Module | None = None  # the float64 Jacobian network (:func:`jacobian_network`), kept for the VJPs
+    source: str = "built"  # "built" in this process, or "file" (:meth:`from_tensors`)
+
+    #: names of the tensors :meth:`to_tensors` returns (the whole factor; ``mu`` and ``num_classes`` travel
+    #: as the file's metadata)
+    TENSOR_NAMES = ("ids", "eigvecs", "eigvals", "residuals")
+
+    def to_tensors(self) -> dict[str, Tensor]:
+        """The factor as contiguous CPU tensors (ids int64, the rest float64), for a safetensors file."""
+        return {name: getattr(self, name).detach().cpu().contiguous() for name in self.TENSOR_NAMES}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor], mu: float, num_classes: int) -> "DualFactor":
+        """The factor held by :meth:`to_tensors`' tensors; ``ValueError`` when they are not a consistent factor
+        (names, dtypes, shapes: ids (N,), eigvecs (N·c, N·c), eigvals (N·c,), residuals (N, c))."""
+        if set(tensors) != set(cls.TENSOR_NAMES):
+            raise ValueError(f"factor tensors {sorted(tensors)} are not {sorted(cls.TENSOR_NAMES)}")
+        ids, q, lam, r = (tensors[k] for k in cls.TENSOR_NAMES)
+        n, c = int(ids.numel()), int(num_classes)
+        if (ids.dtype != torch.long or ids.dim() != 1 or q.dtype != torch.float64 or q.shape != (n * c, n * c)
+                or lam.dtype != torch.float64 or lam.shape != (n * c,) or r.dtype != torch.float64
+                or r.shape != (n, c)):
+            raise ValueError("factor tensors have inconsistent dtypes or shapes")
+        return cls(ids, q, lam, r, float(mu), c, {"gram_s": 0.0, "eig_s": 0.0}, None, "file")
 
     @classmethod
     def build(cls, model: LinearizedModel, x: Tensor, y: Tensor, ids: Tensor, num_classes: int, mu: float,

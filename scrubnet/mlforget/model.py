@@ -367,7 +367,7 @@ def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) 
     w_prime, d = fac.fit(state.model, x_all, torch.isin(fac.ids, remaining))
     extra = {"dual_rows": d["dual_rows"], "removed_rows": d["removed_rows"], "solve_s": d["solve_s"],
              "vjp_s": d["vjp_s"], "factor_build_s": t1 - t0 if rebuilt else 0.0,
-             "factor_rebuilt": rebuilt or "no"}
+             "factor_rebuilt": rebuilt or "no", "factor_source": "rebuilt" if rebuilt else fac.source}
     return w_prime, StepInfo("dual", 0, d["relative_residual"], None, None, 0.0, extra)
 
 

@@ -5,6 +5,9 @@ A checkpoint is a directory::
     store.sqlite                      the database (WAL mode; ``store.sqlite-wal``/``-shm`` appear while open)
     weights/<sha256>.safetensors      the ML module's state_dict (core weights w_c + user weights w_u),
                                       named by the sha256 of the file's bytes
+    factor.safetensors                the dual factor built at training (eigendecomposed user-data Gram,
+                                      :class:`~scrubnet.mlforget.dual.DualFactor`), when training used the
+                                      dual; its metadata ``key`` (:func:`factor_key`) says what it was built from
 
 Tables:
 
@@ -39,6 +42,13 @@ uncommitted transaction; an unreferenced weights file at most, deleted at the ne
 it, the request is committed. Re-running the request then applies it exactly once: step 3 recognises it.
 A reader (``show``, ``load``) needs no lock: WAL gives it a consistent snapshot of the record.
 
+The factor file is read in step 1 (outside the lock) and used in step 5 when its key matches the checkpoint's
+core weights, data fingerprint and the settings the Gram depends on (``factor_file: loaded`` in the request's
+record); absent, unreadable or mismatched, it is ignored and the step rebuilds the factor as before
+(``factor_file: absent | unreadable | key mismatch``, ``factor_rebuilt: missing``). It never changes after
+training: the factor covers all user data and a request's Schur complement removes the forgotten rows, so it
+is the same for every state of the checkpoint.
+
 Checkpoints of the previous format (``state.json`` + ``ledger.jsonl`` + ``weights-<seq>.safetensors``) are
 migrated on first open: the database is built in a temporary file and linked into place (a concurrent
 migration loses the race harmlessly); the old files stay as they were and are no longer read.
@@ -63,8 +73,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from safetensors.torch import load as st_load, save
 
+from scrubnet.mlforget.dual import DualFactor
 from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_all, forget_request
 from scrubnet.models import build_model
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
@@ -72,6 +84,8 @@ from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 FORMAT = "scrubnet-mlforget/2"
 DB = "store.sqlite"
 WEIGHTS = "weights"
+FACTOR = "factor.safetensors"
+FACTOR_FORMAT = "scrubnet-dual-factor/1"
 LEGACY_STATE = "state.json"
 LEGACY_LEDGER = "ledger.jsonl"
 PAUSE_ENV = "SCRUBNET_MLFORGET_PAUSE_AT"
@@ -204,6 +218,61 @@ def _write_weights(path: Path, data: bytes, sha: str) -> None:
         raise
 
 
+def factor_key(model: LinearizedModel, static: dict, factor_ids: Tensor) -> str:
+    """sha256 identifying a dual factor: the core network's weights (the Jacobian's linearisation point), the
+    data fingerprint, the factor's sample ids and the settings the Gram and residuals depend on (architecture
+    and its options, input shape, classes, µ, target scale, linearised prefixes, leaky slope)."""
+    cfg = static["ml_config"]
+    settings = {"format": FACTOR_FORMAT, "arch": static["arch"], "arch_options": static["arch_options"],
+                "in_shape": list(static["in_shape"]), "num_classes": int(static["num_classes"]),
+                "mu": cfg["mu"], "target_scale": cfg["target_scale"], "linearize": cfg["linearize"],
+                "leaky_slope": cfg["leaky_slope"], "data_fingerprint": static.get("data_fingerprint")}
+    h = hashlib.sha256()
+    h.update(json.dumps(_json_safe(settings), sort_keys=True).encode())
+    h.update(save({k: v.detach().contiguous().cpu().clone() for k, v in model.base.state_dict().items()}))
+    h.update(factor_ids.to(torch.long).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _write_factor(path: Path, factor: DualFactor, key: str) -> None:
+    """``factor.safetensors`` with metadata key, µ and classes; temp file, fsync, rename."""
+    data = save(factor.to_tensors(), metadata={"key": key, "format": FACTOR_FORMAT, "mu": repr(factor.mu),
+                                               "num_classes": str(factor.num_classes)})
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".factor.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the checkpoint's files get the usual ones
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path / FACTOR)
+        _fsync_dir(path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _read_factor(path: Path) -> tuple[DualFactor | None, str, str | None]:
+    """(factor, status, key) from ``path/factor.safetensors``: status ``read``, ``absent`` or ``unreadable``
+    (not a safetensors file of a consistent factor). Only tensors and a JSON header are parsed."""
+    f = path / FACTOR
+    if not f.is_file():
+        return None, "absent", None
+    try:
+        data = f.read_bytes()
+        header_len = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8:8 + header_len]).get("__metadata__") or {}
+        if meta.get("format") != FACTOR_FORMAT:
+            return None, "unreadable", None
+        factor = DualFactor.from_tensors(st_load(data), float(meta["mu"]), int(meta["num_classes"]))
+        return factor, "read", meta.get("key")
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError):
+        return None, "unreadable", None
+
+
 def _connect(db: Path) -> sqlite3.Connection:
     """Autocommit connection (transactions are explicit), WAL journal, full fsync at commit."""
     con = sqlite3.connect(str(db), timeout=LOCK_TIMEOUT_S, isolation_level=None)
@@ -268,6 +337,11 @@ def save_new(path: str | Path, state: MLState, *, arch: str, in_shape, arch_opti
         sha = _sha(data_bytes)
         (tmp / WEIGHTS).mkdir()
         _weights_path(tmp, sha).write_bytes(data_bytes)
+        if state.factor is not None:
+            _write_factor(tmp, state.factor, factor_key(state.model, {
+                "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
+                "num_classes": int(state.num_classes), "ml_config": state.config.to_dict(),
+                "data_fingerprint": data_fingerprint}, state.factor.ids))
         static = {"format": FORMAT, "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
                   "num_classes": int(state.num_classes), "seed": int(state.seed), "ml_config": state.config.to_dict(),
                   "data": data, "data_fingerprint": data_fingerprint, "core_ids": state.core_ids.tolist(),
@@ -522,20 +596,27 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
 
     def prepare(static):
         if x_all is not None:
-            return x_all, y_all
-        if data_loader is None:
+            data = x_all, y_all
+        elif data_loader is None:
             raise StoreError("no data given for the forgetting request")
-        return data_loader(static)
+        else:
+            data = data_loader(static)
+        return data, _read_factor(Path(path))
 
-    def compute(state, st, data):
+    def compute(state, st, prepared):
         check_forget_ids(state, ids)
-        x, y = data
+        (x, y), (factor, factor_status, key) = prepared
         if x.is_floating_point() and not bool(torch.isfinite(x).all()):
             raise StoreError("the data D contain non-finite values (NaN or inf); nothing was changed")
+        if factor is not None:
+            if key == factor_key(state.model, static, factor.ids):
+                state.factor, factor_status = factor, "loaded"
+            else:
+                factor_status = "key mismatch"
         out = forget_request(state, x, y, ids, sigma=sig,
                              noise_seed=1_000_003 * state.seed + st["request_id"] + 1)
         return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
-                "solver": out.info.as_dict()}
+                "solver": {**out.info.as_dict(), "factor_file": factor_status}}
 
     return _apply(path, "forget", key, compute, prepare)
 
