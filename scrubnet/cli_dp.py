@@ -18,12 +18,8 @@ from typing import Optional
 import torch
 import typer
 
+from scrubnet.experiments.config import read_toml
 from scrubnet.experiments.mixdp import MixDPConfig, run_mixdp
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -43,10 +39,7 @@ def build_dp_config(config: Optional[Path], eps: Optional[str], delta: Optional[
     if config is not None:
         if not config.is_file():
             raise ValueError(f"configuration file not found: {config}")
-        try:
-            d = tomllib.loads(config.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"configuration file {config} is not valid TOML: {e}") from None
+        d = read_toml(config)
     if eps is not None:
         d["epsilons"] = _floats(eps, "--eps")
     if delta is not None:
