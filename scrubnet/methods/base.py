@@ -27,23 +27,21 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from scrubnet.data.stream import BatchKeys, DataStream, as_stream
 from scrubnet.methods.artifacts import ArtifactCache
+from scrubnet.models import find_classifier
+from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
 
 Data = tuple[Tensor, Tensor]
 
 
-def as_tensors(data) -> Data:
-    """Accept ``(x, y)`` tensors, a ``TensorDataset`` or a ``DataLoader`` yielding ``(x, y)`` batches,
-    and return ``(x, y)`` tensors."""
+def as_tensors(data, keys: BatchKeys | None = None) -> Data:
+    """``(x, y)`` tensors from ``(x, y)`` tensors, a ``Dataset``, a ``DataLoader`` (tuple or dict batches) or a
+    :class:`~scrubnet.data.stream.DataStream`: materialises the data set (for methods that do not stream)."""
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], Tensor):
         return data[0], data[1]
-    if isinstance(data, torch.utils.data.TensorDataset):
-        return data.tensors[0], data.tensors[1]
-    if isinstance(data, torch.utils.data.DataLoader):
-        xs, ys = zip(*[(b[0], b[1]) for b in data])
-        return torch.cat(xs), torch.cat(ys)
-    raise TypeError(f"expected (x, y) tensors, a TensorDataset or a DataLoader, got {type(data).__name__}")
+    return as_stream(data, keys).tensors()
 
 
 @dataclass
@@ -61,6 +59,12 @@ class ForgetContext:
                    :func:`scrubnet.training.retrain`).
     cache:         the :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed
                    (Fisher diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
+    recipe:        the :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with; every method's
+                   objective derives from it. Left ``None`` it is scrubnet's own protocol,
+                   ``TrainingRecipe.scrubnet_protocol(w0, config)``. Build a context for a user's model with
+                   :meth:`from_recipe` (``w0`` and ``config`` then follow from the recipe).
+    force:         run a curvature method even when the stationarity check refuses the recipe.
+    chunk_size:    samples per chunk when a method streams a Dataset or DataLoader.
     """
 
     w0: dict[str, Tensor]
@@ -72,6 +76,33 @@ class ForgetContext:
     start: nn.Module | None = None
     retrain_mode: str = DEFAULT_RETRAIN_MODE
     cache: ArtifactCache = field(default_factory=ArtifactCache)
+    recipe: TrainingRecipe | None = None
+    force: bool = False
+    chunk_size: int = 512
+
+    def __post_init__(self):
+        if self.recipe is None:
+            self.recipe = TrainingRecipe.scrubnet_protocol(self.w0, self.config)
+
+    @classmethod
+    def from_recipe(cls, model: nn.Module, recipe: TrainingRecipe | None = None, *, num_classes: int | None = None,
+                    seed: int = 0, forget_class: int | None = None, classifier: str | None = None,
+                    cache: ArtifactCache | None = None) -> "ForgetContext":
+        """The context of a model trained with ``recipe`` (default: ordinary training, no weight decay).
+
+        ``w0`` is the recipe's decay centre over the model's trainable parameters (zeros for ordinary weight
+        decay), ``config`` carries the recipe's SGD settings, ``num_classes`` defaults to the output features of
+        the model's classifier (found as ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``).
+        """
+        recipe = TrainingRecipe() if recipe is None else recipe
+        if not isinstance(recipe, TrainingRecipe):
+            raise TypeError(f"recipe must be a TrainingRecipe, got {type(recipe).__name__}")
+        if num_classes is None:
+            num_classes = find_classifier(model, classifier)[1].out_features
+        if not (isinstance(num_classes, int) and num_classes >= 2):
+            raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
+        return cls(w0=recipe.center_for(model), config=recipe.train_config(), num_classes=num_classes,
+                   seed=int(seed), forget_class=forget_class, cache=cache or ArtifactCache(), recipe=recipe)
 
 
 @dataclass
@@ -96,6 +127,8 @@ class ScrubResult:
     ``reference`` / ``original`` let a method that trains its own model family (e.g. ML-Forgetting)
     supply the models its readouts must be compared with (activation distance to the retrain model,
     re-learn threshold); left ``None`` the protocol's retrain and original models are used.
+    ``ok`` is False when the method did not do what it claims (a solver at its iteration cap, diverging or
+    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each.
     """
 
     model: nn.Module
@@ -103,16 +136,41 @@ class ScrubResult:
     noise: WeightGaussian | None = None
     reference: nn.Module | None = None
     original: nn.Module | None = None
+    ok: bool = True
+    reasons: list[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> "ScrubResult":
+        """Mark the result failed for ``reason`` (kept with the others); returns self."""
+        self.ok = False
+        self.reasons.append(reason)
+        return self
 
 
 class ForgettingMethod(ABC):
     """Base class: subclasses set ``name`` (via :func:`register`) and implement :meth:`scrub`.
 
-    ``needs_retain`` is False for methods that use only D_f. Options are constructor keyword arguments.
+    Options are constructor keyword arguments. Traits, declared on the class and read by the runner, the CLI
+    and the audit (never by testing method names):
+
+    needs_retain:      uses D_r (False: only D_f, e.g. ``hiding``).
+    class_only:        applies to class forgetting only (a whole forgotten class).
+    noisy:             may end by adding Gaussian noise (its ``noise_at`` gives the Gaussian; information
+                       bounds apply).
+    own_retrain_family: trains its own model family and supplies its own retrain reference (ML-Forgetting).
+    uses_curvature:    relies on the model sitting near a minimum of the recipe's objective (Newton, Fisher,
+                       NTK, LQF): the stationarity check runs before it (:mod:`scrubnet.methods.stationarity`).
+    streams:           reads D_r in chunks without materialising it (Datasets, DataLoaders, tensors alike).
+    passes:            passes over D_r it makes, in words (e.g. "epochs", "2 + CG iterations").
     """
 
     name: ClassVar[str] = ""
     needs_retain: ClassVar[bool] = True
+    class_only: ClassVar[bool] = False
+    noisy: ClassVar[bool] = False
+    own_retrain_family: ClassVar[bool] = False
+    uses_curvature: ClassVar[bool] = False
+    streams: ClassVar[bool] = False
+    passes: ClassVar[str] = "1"
 
     @abstractmethod
     def scrub(self, model: nn.Module, retain: Data, forget: Data, ctx: ForgetContext) -> ScrubResult:
@@ -125,11 +183,21 @@ class ForgettingMethod(ABC):
         return None
 
     def __call__(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
-        """:meth:`scrub` with the inputs checked on entry (finite weights and data) and the result on exit: a
-        NaN or inf anywhere raises ``ValueError`` instead of propagating into every weight."""
-        retain, forget = as_tensors(retain), as_tensors(forget)
+        """:meth:`scrub` with the inputs checked on entry and the result on exit.
+
+        Data: a method that ``streams`` receives :class:`~scrubnet.data.stream.DataStream` objects (chunks
+        checked finite as they are read); the others receive (x, y) tensors. A curvature method first runs
+        the stationarity check of the recipe (refused with its reason unless ``ctx.force``). A NaN or inf in
+        the weights or the data raises ``ValueError`` instead of propagating into every weight.
+        """
+        if self.streams:
+            retain, forget = as_stream(retain, chunk_size=ctx.chunk_size), as_stream(forget, chunk_size=ctx.chunk_size)
+            checks = [(s.x, part) for s, part in ((retain, "D_r"), (forget, "D_f")) if s.kind == "tensors"]
+        else:
+            retain, forget = as_tensors(retain), as_tensors(forget)
+            checks = [(retain[0], "D_r"), (forget[0], "D_f")]
         require_finite_model(model, "the model to scrub")
-        for (x, _), part in ((retain, "D_r"), (forget, "D_f")):
+        for x, part in checks:
             if x.is_floating_point() and not bool(torch.isfinite(x).all()):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
         res = self.scrub(model, retain, forget, ctx)

@@ -193,7 +193,8 @@ CLASSIFIER_NAMES = ("head", "fc", "classifier")
 
 def find_classifier(model: nn.Module, name: str | None = None) -> tuple[str, nn.Linear]:
     """(dotted name, module) of the model's final ``nn.Linear``: the submodule ``name`` when given (dotted
-    paths allowed, e.g. ``"classifier.1"``), else the first of :data:`CLASSIFIER_NAMES` the model has. A
+    paths allowed, e.g. ``"classifier.1"``), else the first of :data:`CLASSIFIER_NAMES` the model has, else
+    the module the model's ``get_classifier()`` returns (timm's convention). A
     container (``nn.Sequential``) found there stands for its last ``nn.Linear``. ``ValueError`` naming the
     attributes tried when there is none."""
     modules = dict(model.named_modules())
@@ -207,7 +208,13 @@ def find_classifier(model: nn.Module, name: str | None = None) -> tuple[str, nn.
         linears = [(f"{cand}.{k}", m) for k, m in mod.named_modules() if isinstance(m, nn.Linear)]
         if linears:
             return linears[-1]
+    if name is None and callable(getattr(model, "get_classifier", None)):  # timm's convention
+        found = model.get_classifier()
+        for cand, mod in modules.items():
+            if mod is found and cand:
+                return find_classifier(model, cand)
     if name is not None:
         raise ValueError(f"the model has no nn.Linear classifier named {name!r}")
-    raise ValueError(f"cannot find the model's classifier: no nn.Linear under {', '.join(CLASSIFIER_NAMES)}; "
+    raise ValueError(f"cannot find the model's classifier: no nn.Linear under {', '.join(CLASSIFIER_NAMES)} "
+                     "nor from get_classifier(); "
                      "give its name with the method option classifier=NAME")

@@ -3,8 +3,8 @@
 error/loss on D_r, D_f, D_test; re-learn time; the entropy membership attack; L1 distance of softmax
 outputs to the retrain model; entropy histograms. Information bounds live in ``information`` (white-box)
 and ``activation_info`` (black-box)."""
-from scrubnet.readouts.basic import activation_l1, entropy, error_and_loss, softmax_entropy
+from scrubnet.readouts.basic import activation_l1, entropy, error_and_loss, softmax_entropy, stream_error_and_loss
 from scrubnet.readouts.mia import membership_attack
 from scrubnet.readouts.relearn import relearn_time
 
-__all__ = ["activation_l1", "entropy", "error_and_loss", "softmax_entropy", "membership_attack", "relearn_time"]
+__all__ = ["activation_l1", "entropy", "error_and_loss", "softmax_entropy", "stream_error_and_loss", "membership_attack", "relearn_time"]

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.data.stream import DataStream
 from scrubnet.training import predict_logits
 
 
@@ -33,3 +34,15 @@ def activation_l1(model: nn.Module, reference: nn.Module, x: Tensor) -> float:
     p = torch.softmax(predict_logits(model, x), dim=1)
     q = torch.softmax(predict_logits(reference, x), dim=1)
     return float((p - q).abs().sum(dim=1).mean())
+
+
+def stream_error_and_loss(model: nn.Module, data: DataStream) -> tuple[float, float]:
+    """:func:`error_and_loss` over a :class:`~scrubnet.data.stream.DataStream`, chunk by chunk: (Σ wrong / N,
+    Σ CE / N); NaN for an empty set. Memory: one chunk's inputs and logits."""
+    wrong, total, n = 0, 0.0, 0
+    for x, y in data.chunks():
+        logits = predict_logits(model, x)
+        wrong += int((logits.argmax(1) != y).sum())
+        total += float(F.cross_entropy(logits, y, reduction="sum"))
+        n += len(y)
+    return (wrong / n, total / n) if n else (float("nan"), float("nan"))
