@@ -34,7 +34,7 @@ from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
-from scrubnet.methods.base import ForgetContext, available_methods, get_method
+from scrubnet.methods.base import ForgetContext, available_methods, get_method, method_class, protocol_method
 from scrubnet.models import MODELS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -356,7 +356,7 @@ def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: t
 def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safetensors with sidecar)"),
            forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D)"),
            method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
-               m for m in available_methods() if not m.startswith("mlforget"))),
+               m for m in available_methods() if not method_class(m).own_retrain_family)),
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
@@ -366,13 +366,14 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
 
     _set_threads(threads)
     _refuse_existing_file(out, overwrite, inputs=(checkpoint,))
-    if method in ("mlforget", "mlforget-retrain"):
+    cls = method_class(method)
+    if cls is not None and cls.own_retrain_family:
         raise UserError(f"--method {method} trains its own mixed-linear model, which is not a checkpoint of "
                         f"this architecture; use `scrubnet mlforget train` and `scrubnet mlforget forget` for "
                         "ML-Forgetting on checkpoints")
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, resolve_device(device))
     opts = _parse_options(option)
-    m = get_method(method, **opts)
+    m = protocol_method(method, **opts)
     if seed is not None:
         ctx.seed = seed
     res = m(model, split.retain, split.forget, ctx)
