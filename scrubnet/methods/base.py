@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from scrubnet.curvature.attention import jvp_safe_attention
 from scrubnet.data.stream import BatchKeys, DataStream, as_stream
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.methods.objective import check_stationarity
@@ -216,7 +216,7 @@ class ForgettingMethod(ABC):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
         # forward-mode AD has no rule for the fused CPU attention kernels: the math kernel computes the same
         # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions.md, "SDPA under forward-mode AD")
-        with sdpa_kernel(SDPBackend.MATH):
+        with jvp_safe_attention():
             st = None
             if self.uses_curvature and self.needs_retain and ctx.verify_recipe and not ctx.force:
                 st = check_stationarity(model, as_stream(retain, chunk_size=ctx.chunk_size), ctx.recipe, ctx.w0,
