@@ -100,15 +100,17 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
             out.bounds.update(weight_information(res.noise.mean, res.noise.var, other.mean, other.var))
     # the honesty check every method gets: a scrub that costs the retain set more than a few points of error
     # is reported as failed, whatever the method thinks of itself
-    err_in, _ = stream_error_and_loss(model, retain_s)
-    err_out, _ = stream_error_and_loss(res.model, retain_s)
+    err_in, loss_in = stream_error_and_loss(model, retain_s)
+    err_out, loss_out = stream_error_and_loss(res.model, retain_s)
     out.report.update(retain_error_before=err_in, retain_error_after=err_out)
     if err_out - err_in > retain_error_tolerance:
         out.ok = False
         out.reasons.append(f"the retain error rose from {100 * err_in:.1f} % to {100 * err_out:.1f} %, more than "
                            f"the tolerance of {100 * retain_error_tolerance:g} points")
     if readouts:
-        sets = {"retain": retain_s, "forget": forget_s}
+        out.readouts.update(retain_error=err_out, retain_loss=loss_out, original_retain_error=err_in,
+                            original_retain_loss=loss_in)
+        sets = {"forget": forget_s}
         if test is not None:
             sets["test"] = as_stream(test, keys, chunk_size)
         for part, data in sets.items():

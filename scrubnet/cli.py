@@ -377,6 +377,8 @@ def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safete
     if seed is not None:
         ctx.seed = seed
     res = m(model, split.retain, split.forget, ctx)
+    if not res.ok:  # nothing is written for a scrub that did not do what it claims
+        raise UserError(f"method {method!r} failed: " + "; ".join(res.reasons))
     extra = {"role": "scrubbed", "method": method, "method_options": opts, "forget_ids": split.forget_idx.tolist(),
              "source": str(checkpoint), "source_sha256": meta["sha256"],
              "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}}
