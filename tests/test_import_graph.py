@@ -8,7 +8,7 @@ Layers, lowest first (a module may import its own layer and the ones below):
     3  scrubnet.methods, scrubnet.mlforget, scrubnet.readouts, scrubnet.audit.stats, scrubnet.checkpoint,
        scrubnet.privacy
     4  scrubnet.experiments, scrubnet.audit (a pool of experiments)
-    5  scrubnet.cli, scrubnet.cli_mlforget, scrubnet.cli_audit, scrubnet.cli_dp
+    5  scrubnet.cli, scrubnet.cli_mlforget, scrubnet.cli_audit, scrubnet.cli_dp, scrubnet.cli_study
 
 plus: methods never import readouts (scrub, then measure), and data/models/curvature/training never import
 checkpoint IO. Imports inside functions are allowed only for optional dependencies.
@@ -29,7 +29,7 @@ LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.device": 0,
           "scrubnet.methods": 3, "scrubnet.mlforget": 3, "scrubnet.readouts": 3, "scrubnet.audit.stats": 3,
           "scrubnet.checkpoint": 3, "scrubnet.privacy": 3,
           "scrubnet.experiments": 4, "scrubnet.audit": 4,
-          "scrubnet.cli": 5, "scrubnet.cli_mlforget": 5, "scrubnet.cli_audit": 5, "scrubnet.cli_dp": 5}
+          "scrubnet.cli": 5, "scrubnet.cli_mlforget": 5, "scrubnet.cli_audit": 5, "scrubnet.cli_dp": 5, "scrubnet.cli_study": 5}
 FORBIDDEN = [("scrubnet.methods", "scrubnet.readouts")]
 OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray"}
 
