@@ -82,3 +82,18 @@ def test_linearization_gap_is_zero_for_a_linear_model_and_grows_with_the_step():
         fb, fa = bd(x.double()), ad(x.double())
     ref = float((f_lin - fb).norm() / (fb - fa).norm())
     assert gaps[1] == pytest.approx(ref, rel=1e-3)
+
+
+def test_linearization_gap_with_the_anchors_batchnorm_statistics():
+    """Only the BatchNorm buffers differ: the weight-space gap is 0, the own-statistics gap is not."""
+    x = torch.randn(12, 20)
+    a = build_model("cnn1d", (20,), 3, seed=0, channels=4).eval()
+    b = build_model("cnn1d", (20,), 3, seed=0, channels=4)
+    b.train()
+    with torch.no_grad():
+        b(3 * torch.randn(32, 20) + 1)   # moves the running statistics only
+    b.eval()
+    own = linearization_gap(a, b, x)
+    same = linearization_gap(a, b, x, anchor_statistics=True)
+    assert own["move"] > 0.01 and own["relative_gap"] == pytest.approx(1.0, abs=1e-5)   # f_lin = f_a exactly
+    assert same["move"] == 0.0

@@ -15,9 +15,12 @@ Two readouts:
       agreement    = fraction of held-out inputs where f_lin and f_{w_b} predict the same class.
 
   Both networks are evaluated in eval mode; the linearisation keeps w_a's BatchNorm statistics (a
-  linearisation in the weights cannot move them) while f_{w_b} uses its own, so the gap includes their drift.
+  linearisation in the weights cannot move them). f_{w_b} uses its own statistics (the gap then includes
+  their drift), or, with ``anchor_statistics=True``, w_a's (the gap of the weights alone).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import Tensor, nn
@@ -43,11 +46,18 @@ def fisher_readiness(times: list[int], traces: list[float], *, patience: int = 3
 
 
 @torch.no_grad()
-def linearization_gap(anchor: nn.Module, trained: nn.Module, x: Tensor, batch_size: int = 512) -> dict:
+def linearization_gap(anchor: nn.Module, trained: nn.Module, x: Tensor, batch_size: int = 512, *,
+                      anchor_statistics: bool = False) -> dict:
     """{"relative_gap", "agreement", "move"}: the network ``trained`` (w_b) against the linearisation of
     ``anchor`` (w_a, same architecture) evaluated at w_b, on held-out inputs ``x`` (module docstring);
-    "move" = ‖f_{w_b} − f_{w_a}‖_F / √N, the logit change the linearisation has to explain."""
+    "move" = ‖f_{w_b} − f_{w_a}‖_F / √N, the logit change the linearisation has to explain.
+    ``anchor_statistics``: evaluate f_{w_b} with w_a's buffers (BatchNorm running statistics)."""
     lin = LinearizedModel(anchor)
+    if anchor_statistics:
+        trained = copy.deepcopy(trained)
+        buffers = dict(anchor.named_buffers())
+        for name, b in trained.named_buffers():
+            b.copy_(buffers[name])
     wb = dict(trained.named_parameters())
     tangent = {n: (wb[n].detach() - p.detach()) for n, p in lin.base.named_parameters()
                if n in lin.linearized_names}
