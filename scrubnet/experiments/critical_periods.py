@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -636,8 +638,27 @@ def rerender(out: Path) -> dict:
     return result
 
 
+def check_result(result: dict) -> None:
+    """``ValueError`` unless every run has an accuracy in [0, 1] and finite FIM-trace and weight-norm curves."""
+    for r in result["runs"]:
+        curves = r["fisher"]["trace"] + r["weights"]["sq_norm"] + [r["test_acc"], r["train_acc"]]
+        if not (0 <= r["test_acc"] <= 1 and all(math.isfinite(v) for v in curves)):
+            raise ValueError(f"run {r['dataset']} seed {r['seed']} {r['key']} diverged (non-finite FIM trace or "
+                             "weights): lower the learning rate or the weight decay")
+
+
 def write_outputs(result: dict, out: Path) -> None:
+    """Checked, then rendered into a temporary sibling directory and moved into ``out`` file by file (each move
+    atomic), results.json last: a failure while rendering leaves ``out`` as it was."""
+    check_result(result)
     out.mkdir(parents=True, exist_ok=True)
-    plot_all(result, out)
-    atomic_write_text(out / "report.md", report_markdown(result))
-    atomic_write_json(out / "results.json", result)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        plot_all(result, tmp)
+        atomic_write_text(tmp / "report.md", report_markdown(result))
+        atomic_write_json(tmp / "results.json", result)
+        for name in FIGURES + ("report.md", "results.json"):
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
