@@ -24,6 +24,7 @@ from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from scrubnet.cli_audit import audit
 from scrubnet.cli_dp import dp
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
+from scrubnet.cli_study import critical_periods, study_app
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
@@ -543,6 +544,8 @@ def config_cmd(dump: bool = typer.Option(False, "--dump", help="print every conf
 app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
 app.command(name="audit")(handle_errors(audit))
 app.command(name="dp")(handle_errors(dp))
+study_app.command(name="critical-periods")(handle_errors(critical_periods))
+app.add_typer(study_app, name="study", help="empirical studies of training (critical periods of regularisation)")
 
 
 def main() -> None:  # console-script entry point

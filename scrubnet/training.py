@@ -16,6 +16,11 @@
 Every random choice (head initialisation, batch order, replacement copies) comes from the seed, so
 the same seed gives identical weights on CPU.
 
+Regularisation schedules (``TrainConfig.wd_from``/``wd_until``, ``pretrain_wd_*``, ``augment*``,
+``pretrain_augment*``): a regulariser on only in the epochs [from, until) of its phase — the interrupted
+([0, t0)), delayed ([t0, end)) and sliding-window ([t0, t0 + w)) protocols of the critical-periods study.
+The defaults (on throughout, no augmentation) run the loop exactly as without schedules.
+
 One SGD loop, :func:`sgd_loop`, serves pre-training, fine-tuning, retraining, the fine-tuning baselines
 (Finetune, NegGrad, Random labels) and the re-learn readout: mean cross-entropy, optionally + the pull
 (wd/2)‖w − w_0‖², ordinary weight decay, frozen BatchNorm, gradient ascent on chosen samples (capped), batches
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
+from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
 
@@ -59,6 +65,25 @@ class TrainConfig:
     pretrain_momentum: float = 0.9
     pretrain_wd: float = 5e-4      # ordinary weight decay (toward 0) during pre-training
     pretrain_batch_size: int = 128
+    # regularisation schedules (the critical-periods protocols): each regulariser is on only in the epochs
+    # [from, until) of its phase (until unset: to the end). The defaults keep it on throughout.
+    wd_from: int = 0                       # the fine-tuning pull (wd/2)‖w − w_0‖²
+    wd_until: int | None = None
+    pretrain_wd_from: int = 0              # pre-training weight decay
+    pretrain_wd_until: int | None = None
+    augment: str = "none"                  # fine-tuning augmentation: none | shift_noise
+    augment_from: int = 0
+    augment_until: int | None = None
+    pretrain_augment: str = "none"         # pre-training augmentation: none | shift_noise
+    pretrain_augment_from: int = 0
+    pretrain_augment_until: int | None = None
+
+    def __post_init__(self):
+        for kind in (self.augment, self.pretrain_augment):
+            if kind not in AUGMENTATIONS:
+                raise ValueError(f"unknown augmentation {kind!r}; choose one of {', '.join(AUGMENTATIONS)}")
+        for name in ("wd", "pretrain_wd", "augment", "pretrain_augment"):
+            check_window(getattr(self, f"{name}_from"), getattr(self, f"{name}_until"), name)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,11 +93,39 @@ class TrainConfig:
         """Checked: types as annotated, and the ranges of :data:`TRAIN_RANGES`."""
         return strict_from_dict(cls, d, "training", prefix, TRAIN_RANGES)
 
+    def schedule(self, phase: str) -> dict:
+        """The :func:`sgd_loop` schedule arguments of ``phase`` ("finetune" or "pretrain"): the regulariser
+        windows, None where a regulariser is on throughout (so the loop takes its unscheduled path)."""
+        pre = "pretrain_" if phase == "pretrain" else ""
+        wd = (getattr(self, f"{pre}wd_from"), getattr(self, f"{pre}wd_until"))
+        aug = (getattr(self, f"{pre}augment_from"), getattr(self, f"{pre}augment_until"))
+        return {"wd_epochs": None if wd == (0, None) else wd, "augment_epochs": None if aug == (0, None) else aug}
+
 
 #: allowed ranges of the :class:`TrainConfig` values
 TRAIN_RANGES = {"lr": "> 0", "momentum": "[0, 1)", "wd": ">= 0", "batch_size": ">= 1", "extra_epochs": ">= 0",
                 "min_epochs": ">= 0", "max_epochs": ">= 1", "pretrain_epochs": ">= 0", "pretrain_lr": "> 0",
-                "pretrain_momentum": "[0, 1)", "pretrain_wd": ">= 0", "pretrain_batch_size": ">= 1"}
+                "pretrain_momentum": "[0, 1)", "pretrain_wd": ">= 0", "pretrain_batch_size": ">= 1",
+                "wd_from": ">= 0", "wd_until": ">= 1", "pretrain_wd_from": ">= 0", "pretrain_wd_until": ">= 1",
+                "augment_from": ">= 0", "augment_until": ">= 1", "pretrain_augment_from": ">= 0",
+                "pretrain_augment_until": ">= 1"}
+
+#: an epoch window [from, until): until None = to the end of training
+EpochWindow = tuple[int, "int | None"]
+
+
+def check_window(start: int, until: int | None, what: str = "regulariser") -> None:
+    """``ValueError`` unless 0 ≤ start and (until is None or until > start)."""
+    if start < 0 or (until is not None and until <= start):
+        raise ValueError(f"{what} window [{start}, {until}): need 0 ≤ from < until (until unset: to the end)")
+
+
+def in_window(epoch: int, window: EpochWindow | None) -> bool:
+    """Whether ``epoch`` (0-based) lies in ``window`` = [a, b) (b None: open); None = every epoch."""
+    if window is None:
+        return True
+    a, b = window
+    return epoch >= a and (b is None or epoch < b)
 
 
 @dataclass
@@ -119,7 +172,11 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
              max_epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None, wd: float = 0.0,
              weight_decay: float = 0.0, freeze_bn: bool = False, ascent: Tensor | None = None,
              ascent_cap: float | None = None, samples_per_epoch: int | None = None,
-             stop: Callable[[int], bool] | None = None, loss_fn: str = "ce") -> tuple[int, bool]:
+             stop: Callable[[int], bool] | None = None, loss_fn: str = "ce", wd_epochs: EpochWindow | None = None,
+             weight_decay_epochs: EpochWindow | None = None, augment: Callable[[Tensor], Tensor] | None = None,
+             augment_epochs: EpochWindow | None = None, lr_decay: float = 1.0,
+             on_epoch: Callable[[int], None] | None = None, on_step: Callable[[int], None] | None = None
+             ) -> tuple[int, bool]:
     """The package's one SGD loop; trains ``model`` in place on (x, y) and leaves it in eval mode.
 
     Per batch B the loss is
@@ -137,6 +194,18 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
     put in eval mode during training when ``freeze_bn``. ``stop(e)`` is called before epoch e (e = epochs done
     so far, 0 … ``max_epochs``, the last call after the final epoch); training ends when it returns True.
 
+    Schedules (the critical-periods protocols; every default leaves the loop as without them):
+
+    * ``wd_epochs`` / ``weight_decay_epochs`` = [a, b): the pull / the ordinary weight decay is applied only
+      in epochs a ≤ e < b (b None: to the end); outside, its coefficient is 0 for the whole epoch.
+    * ``augment``: x ↦ x' applied to every batch of the epochs in ``augment_epochs`` (None: all epochs); it
+      draws from its own generator, so the batch order does not depend on it.
+    * ``lr_decay``: epoch e runs at η_e = lr·lr_decay^e (exponential decay per epoch; 1 = constant).
+
+    Monitors: ``on_epoch(e)`` is called at the same points as ``stop`` (before epoch e, and once after the last
+    epoch), before ``stop``; ``on_step(s)`` after every optimiser step s = 1, 2, … (the model is in train mode
+    there; a monitor that evaluates must restore it, as the Fisher-trace monitor does).
+
     Returns (epochs trained, whether ``stop`` ended it).
     """
     if loss_fn not in ("ce", "mse") or (loss_fn == "mse" and ascent is not None):
@@ -146,13 +215,23 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
     n = len(y)
     device = generator.device
     stopped = False
-    epoch = 0
+    epoch = step = 0
     while True:
+        if on_epoch is not None:
+            on_epoch(epoch)
         if stop is not None and stop(epoch):
             stopped = True
             break
         if epoch >= max_epochs:
             break
+        if weight_decay_epochs is not None:
+            for group in opt.param_groups:
+                group["weight_decay"] = weight_decay if in_window(epoch, weight_decay_epochs) else 0.0
+        if lr_decay != 1.0:
+            for group in opt.param_groups:
+                group["lr"] = lr * lr_decay ** epoch
+        wd_now = wd if in_window(epoch, wd_epochs) else 0.0
+        augment_now = augment if augment is not None and in_window(epoch, augment_epochs) else None
         _set_mode(model, freeze_bn)
         if samples_per_epoch is None:
             order, total = torch.randperm(n, generator=generator, device=device), n
@@ -162,7 +241,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
         order = order.to(x.device)
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
-            logits = model(x[idx])
+            logits = model(x[idx] if augment_now is None else augment_now(x[idx]))
             if loss_fn == "mse":
                 loss = 0.5 * ((logits - F.one_hot(y[idx], logits.shape[-1]).to(logits.dtype)) ** 2).sum(-1).mean()
             elif ascent is None:
@@ -171,11 +250,14 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
                 ce = F.cross_entropy(logits, y[idx], reduction="none")
                 capped = ce if ascent_cap is None else torch.clamp(ce, max=ascent_cap)
                 loss = torch.where(ascent[idx], -capped, ce).mean()
-            if w0 is not None and wd > 0:
-                loss = loss + 0.5 * wd * l2_pull(model, w0)
+            if w0 is not None and wd_now > 0:
+                loss = loss + 0.5 * wd_now * l2_pull(model, w0)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            step += 1
+            if on_step is not None:
+                on_step(step)
         epoch += 1
     model.eval()
     return epoch, stopped
@@ -195,9 +277,12 @@ def pretrain(model: nn.Module, x_core: Tensor, y_core: Tensor, cfg: TrainConfig,
     if len(y_core) == 0 or cfg.pretrain_epochs == 0:
         return model.eval()
     g = seeded_generator(10_007 * seed + 1, model_device(model))
-    train_epochs(model, x_core, y_core, lr=cfg.pretrain_lr, momentum=cfg.pretrain_momentum,
-                 batch_size=cfg.pretrain_batch_size, epochs=cfg.pretrain_epochs, generator=g,
-                 weight_decay=cfg.pretrain_wd, freeze_bn=False)
+    sched = cfg.schedule("pretrain")
+    sgd_loop(model, x_core, y_core, lr=cfg.pretrain_lr, momentum=cfg.pretrain_momentum,
+             batch_size=cfg.pretrain_batch_size, max_epochs=cfg.pretrain_epochs, generator=g,
+             weight_decay=cfg.pretrain_wd, freeze_bn=False, weight_decay_epochs=sched["wd_epochs"],
+             augment=make_augment(cfg.pretrain_augment, 10_007 * seed + 5, model_device(model)),
+             augment_epochs=sched["augment_epochs"])
     return model.eval()
 
 
@@ -224,9 +309,12 @@ def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int
             zero_at = epoch
         return zero_at is not None and epoch >= zero_at + cfg.extra_epochs
 
+    sched = cfg.schedule("finetune")
     epoch, _ = sgd_loop(model, x, y, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
                         max_epochs=cfg.max_epochs, generator=g, w0=w0, wd=cfg.wd, freeze_bn=cfg.freeze_bn,
-                        stop=stop)
+                        stop=stop, wd_epochs=sched["wd_epochs"],
+                        augment=make_augment(cfg.augment, 10_007 * seed + 4, model_device(model)),
+                        augment_epochs=sched["augment_epochs"])
     with torch.no_grad():
         logits = predict_logits(model, x)
         final_loss = float(F.cross_entropy(logits, y))

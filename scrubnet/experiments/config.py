@@ -126,6 +126,16 @@ KEY_DOCS = {
     "train.pretrain_momentum": "pre-training SGD momentum, in [0, 1)",
     "train.pretrain_wd": "pre-training weight decay (toward 0)",
     "train.pretrain_batch_size": "pre-training mini-batch (samples)",
+    "train.wd_from": "first fine-tuning epoch with the pull (0-based; schedules: on in [from, until))",
+    "train.wd_until": "fine-tuning epoch where the pull stops (unset: never)",
+    "train.pretrain_wd_from": "first pre-training epoch with weight decay",
+    "train.pretrain_wd_until": "pre-training epoch where weight decay stops (unset: never)",
+    "train.augment": "fine-tuning augmentation: none | shift_noise (random shift + Gaussian noise)",
+    "train.augment_from": "first fine-tuning epoch with augmentation",
+    "train.augment_until": "fine-tuning epoch where augmentation stops (unset: never)",
+    "train.pretrain_augment": "pre-training augmentation: none | shift_noise",
+    "train.pretrain_augment_from": "first pre-training epoch with augmentation",
+    "train.pretrain_augment_until": "pre-training epoch where augmentation stops (unset: never)",
 }
 
 
