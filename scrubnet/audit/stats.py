@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 #: δ of the (ε, δ) definition, as in the challenge's metric code
 DELTA = 1e-5
@@ -177,81 +178,123 @@ def ulira(phi_in, phi_out, shadow_in, shadow_out, *, fixed_variance: bool = Fals
 
 
 # ----------------------------------------------------------------------------------------- ε-score
-def _epsilon_from_rates(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> float:
-    """max over thresholds of ε_t = max(log(1 − δ − FPR) − log FNR, log(1 − δ − FNR) − log FPR), clipped ≥ 0.
+def _epsilon_from_counts(tp: np.ndarray, n_pos: int, fp: np.ndarray, n_neg: int, delta: float) -> float:
+    """max over thresholds of ε_t = max(log(1 − δ − FPR) − log FNR, log(1 − δ − FNR) − log FPR), clipped ≥ 0,
+    with the challenge's float32 arithmetic (its rates are torch means of float32 0/1 tensors).
 
-    Thresholds with exactly one of FPR, FNR equal to 0 are dropped (too few samples to tell); both 0 is a
-    perfect separation, ε = ∞ (capped by the caller)."""
-    both = (fpr == 0) & (fnr == 0)
-    if np.any(both):
+    ``tp`` / ``fp``: number of positives / negatives classified positive by each threshold. Thresholds with
+    exactly one of FPR, FNR equal to 0 are dropped (too few samples to tell); both 0 is a perfect separation,
+    ε = ∞ (capped by the caller). Returns NaN when no threshold is kept."""
+    pairs = np.unique(tp.astype(np.int64) * (n_neg + 1) + fp.astype(np.int64))  # ε depends on the counts only
+    tp_u, fp_u = pairs // (n_neg + 1), pairs % (n_neg + 1)
+    f32 = np.float32
+    tpr = tp_u.astype(f32) / f32(n_pos)
+    fpr = fp_u.astype(f32) / f32(n_neg)
+    fnr = (n_pos - tp_u).astype(f32) / f32(n_pos)
+    tnr = (n_neg - fp_u).astype(f32) / f32(n_neg)
+    if np.any((fpr + fnr == 0) & (tpr + tnr == 2)):
         return math.inf
-    keep = (fpr > 0) & (fnr > 0)
+    keep = (fpr * fnr) != 0
     if not np.any(keep):
-        return 0.0
+        return float("nan")
     f, n = fpr[keep], fnr[keep]
     with np.errstate(invalid="ignore", divide="ignore"):
-        e = np.fmax(np.log(1 - delta - f) - np.log(n), np.log(1 - delta - n) - np.log(f))
-    e = e[np.isfinite(e)]
-    return float(max(np.max(e), 0.0)) if e.size else 0.0
+        e = np.fmax(np.log((1 - delta) - f) - np.log(n), np.log((1 - delta) - n) - np.log(f))
+    e = np.clip(e, f32(0), None)
+    return float(np.nanmax(e)) if np.any(np.isfinite(e)) else float("nan")
 
 
 def _count_in(sorted_v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """#{v : lo ≤ v ≤ hi} for sorted ``v``."""
-    return np.searchsorted(sorted_v, hi, "right") - np.searchsorted(sorted_v, lo, "left")
+    """#{v : lo ≤ v ≤ hi} for sorted ``v`` (0 where lo > hi)."""
+    return np.maximum(np.searchsorted(sorted_v, hi, "right") - np.searchsorted(sorted_v, lo, "left"), 0)
 
 
-def example_epsilon(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP) -> float:
-    """ε of one example from its φ under U unlearned and R retrained models (1-D arrays).
+def _left_ends(rights: np.ndarray, width: float, num: int) -> np.ndarray:
+    """``[np.linspace(tr − width − B, tr − width + B, num) for tr in rights]`` bit for bit, vectorised
+    (numpy's linspace: start + i·((stop − start)/(num − 1)), the last element set to stop)."""
+    start = rights - width - INTERVAL_BUFFER
+    stop = rights - width + INTERVAL_BUFFER
+    step = (stop - start) / (num - 1)
+    out = np.arange(num, dtype=float)[None, :] * step[:, None] + start[:, None]
+    out[:, -1] = stop
+    return out
 
-    1. The positive sample is the one with the larger median.
-    2. If the smaller range (max − min) is below ``RANGE_RATIO_MIN`` × the larger, ε = ``cap``.
-    3. Single threshold: "φ ≥ t ⇒ positive" for ``THRESHOLDS_PER_UNIT`` thresholds per unit over the pooled
-       range. Two-sided: "l ≤ φ ≤ r ⇒ peakier sample" (the one with the smaller range), r on a grid from
-       min + width − 2 to max + 2 of the peakier sample, l within r − width ± 2 (400 values), width = the
-       peakier sample's range.
-    4. ε = max over both families of :func:`_epsilon_from_rates`, clipped to [0, cap].
+
+def _single_thresholds(lo: float, hi: float) -> np.ndarray:
+    """The challenge's one-sided grid: ``torch.linspace(lo, hi, ceil((hi − lo)·100))`` in torch's default
+    float32, widened to float64 for the comparisons."""
+    num = int(math.ceil((hi - lo) * THRESHOLDS_PER_UNIT))
+    return torch.linspace(lo, hi, num, dtype=torch.float32).double().numpy() if num > 0 else np.zeros(0)
+
+
+def example_epsilon(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP, *,
+                    estimator: str = "default") -> float:
+    """ε of one example from its φ under U unlearned and R retrained models (1-D arrays), with the
+    threshold families of the challenge's released ``metric.py``, built exactly as it builds them:
+
+    1. Orientation: the positive sample P is the retrained one if median(r) > median(u), else the unlearned.
+    2. Range rule: if the smaller range (max − min) is below ``RANGE_RATIO_MIN`` × the larger, ε = ``cap``
+       (0/0 does not trigger it).
+    3. Two-sided: P becomes the peakier sample (swap if range(P) ≥ range(N)), width = the smaller range;
+       right ends ``linspace(min P + width − 2, max P + 2, ceil(·100))``; for each, 400 left ends
+       ``linspace(tr − width − 2, tr − width + 2, 400)``; "positive" iff left ≤ φ ≤ right.
+    4. One-sided: "positive" iff φ ≥ t on the float32 grid of :func:`_single_thresholds` (P of step 1).
+    5. ε = max over both families of :func:`_epsilon_from_counts` (float32 rates), clipped to [0, cap].
+
+    ``estimator="reference"`` raises where the released code raises (no threshold kept: two identical point
+    masses); the default returns 0 there (the two samples cannot be told apart) and accepts U ≠ R.
     """
-    a, b = np.sort(np.asarray(unlearned, float)), np.sort(np.asarray(retrained, float))
+    a, b = np.asarray(unlearned, float), np.asarray(retrained, float)
+    if estimator not in ("default", "reference"):
+        raise ValueError(f"unknown estimator {estimator!r}: use 'default' or 'reference'")
     if a.size < 1 or b.size < 1:
         raise ValueError("example_epsilon needs at least one unlearned and one retrained value")
     pos, neg = (b, a) if np.median(b) > np.median(a) else (a, b)
-    r_pos, r_neg = pos[-1] - pos[0], neg[-1] - neg[0]
-    small, large = min(r_pos, r_neg), max(r_pos, r_neg)
-    if large == 0:  # two point masses
-        return 0.0 if pos[0] == neg[0] else float(cap)
-    if small / large < RANGE_RATIO_MIN:
-        return float(cap)
+    pos, neg = np.sort(pos), np.sort(neg)
+    d_pos, d_neg = pos[-1] - pos[0], neg[-1] - neg[0]
+    largest, smallest = (d_pos, d_neg) if d_pos > d_neg else (d_neg, d_pos)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if smallest / largest < RANGE_RATIO_MIN:
+            return float(cap)
     eps = []
-    # single threshold
-    lo, hi = min(pos[0], neg[0]), max(pos[-1], neg[-1])
-    t = np.linspace(lo, hi, int(math.ceil((hi - lo) * THRESHOLDS_PER_UNIT)))
-    tpr = (pos.size - np.searchsorted(pos, t, "left")) / pos.size
-    fpr = (neg.size - np.searchsorted(neg, t, "left")) / neg.size
-    eps.append(_epsilon_from_rates(fpr, 1 - tpr, delta))
-    # two thresholds around the peakier sample
-    peak, other = (pos, neg) if r_pos < r_neg else (neg, pos)
-    width = small
+    # two-sided family, around the peakier sample
+    peak, other = (neg, pos) if d_pos >= d_neg else (pos, neg)
+    width = smallest
     r_lo, r_hi = peak[0] + width - INTERVAL_BUFFER, peak[-1] + INTERVAL_BUFFER
     rights = np.linspace(r_lo, r_hi, int(math.ceil((r_hi - r_lo) * THRESHOLDS_PER_UNIT)))
-    offsets = np.linspace(-INTERVAL_BUFFER, INTERVAL_BUFFER, int(math.ceil(2 * INTERVAL_BUFFER * THRESHOLDS_PER_UNIT)))
+    n_left = int(math.ceil(2 * INTERVAL_BUFFER * THRESHOLDS_PER_UNIT))
     for chunk in np.array_split(rights, max(1, len(rights) // 256)):
-        r = np.repeat(chunk, len(offsets))
-        left = r - width + np.tile(offsets, len(chunk))
-        tpr = _count_in(peak, left, r) / peak.size
-        fpr = _count_in(other, left, r) / other.size
-        eps.append(_epsilon_from_rates(fpr, 1 - tpr, delta))
+        if chunk.size == 0:
+            continue
+        left = _left_ends(chunk, width, n_left).ravel()
+        right = np.repeat(chunk, n_left)
+        eps.append(_epsilon_from_counts(_count_in(peak, left, right), peak.size,
+                                        _count_in(other, left, right), other.size, delta))
         if math.isinf(eps[-1]):
             break
-    return float(min(max(max(eps), 0.0), cap))
+    # one-sided family
+    t = _single_thresholds(min(pos[0], neg[0]), max(pos[-1], neg[-1]))
+    eps.append(_epsilon_from_counts(pos.size - np.searchsorted(pos, t, "left"), pos.size,
+                                    neg.size - np.searchsorted(neg, t, "left"), neg.size, delta))
+    kept = [e for e in eps if not math.isnan(e)]
+    if not kept:
+        if estimator == "reference":
+            raise ValueError("ε (reference): no threshold kept (the released metric raises here)")
+        return 0.0
+    return float(min(max(max(kept), 0.0), cap))
 
 
-def example_epsilons(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP) -> np.ndarray:
-    """Per-example ε for φ matrices ``unlearned`` ``[U, n]`` and ``retrained`` ``[R, n]`` (NaNs ignored)."""
+def example_epsilons(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP, *,
+                     estimator: str = "default") -> np.ndarray:
+    """Per-example ε (:func:`example_epsilon`) for φ matrices ``unlearned`` ``[U, n]`` and ``retrained``
+    ``[R, n]`` (NaNs ignored; ``estimator="reference"`` requires U = R and no NaN, as the released code)."""
     u, r = np.asarray(unlearned, float), np.asarray(retrained, float)
     if u.ndim != 2 or r.ndim != 2 or u.shape[1] != r.shape[1]:
         raise ValueError(f"unlearned {u.shape} and retrained {r.shape} must be [models, examples]")
-    return np.array([example_epsilon(u[:, j][np.isfinite(u[:, j])], r[:, j][np.isfinite(r[:, j])], delta, cap)
-                     for j in range(u.shape[1])])
+    if estimator == "reference" and (u.shape != r.shape or not (np.all(np.isfinite(u)) and np.all(np.isfinite(r)))):
+        raise ValueError("ε (reference): the released metric needs U = R models and finite φ")
+    return np.array([example_epsilon(u[:, j][np.isfinite(u[:, j])], r[:, j][np.isfinite(r[:, j])], delta, cap,
+                                     estimator=estimator) for j in range(u.shape[1])])
 
 
 def bucket_points(num_models: int) -> list[tuple[float, float]]:
@@ -296,15 +339,16 @@ class EpsilonResult:
 
 def epsilon_score(unlearned, retrained, *, retain_accuracy: tuple[float, float] = (1.0, 1.0),
                   test_accuracy: tuple[float, float] = (1.0, 1.0), delta: float = DELTA,
-                  cap: float = EPSILON_CAP) -> EpsilonResult:
+                  cap: float = EPSILON_CAP, estimator: str = "default") -> EpsilonResult:
     """The NeurIPS-2023 score from φ of the forget examples under U unlearned (``[U, n]``) and R retrained
     (``[R, n]``) models of one original and one forget set.
 
     ``retain_accuracy`` / ``test_accuracy``: (unlearned, retrained) accuracies averaged over the models.
-    The buckets are sized for min(U, R) models (the challenge has U = R = 512).
+    The buckets are sized for min(U, R) models (the challenge has U = R = 512; ``estimator="reference"``
+    requires U = R, as the released code does).
     """
     u, r = np.asarray(unlearned, float), np.asarray(retrained, float)
-    eps = example_epsilons(u, r, delta, cap)
+    eps = example_epsilons(u, r, delta, cap, estimator=estimator)
     n_models = min(u.shape[0], r.shape[0])
     f = forget_score(eps, n_models)
     ra = retain_accuracy[0] / retain_accuracy[1] if retain_accuracy[1] > 0 else float("nan")
