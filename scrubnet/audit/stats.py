@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from scrubnet.audit.reference import fit_reference, predict_reference
+from scrubnet.audit.uncertainty import ScoredPairs
+
 #: δ of the (ε, δ) definition, as in the challenge's metric code
 DELTA = 1e-5
 #: ε reported for perfectly separated samples (both error rates 0) or a degenerate spread; the challenge's cap
@@ -354,3 +357,88 @@ def epsilon_score(unlearned, retrained, *, retain_accuracy: tuple[float, float] 
     ra = retain_accuracy[0] / retain_accuracy[1] if retain_accuracy[1] > 0 else float("nan")
     ta = test_accuracy[0] / test_accuracy[1] if test_accuracy[1] > 0 else float("nan")
     return EpsilonResult(eps, f, f * ra * ta, n_models, ra, ta)
+
+
+# ----------------------------------------------------------------------------------------------- KLoM
+#: KLoM's constants (Easy Data-Unlearning-Bench; Georgiev et al. 2024): bins per example, the floor of the
+#: oracle's bin probability where the unlearned ensemble has mass, and the clip of the margins
+KLOM_BINS = 20
+KLOM_EPS = 1e-5
+KLOM_CLIP = 100.0
+
+
+def klom(unlearned, oracle, *, bins: int = KLOM_BINS, eps: float = KLOM_EPS, clip: float = KLOM_CLIP,
+         weights_unlearned=None, weights_oracle=None) -> np.ndarray:
+    """KL divergence of margins, per example: KL(p ‖ q) with p, q the histograms of the margins
+    (φ = z_y − logsumexp_{y'≠y} z_{y'}) of the unlearned ensemble ``[U, n]`` and the oracle (retrained)
+    ensemble ``[R, n]``, on ``bins`` equal-width bins spanning the example's clipped (±``clip``) values of both
+    ensembles (a zero-width span becomes [lo, lo + 1]); q is floored at ``eps`` where p > 0;
+    KLoM = Σ_{p_k > 0} p_k log(p_k / max(q_k, eps)). 0 = the unlearned margins fall in the oracle's bins in the
+    same proportions.
+
+    ``weights_*`` ``[U]`` / ``[R]``: non-negative model weights (bootstrap counts); a model with weight 0 is
+    left out of the span too. Returns ``[n]``."""
+    u = np.clip(np.asarray(unlearned, float), -clip, clip)
+    r = np.clip(np.asarray(oracle, float), -clip, clip)
+    if u.ndim != 2 or r.ndim != 2 or u.shape[1] != r.shape[1]:
+        raise ValueError(f"klom: unlearned {u.shape} and oracle {r.shape} must be [models, examples]")
+    if not (np.all(np.isfinite(u)) and np.all(np.isfinite(r))):
+        raise ValueError("klom: margins must be finite")
+    wu = np.ones(u.shape[0]) if weights_unlearned is None else np.asarray(weights_unlearned, float)
+    wr = np.ones(r.shape[0]) if weights_oracle is None else np.asarray(weights_oracle, float)
+    both = np.concatenate([u[wu > 0], r[wr > 0]])
+    lo, hi = both.min(0), both.max(0)
+    hi = np.where(hi > lo, hi, lo + 1.0)
+    edges = lo[None, :] + (hi - lo)[None, :] * (np.arange(1, bins)[:, None] / bins)  # interior edges [bins-1, n]
+
+    def hist(v, w):
+        idx = np.sum(v[:, None, :] >= edges[None, :, :], axis=1)  # bin of each value, last bin closed
+        h = np.zeros((bins, v.shape[1]))
+        np.add.at(h, (idx, np.broadcast_to(np.arange(v.shape[1]), idx.shape)), w[:, None])
+        return h / w.sum()
+
+    p, q = hist(u, wu), hist(r, wr)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * np.log(p / np.maximum(q, eps)), 0.0)
+    return terms.sum(0)
+
+
+# ------------------------------------------------------------------------------------ scored pairs
+def lira_pairs(phi_in, phi_out, shadow_in, shadow_out, cluster_in, cluster_out, *, fixed_variance: bool = False,
+               estimator: str = "default"):
+    """The target pairs of a per-example likelihood-ratio test, as :class:`~scrubnet.audit.uncertainty.ScoredPairs`.
+
+    Same inputs as :func:`ulira`, plus the cluster (e.g. the split) of every row. ``estimator="default"``:
+    score = log N_in(φ) − log N_out(φ) with :func:`ulira`'s fit (means, ddof-1 σ, σ ≥ ``MIN_STD``, no
+    truncation); ``"reference"``: −prediction of tensorflow/privacy's online LiRA (medians, ddof-0 σ + 1e-30,
+    every example truncated to the smallest IN and OUT counts; :mod:`scrubnet.audit.reference`). Returns
+    (pairs, usable) with ``usable`` ``[n]`` the examples that have shadow IN and OUT values."""
+    phi_in, phi_out = np.asarray(phi_in, float), np.asarray(phi_out, float)
+    shadow_in, shadow_out = np.asarray(shadow_in, bool), np.asarray(shadow_out, bool)
+    if estimator == "default":
+        mu_i, sd_i, c_i = _fit(phi_in[shadow_in], fixed_variance)
+        mu_o, sd_o, c_o = _fit(phi_out[shadow_out], fixed_variance)
+        usable = (c_i > 0) & (c_o > 0)
+
+        def score(x):
+            return _log_normal(x, mu_i, sd_i) - _log_normal(x, mu_o, sd_o)
+    elif estimator == "reference":
+        vi, vo = phi_in[shadow_in], phi_out[shadow_out]
+        usable = np.isfinite(vi).any(0) & np.isfinite(vo).any(0)
+        fit = fit_reference(vi[:, usable], np.isfinite(vi[:, usable]), vo[:, usable], np.isfinite(vo[:, usable]),
+                            online=True, fixed_variance=fixed_variance)
+
+        def score(x):
+            s = np.full(x.shape, np.nan)
+            s[:, usable] = -predict_reference(fit, x[:, usable], online=True)
+            return s
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}: use 'default' or 'reference'")
+    s_in, s_out = score(phi_in[~shadow_in]), score(phi_out[~shadow_out])
+    s_in[:, ~usable], s_out[:, ~usable] = np.nan, np.nan
+    ci, co = np.asarray(cluster_in)[~shadow_in], np.asarray(cluster_out)[~shadow_out]
+    ri, ji = np.nonzero(np.isfinite(s_in))
+    ro, jo = np.nonzero(np.isfinite(s_out))
+    pairs = ScoredPairs(np.r_[s_in[ri, ji], s_out[ro, jo]], np.r_[np.ones(ri.size, bool), np.zeros(ro.size, bool)],
+                        np.r_[ci[ri], co[ro]], np.r_[ji, jo])
+    return pairs, usable
