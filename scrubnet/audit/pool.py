@@ -43,6 +43,7 @@ from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.methods.base import ForgetContext, get_method
+from scrubnet.methods.user_methods import load_user_method
 from scrubnet.models import build_model
 from scrubnet.training import finetune_start, predict_logits, pretrain
 from scrubnet.training_pool import finetune_many, retrain_many
@@ -251,6 +252,8 @@ def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.T
     ``payload``: ``{"original": state dict, "start_seed", "half", "forget" (positions in D),
     "runs": [{"id", "method", "options", "seed"}]}``; runs with the same seed share ``ctx.cache``."""
     cfg, split = _worker_split(shared)
+    for spec in shared.get("user_methods", ()):  # a user's module:Class, registered on this worker too
+        load_user_method(spec)
     start = _start(shared, cfg, split, payload["start_seed"])
     original = copy.deepcopy(start)
     original.load_state_dict(payload["original"])

@@ -472,12 +472,13 @@ def _thin_roc(fpr: np.ndarray, tpr: np.ndarray, points: int = 400) -> dict:
 
 def run_audit(cfg: ExperimentConfig, methods: list[str], out_dir: Path, *, plan: P.PoolPlan, engine=None,
               audit_seed: int | None = None, threads: int = 1, device: str = "cpu", progress: bool = True,
-              console=None) -> dict:
+              console=None, user_methods: list[str] | None = None) -> dict:
     """Fill the pool (cache under ``out_dir/cache``), compute the statistics, write audit.json, audit.md and
     the figures; returns the audit.json content."""
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     audit = Audit(cfg, methods, plan, out_dir / "cache", audit_seed=audit_seed, threads=threads, device=device)
+    audit.shared["user_methods"] = list(user_methods or [])  # ``module:Class`` specs, registered on each worker
     with make_progress(enabled=progress, console=console) as bar:
         task = bar.add_task("scrubnet audit: models", total=audit.total_models())
         audit.run(engine, bar, task)
