@@ -68,6 +68,8 @@ def enough_negatives(n_negative: int, level: float) -> bool:
 def pair_statistics(p: ScoredPairs, weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Weighted statistics of ``p``; ``weights`` ``[B, P]`` (default: one replicate of ones). Returns arrays ``[B]``:
     ``balanced_accuracy``, ``auc``, ``tpr_at_1pct_fpr``, ``tpr_at_01pct_fpr`` (module docstring)."""
+    if p.n_positive == 0 or p.n_negative == 0:
+        raise ValueError("the membership test needs target pairs of both kinds (IN and OUT); the pool is too small")
     w = np.ones((1, p.score.size)) if weights is None else np.asarray(weights, float)
     order = np.argsort(p.score, kind="mergesort")  # ascending
     s, lab, w = p.score[order], p.label[order], w[:, order]
