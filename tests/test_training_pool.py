@@ -65,10 +65,10 @@ def test_refuses_unfrozen_batchnorm_and_dropout():
 
 def test_sustained_rule_vmapped_equals_the_loop_and_ends_at_zero_error():
     """The audit pool's stopping rule (the protocol as stated): a model stopped by the rule is at zero training
-    error; the first-zero rule of `scrubnet run` can stop above it (seed 2 here)."""
-    cfg = TrainConfig(lr=0.2, wd=0.03, batch_size=8, extra_epochs=2, max_epochs=60)
+    error; the first-zero rule of `scrubnet run` can stop above it (seed 6 here)."""
+    cfg = TrainConfig(lr=0.05, wd=0.03, batch_size=8, extra_epochs=2, max_epochs=60)
     net = build_model("mlp", (12,), 4, seed=0, hidden=16)
-    seeds = [1, 2, 3]
+    seeds = [5, 6, 7]
     starts = [finetune_start(net, 3, seed=k) for k in seeds]
     data = [_data(40, seed=k) for k in seeds]
     got = finetune_many(starts, [d[0] for d in data], [d[1] for d in data], cfg, seeds, sustained=True)
