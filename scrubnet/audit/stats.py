@@ -188,7 +188,8 @@ def _epsilon_from_counts(tp: np.ndarray, n_pos: int, fp: np.ndarray, n_neg: int,
     ``tp`` / ``fp``: number of positives / negatives classified positive by each threshold. Thresholds with
     exactly one of FPR, FNR equal to 0 are dropped (too few samples to tell); both 0 is a perfect separation,
     ε = ∞ (capped by the caller). Returns NaN when no threshold is kept."""
-    pairs = np.unique(tp.astype(np.int64) * (n_neg + 1) + fp.astype(np.int64))  # ε depends on the counts only
+    code = tp.astype(np.int64) * (n_neg + 1) + fp.astype(np.int64)
+    pairs = np.flatnonzero(np.bincount(code, minlength=(n_pos + 1) * (n_neg + 1)))  # ε depends on the counts only
     tp_u, fp_u = pairs // (n_neg + 1), pairs % (n_neg + 1)
     f32 = np.float32
     tpr = tp_u.astype(f32) / f32(n_pos)
@@ -221,6 +222,44 @@ def _left_ends(rights: np.ndarray, width: float, num: int) -> np.ndarray:
     out = np.arange(num, dtype=float)[None, :] * step[:, None] + start[:, None]
     out[:, -1] = stop
     return out
+
+
+def _left_counts(v: np.ndarray, start: np.ndarray, stop: np.ndarray, num: int) -> np.ndarray | None:
+    """``lt[k, i] = #{v : v < l_{k,i}}`` for the left-end grids of :func:`_left_ends` (row k: start[k] …
+    stop[k], ``num`` points), without materialising a search per grid point: for each sorted sample value,
+    its cut index c = #{i : l_i ≤ v} is estimated from the arithmetic grid and corrected against the grid's
+    exact values; then lt[k, i] = #{v : c_v ≤ i}. None if a cut cannot be confirmed (the caller searches)."""
+    step = (stop - start) / (num - 1)
+    if v.size == 0 or not np.all(step > 0):
+        return None
+
+    def l_at(idx):  # the exact grid values at integer positions idx [K, m]
+        val = idx.astype(float) * step[:, None] + start[:, None]
+        return np.where(idx == num - 1, stop[:, None], val)
+
+    est = np.floor((v[None, :] - start[:, None]) / step[:, None]) + 1
+    c = np.clip(est, 0, num).astype(np.int64)
+    for _ in range(3):
+        c = c + ((c < num) & (l_at(np.minimum(c, num - 1)) <= v[None, :]))
+        c = c - ((c > 0) & (l_at(np.maximum(c - 1, 0)) > v[None, :]))
+    ok = ((c == num) | (l_at(np.minimum(c, num - 1)) > v[None, :])) & \
+         ((c == 0) | (l_at(np.maximum(c - 1, 0)) <= v[None, :]))
+    if not ok.all():
+        return None
+    K = start.size
+    hist = np.bincount((np.arange(K)[:, None] * (num + 1) + c).ravel(), minlength=K * (num + 1))
+    return np.cumsum(hist.reshape(K, num + 1), 1)[:, :num]
+
+
+def _interval_counts(sample: np.ndarray, rights: np.ndarray, width: float, num: int) -> np.ndarray:
+    """#{v ∈ sample : l_{k,i} ≤ v ≤ r_k} ``[K·num]`` (right-major) for the two-sided family's grid."""
+    start, stop = rights - width - INTERVAL_BUFFER, rights - width + INTERVAL_BUFFER
+    lt = _left_counts(sample, start, stop, num)
+    if lt is None:
+        left = _left_ends(rights, width, num).ravel()
+        return _count_in(sample, left, np.repeat(rights, num))
+    le = np.searchsorted(sample, rights, "right")
+    return np.maximum(le[:, None] - lt, 0).ravel()
 
 
 def _single_thresholds(lo: float, hi: float) -> np.ndarray:
@@ -269,10 +308,8 @@ def example_epsilon(unlearned, retrained, delta: float = DELTA, cap: float = EPS
     for chunk in np.array_split(rights, max(1, len(rights) // 256)):
         if chunk.size == 0:
             continue
-        left = _left_ends(chunk, width, n_left).ravel()
-        right = np.repeat(chunk, n_left)
-        eps.append(_epsilon_from_counts(_count_in(peak, left, right), peak.size,
-                                        _count_in(other, left, right), other.size, delta))
+        eps.append(_epsilon_from_counts(_interval_counts(peak, chunk, width, n_left), peak.size,
+                                        _interval_counts(other, chunk, width, n_left), other.size, delta))
         if math.isinf(eps[-1]):
             break
     # one-sided family
