@@ -3,7 +3,7 @@ at a time (``scrubnet.training.finetune``), measured side by side in one run.
 
 The models are those of an audit pool of the embedded experiment: the MLP 40-256-256-5 from one pre-trained
 backbone, each with its own fresh head (seed k) and its own random half of D (250 samples), the protocol's
-stopping rule (zero training error + 5 epochs, cap 200), wd = 0.03. Each repetition trains the K models both
+stopping rule as the audit pool applies it (zero training error, then 5 more epochs at zero error, cap 200), wd = 0.03. Each repetition trains the K models both
 ways, alternating which goes first; the times are the medians over repetitions. One torch thread by default
 (the audit's setting). Also prints the largest weight difference between the two ways.
 
@@ -94,10 +94,10 @@ def main(argv=None) -> None:
         for way in order:
             t0 = time.perf_counter()
             if way == "vmap":
-                fast = finetune_many(starts, xs, ys, cfg, seeds)
+                fast = finetune_many(starts, xs, ys, cfg, seeds, sustained=True)
                 t_vmap.append(time.perf_counter() - t0)
             else:
-                slow = [finetune(starts[k], xs[k], ys[k], cfg, seeds[k]) for k in range(args.k)]
+                slow = [finetune(starts[k], xs[k], ys[k], cfg, seeds[k], sustained=True) for k in range(args.k)]
                 t_loop.append(time.perf_counter() - t0)
         with torch.no_grad():
             for (a, _), (b, h) in zip(fast, slow):

@@ -76,6 +76,7 @@ class Audit:
         self.shared = {"config": cfg.to_dict(), "pretrain_seed": P.derive(self.audit_seed, "pretrain"),
                        "threads": int(threads), "device": device}
         self.times: dict[str, list[float]] = {}
+        self._phi: dict[tuple, np.ndarray] = {}
         needed = set(methods) | {band_of(m) for m in methods}
         self.all_methods = list(methods) + sorted(needed - set(methods))
 
@@ -180,8 +181,8 @@ class Audit:
         return self.cache.load(model_id, opts)["logits"].double().numpy()
 
     def phi_d(self, model_id: str, method: str | None = None) -> np.ndarray:
-        n = self.data.n
-        return logit_confidence(self.logits(model_id, method)[:n], self.split.y.numpy())
+        """φ on D ``[n]`` (kept in memory: the statistics read every model several times)."""
+        return self.phi_all(model_id, method)[:self.data.n]
 
     def _in_id(self, m: str, s: int, f: int) -> str:
         return {"original": f"original/{s}", "retrain": f"retrain/{s}/{f}"}.get(m, f"scrub/{m}/{s}/{f}")
@@ -237,9 +238,12 @@ class Audit:
                 "points": points}
 
     def phi_all(self, model_id: str, method: str | None = None) -> np.ndarray:
-        """φ on D followed by D_test ``[n + n_test]``."""
-        y = np.concatenate([self.split.y.numpy(), self.split.y_test.numpy()])
-        return logit_confidence(self.logits(model_id, method), y)
+        """φ on D followed by D_test ``[n + n_test]`` (memoised per model and method)."""
+        key = (model_id, method)
+        if key not in self._phi:
+            y = np.concatenate([self.split.y.numpy(), self.split.y_test.numpy()])
+            self._phi[key] = logit_confidence(self.logits(model_id, method), y)
+        return self._phi[key]
 
     # ------------------------------------------------------------------ the U-MIA game and LiRA rows
     def _rows(self, ids: list[tuple[int, str, str | None]], in_masks: list[np.ndarray],
