@@ -71,8 +71,8 @@ def test_bootstrap_interval_covers_and_narrows():
 
 
 def test_low_fpr_rates_need_enough_negatives():
-    assert enough_negatives(1000, 0.01) and not enough_negatives(999, 0.01)
-    assert not enough_negatives(4000, 0.001) and enough_negatives(10000, 0.001)
+    assert enough_negatives(500, 0.01) and not enough_negatives(499, 0.01)
+    assert not enough_negatives(4999, 0.001) and enough_negatives(5000, 0.001)
     s = summarize(_pairs(P=200), None)
     assert s["tpr_at_01pct_fpr"] is None and s["tpr_at_1pct_fpr"] is None
     with pytest.raises(ValueError, match="both kinds"):

@@ -14,7 +14,7 @@ Statistics (:func:`pair_statistics`), all weighted:
 * balanced accuracy of the likelihood-ratio test "score > 0 ⇒ positive": ½(TPR + TNR);
 * AUC = P(score_pos > score_neg) + ½ P(tie);
 * TPR at FPR ≤ 1 % and ≤ 0.1 % over every threshold. A rate at FPR level α is reported only with at least
-  ``MIN_FALSE_POSITIVES / α`` negatives (10 false positives at that rate): below that it is one or two pairs.
+  ``MIN_FALSE_POSITIVES / α`` negatives (5 false positives at that rate): below that it is one or two pairs.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 #: number of false positives a "TPR at FPR α" needs to mean something: negatives ≥ this / α
-MIN_FALSE_POSITIVES = 10
+MIN_FALSE_POSITIVES = 5
 #: default numbers of bootstrap replicates: scored pairs, KLoM, ε forget score (ε is ~10 ms per example)
 BOOTSTRAP_PAIRS = 1000
 BOOTSTRAP_KLOM = 200
