@@ -133,3 +133,11 @@ def test_logits_file_round_trip(tmp_path):
     np.savez(tmp_path / "bad3.npz", **arrays)
     with pytest.raises(ValueError, match="outside the model's 'trained'"):
         read_logits_file(tmp_path / "bad3.npz")
+
+
+def test_centered_interval_removes_the_resampling_shift():
+    from scrubnet.audit.uncertainty import centered_ci95
+    reps = np.array([3.0, 3.2, 3.4, 3.6])
+    lo, hi = centered_ci95(reps, 1.6)
+    assert lo < 1.6 < hi and hi - lo == pytest.approx(np.percentile(reps, 97.5) - np.percentile(reps, 2.5))
+    assert centered_ci95(np.array([np.nan]), 1.0) is None

@@ -24,8 +24,8 @@ from scrubnet.audit.report import write_audit
 from scrubnet.audit.reference import roc_metrics_reference, roc_reference, ulira_game_reference
 from scrubnet.audit.stats import (epsilon_score, example_epsilons, forget_score, klom, lira_pairs, logit_confidence,
                                   ulira)
-from scrubnet.audit.uncertainty import (BOOTSTRAP_EPSILON, BOOTSTRAP_KLOM, BOOTSTRAP_PAIRS, bootstrap_pairs, ci95,
-                                        difference_ci, pair_statistics, summarize)
+from scrubnet.audit.uncertainty import (BOOTSTRAP_EPSILON, BOOTSTRAP_KLOM, BOOTSTRAP_PAIRS, bootstrap_pairs,
+                                        centered_ci95, difference_ci, pair_statistics, summarize)
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
@@ -373,15 +373,15 @@ class Audit:
                       "epsilon_median": float(np.median(er.epsilons))})
             eps_reps = epsilon_bootstrap(e["phi_u"][:, F0], e["phi_r"][:, F0], er.epsilons, er.num_models,
                                          BOOTSTRAP_EPSILON, seed)
-            d["epsilon_forget_score_ci95"] = ci95(eps_reps)
+            d["epsilon_forget_score_ci95"] = centered_ci95(eps_reps, er.forget_score)
             kl = {}
             for name, idx in e["points"].items():
                 vals = klom(e["phi_u"][:, idx], e["phi_r"][:, idx])
                 kr = klom_bootstrap(e["phi_u"][:, idx], e["phi_r"][:, idx], BOOTSTRAP_KLOM, seed)
-                kl[name] = {"mean": float(vals.mean()), "mean_ci95": ci95(kr), "p95": float(np.percentile(vals, 95)),
-                            "points": int(len(idx))}
+                kl[name] = {"mean": float(vals.mean()), "mean_ci95": centered_ci95(kr, float(vals.mean())),
+                            "p95": float(np.percentile(vals, 95)), "points": int(len(idx))}
                 if name == "forget":
-                    reps[m]["klom_forget"] = kr
+                    reps[m]["klom_forget"] = kr - kr.mean() + vals.mean()  # re-centred, as its interval
                     kl_forget_vals = vals
             d["klom_forget"] = kl["forget"]["mean"]
             d["klom_forget_ci95"] = kl["forget"]["mean_ci95"]
