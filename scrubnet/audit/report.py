@@ -57,10 +57,11 @@ def render_markdown(results: dict) -> str:
                      f"| {_f(k['retain']['mean'], 2)} / {_f(k['validation']['mean'], 2)} "
                      f"| {_f(d['epsilon_forget_score'])} {_ci(d['epsilon_forget_score_ci95'])} "
                      f"| {_f(d['epsilon_score'])} | {d['epsilon_u']} |")
-    neg = next(iter(ms.values()))["ulira_game_negatives"] if ms else 0
-    lines += ["", f"A TPR at FPR α is given only with ≥ 5/α target negatives (5 false positives at that rate: ≥ 500 "
-              f"for 1 %, ≥ 5,000 for 0.1 %); the game scores the forget candidates only ({neg} target negatives "
-              f"for {next(iter(ms), '–')})."]
+    negs = sorted({d["ulira_game_negatives"] for d in ms.values()})
+    lines += ["", "A TPR at FPR α is given only with ≥ 5/α target negatives (5 false positives at that rate: ≥ 500 "
+              "for 1 %, ≥ 5,000 for 0.1 %); the game scores the examples that were forgotten in some shadow model "
+              f"(plain LiRA: every example), so the methods have {negs[0]}–{negs[-1]} target negatives."
+              if negs else ""]
     comp = results.get("comparisons") or {}
     for key, label in (("ulira_game_balanced_accuracy", "game balanced accuracy"), ("klom_forget", "KLoM (forget)")):
         same = [f"{r['a']} ≈ {r['b']}" for r in comp.get(key, []) if not r["distinguishable"]]
