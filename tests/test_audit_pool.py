@@ -144,7 +144,10 @@ def test_cli_audit_user_method(tmp_path, monkeypatch):
     """--method module:Class registers a user's ForgettingMethod and audits it like a built-in."""
     from typer.testing import CliRunner
 
+    import scrubnet.methods.base as base
     from scrubnet.cli import app
+    base.available_methods()
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the registration ends with this test
     (tmp_path / "usermeth.py").write_text(
         "import copy\nfrom scrubnet.methods.base import ForgettingMethod, ScrubResult\n"
         "class Halve(ForgettingMethod):\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from scrubnet.methods.base import ForgettingMethod, _REGISTRY, register
+from scrubnet.methods.base import ForgettingMethod, method_class, register
 
 
 def load_user_method(spec: str) -> str:
@@ -28,6 +28,6 @@ def load_user_method(spec: str) -> str:
     if inspect.isabstract(cls):
         raise ValueError(f"--method {spec!r}: {cls_name} does not implement scrub()")
     name = cls.__dict__.get("name") or spec
-    if _REGISTRY.get(name) is not cls:
+    if method_class(name) is not cls:
         register(name)(cls)
     return name
