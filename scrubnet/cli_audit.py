@@ -4,6 +4,8 @@
     scrubnet audit --methods original,retrain,fisher --pool 32 --out runs/audit-fisher
     scrubnet audit --engine ray --out runs/audit                     # a local Ray
     scrubnet audit --engine ray --address HEAD:6379 --out runs/audit # an existing Ray cluster
+    scrubnet audit --method mymethods:MyScrub --methods original,retrain --out runs/audit-mine  # your method
+    scrubnet audit --logits pool_a.npz --logits pool_b.npz --out runs/audit-files  # pools trained elsewhere
 
 Writes audit.json, audit.md, roc.png, epsilon_hist.png and the model cache (``OUT/cache``: an interrupted
 audit resumes, a second audit in the same OUT reuses the originals and retrains). Bad input gives one line
@@ -21,11 +23,14 @@ from rich.console import Console
 from rich.table import Table
 
 from scrubnet.audit.engine import make_engine
+from scrubnet.audit.logits_file import audit_logits_files
+from scrubnet.audit.report import write_logits_audit
 from scrubnet.audit.run import default_plan, run_audit
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig, load_config
 from scrubnet.experiments.runner import get_split, resolve_methods
 from scrubnet.methods.base import method_class
+from scrubnet.methods.user_methods import load_user_method
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 
@@ -44,7 +49,13 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
           threads: int = typer.Option(1, help="torch threads per task"),
           device: str = typer.Option("auto", "--device", help="auto | cpu | cuda, resolved where each task runs "
                                                                "(auto: CUDA when the worker has a GPU)"),
-          quiet: bool = typer.Option(False, help="no progress bar")):
+          quiet: bool = typer.Option(False, help="no progress bar"),
+          method: Optional[list[str]] = typer.Option(
+              None, "--method", help="your own method as module:Class (a ForgettingMethod subclass), audited with "
+                                     "the others; repeatable"),
+          logits: Optional[list[Path]] = typer.Option(
+              None, "--logits", help="audit a pool trained elsewhere: a scrubnet-audit-logits/1 .npz file per "
+                                     "method (README, 'Per-example audits'); repeatable; no pool is trained")):
     """Per-example audit of forgetting methods: U-LiRA and the NeurIPS-2023 ε-score over a pool of models.
 
     Input errors are raised as ``ValueError`` (the command is registered through ``scrubnet.cli``'s
@@ -53,7 +64,22 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
         raise ValueError("--threads must be at least 1")
     torch.set_num_threads(threads)
     resolve_device(device)  # validate here; Ray workers resolve "auto" on their own machine
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    if logits:
+        if method or methods is not None or config is not None or pool is not None or eps_models is not None:
+            raise ValueError("--logits audits the given files only: drop --method/--methods/--config/--pool/--eps-models")
+        res = audit_logits_files(list(logits), seed=0 if seed is None else seed)
+        res = {"config": {"logits_files": [str(p) for p in logits]}, **res}
+        write_logits_audit(res, out)
+        console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}")
+        return
+    user = [load_user_method(spec) for spec in (method or [])]
     cfg = load_config(config) if config else ExperimentConfig()
+    if user and (methods is not None or cfg.methods is not None):
+        # an explicit list gets the user's methods added; without one, they are registered like the built-ins
+        base = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else cfg.methods
+        methods = ",".join(dict.fromkeys(base + user))
     if methods is not None:
         cfg.methods = [m.strip() for m in methods.split(",") if m.strip()]
         if not cfg.methods:
@@ -73,15 +99,29 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     eng = make_engine(engine, address=address, num_cpus=ray_cpus, max_retries=max_retries)
     try:
         results = run_audit(cfg, chosen, out, plan=plan, engine=eng, audit_seed=seed, threads=threads,
-                            device=device, progress=not quiet, console=console)
+                            device=device, progress=not quiet, console=console, user_methods=list(method or []))
     finally:
         eng.close()
-    t = Table(title="per-example audit (U-LiRA 0.5 and ε-score 1 are ideal)")
-    for c in ("method", "U-LiRA bal. acc.", "TPR@1%FPR", "ε forget score", "ε score"):
-        t.add_column(c, no_wrap=True)
-    for m, d in results["methods"].items():
-        t.add_row(m, f"{d['ulira_balanced_accuracy']:.3f}", f"{d['ulira_tpr_at_1pct_fpr']:.3f}",
-                  f"{d['epsilon_forget_score']:.3f}", f"{d['epsilon_score']:.3f}")
-    console.print(t)
+    print_summary(results)
     console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}, roc.png, epsilon_hist.png "
                   f"({results['seconds']:.0f} s)")
+
+
+def print_summary(results: dict) -> None:
+    """The terminal table: the game (0.5 ideal), its interval, retrain-OUT, retain leakage, KLoM, ε."""
+    t = Table(title="per-example audit (game 0.5, leakage 0, KLoM 0 and ε forget score 1 are ideal)")
+    for c in ("method", "game bal. acc.", "95 % CI", "retrain-OUT", "retain leakage", "KLoM forget",
+              "ε forget (U=R)"):
+        t.add_column(c, no_wrap=True)
+    for m, d in results["methods"].items():
+        ci = d.get("ulira_game_balanced_accuracy_ci95")
+        eps = d.get("epsilon_forget_score")
+        t.add_row(m, f"{d['ulira_game_balanced_accuracy']:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–",
+                  _fmt(d.get("ulira_retrain_out_balanced_accuracy")), _fmt(d.get("retain_leakage"), "+.3f"),
+                  _fmt(d.get("klom_forget"), ".2f"),
+                  f"{eps:.3f} ({d['epsilon_u']})" if eps is not None else "–")
+    console.print(t)
+
+
+def _fmt(v, spec: str = ".3f") -> str:
+    return "–" if v is None else format(v, spec)

@@ -292,9 +292,14 @@ def finetune_start(pretrained: nn.Module, num_classes: int, seed: int) -> nn.Mod
 
 
 def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int,
-             w0: dict[str, Tensor] | None = None) -> tuple[nn.Module, TrainHistory]:
+             w0: dict[str, Tensor] | None = None, sustained: bool = False) -> tuple[nn.Module, TrainHistory]:
     """Fine-tune a copy of ``start`` on (x, y) with the L2 pull toward ``w0`` (default: ``start``'s weights)
-    until zero training error + ``cfg.extra_epochs`` (cap ``cfg.max_epochs``)."""
+    until zero training error + ``cfg.extra_epochs`` (cap ``cfg.max_epochs``).
+
+    ``sustained=False`` (``scrubnet run``'s rule): stop ``extra_epochs`` after the *first* zero-error epoch,
+    whatever the error is then. ``sustained=True`` (the audit pool's rule, the protocol as stated): the error
+    is checked after every epoch and a non-zero error restarts the count, so training stops only once the
+    error has been zero after each of ``extra_epochs + 1`` consecutive epochs (or at the cap)."""
     model = copy.deepcopy(start)
     if w0 is None:
         w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
@@ -305,6 +310,8 @@ def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int
         nonlocal zero_at
         if epoch == 0:
             return False
+        if sustained and zero_at is not None and error_rate(model, x, y) > 0.0:
+            zero_at = None
         if zero_at is None and epoch >= cfg.min_epochs and error_rate(model, x, y) == 0.0:
             zero_at = epoch
         return zero_at is not None and epoch >= zero_at + cfg.extra_epochs

@@ -52,8 +52,8 @@ def _stack(dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 
 def finetune_many(starts: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequence[Tensor], cfg: TrainConfig,
-                  seeds: Sequence[int]) -> list[tuple[nn.Module, TrainHistory]]:
-    """``[finetune(starts[k], xs[k], ys[k], cfg, seeds[k]) for k]``, computed K models at a time.
+                  seeds: Sequence[int], sustained: bool = False) -> list[tuple[nn.Module, TrainHistory]]:
+    """``[finetune(starts[k], xs[k], ys[k], cfg, seeds[k], sustained=sustained) for k]``, K models at a time.
 
     ``starts``: K models of one architecture (the pull targets w_0^k are their weights);
     ``xs[k]``: inputs ``[n_k, ...]``, ``ys[k]``: int64 labels ``[n_k]``. Returns one (model, history) per k,
@@ -75,14 +75,14 @@ def finetune_many(starts: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequenc
         groups.setdefault(len(y), []).append(k)
     for n, ks in groups.items():
         res = _finetune_group([starts[k] for k in ks], torch.stack([xs[k] for k in ks]),
-                              torch.stack([ys[k] for k in ks]), cfg, [int(seeds[k]) for k in ks])
+                              torch.stack([ys[k] for k in ks]), cfg, [int(seeds[k]) for k in ks], sustained)
         for k, r in zip(ks, res):
             out[k] = r
     return out
 
 
 def _finetune_group(starts: list[nn.Module], x: Tensor, y: Tensor, cfg: TrainConfig,
-                    seeds: list[int]) -> list[tuple[nn.Module, TrainHistory]]:
+                    seeds: list[int], sustained: bool = False) -> list[tuple[nn.Module, TrainHistory]]:
     """One stack of K models with equal training-set size n: x ``[K, n, ...]``, y ``[K, n]``."""
     K, n = y.shape
     base = copy.deepcopy(starts[0]).eval()  # eval = the protocol's mode: BN frozen, no Dropout (checked)
@@ -129,6 +129,8 @@ def _finetune_group(starts: list[nn.Module], x: Tensor, y: Tensor, cfg: TrainCon
             err = (predict(params, consts, x).argmax(-1) != y).float().mean(1)
         keep = []
         for r, k in enumerate(active):
+            if sustained and zero_at[k] is not None and float(err[r]) > 0.0:
+                zero_at[k] = None  # the protocol as stated: the count restarts when the error comes back
             if zero_at[k] is None and epoch >= cfg.min_epochs and float(err[r]) == 0.0:
                 zero_at[k] = epoch
             if (zero_at[k] is not None and epoch >= zero_at[k] + cfg.extra_epochs) or epoch >= cfg.max_epochs:
@@ -163,8 +165,10 @@ def _finish(start: nn.Module, p: dict[str, Tensor], c: dict[str, Tensor], logits
 
 def retrain_many(starts: Sequence[nn.Module], x: Tensor, y: Tensor, forget_idxs: Sequence[Tensor],
                  cfg: TrainConfig, seeds: Sequence[int], mode: str = "remove",
-                 train_idxs: Sequence[Tensor] | None = None) -> list[tuple[nn.Module, TrainHistory]]:
-    """``[retrain(starts[k], x_k, y_k, forget_idxs[k], cfg, seeds[k], mode) for k]`` vmapped.
+                 train_idxs: Sequence[Tensor] | None = None,
+                 sustained: bool = False) -> list[tuple[nn.Module, TrainHistory]]:
+    """``[retrain(starts[k], x_k, y_k, forget_idxs[k], cfg, seeds[k], mode) for k]`` vmapped (``sustained``:
+    the stopping rule of :func:`scrubnet.training.finetune`).
 
     (x_k, y_k) is (x, y) restricted to ``train_idxs[k]`` (default: all of it); ``forget_idxs[k]`` are
     positions *in (x_k, y_k)*. ``mode`` as in :func:`scrubnet.training.retrain`.
@@ -183,4 +187,4 @@ def retrain_many(starts: Sequence[nn.Module], x: Tensor, y: Tensor, forget_idxs:
             xr, yr = replace_forgotten(xk, yk, fidx, int(seeds[k]))
             xs.append(xr)
             ys.append(yr)
-    return finetune_many(starts, xs, ys, cfg, seeds)
+    return finetune_many(starts, xs, ys, cfg, seeds, sustained)

@@ -32,7 +32,9 @@ def local_run(tmp_path_factory):
 
 
 def _numbers(results):
-    return {m: (d["ulira_balanced_accuracy"], d["ulira_auc"], d["epsilon_forget_score"], d["epsilon_score"],
+    return {m: (d["ulira_game_balanced_accuracy"], d["ulira_game_balanced_accuracy_ci95"], d["ulira_game_auc"],
+                d["ulira_retrain_out_balanced_accuracy"], d["retain_leakage"], d["klom_forget"],
+                d["epsilon_forget_score"], d["epsilon_forget_score_ci95"], d["epsilon_score"],
                 [p["epsilon"] for p in d["per_example"]]) for m, d in results["methods"].items()}
 
 
@@ -43,9 +45,19 @@ def test_outputs_and_layout(local_run):
     j = json.loads((out / "audit.json").read_text())
     assert set(j["methods"]) == set(METHODS)
     for d in j["methods"].values():
-        for k in ("ulira_balanced_accuracy", "ulira_tpr_at_1pct_fpr", "epsilon_forget_score", "epsilon_score",
-                  "per_example"):
+        for k in ("ulira_game_balanced_accuracy", "ulira_game_balanced_accuracy_ci95",
+                  "ulira_retrain_out_balanced_accuracy", "klom_forget", "retain_leakage", "epsilon_forget_score",
+                  "epsilon_u", "epsilon_r", "epsilon_score", "per_example"):
             assert k in d
+        lo, hi = d["ulira_game_balanced_accuracy_ci95"]
+        assert lo <= d["ulira_game_balanced_accuracy"] <= hi
+        assert d["epsilon_u"] == d["epsilon_r"]
+    # the original's leakage is its own change: 0; every trained pool model is accounted for
+    assert j["methods"]["original"]["retain_leakage"] == 0.0
+    fit = j["pool_fit"]
+    assert fit["original"]["models"] == 4 and fit["retrain"]["models"] == 8
+    assert all(0 <= d["rule_not_met"] <= d["models"] for d in fit.values())
+    assert {r["a"] for r in j["comparisons"]["ulira_game_balanced_accuracy"]} == {"original", "retrain"}
     # the original model is one point per example for the ε-score: the cap, forget score 0
     assert j["methods"]["original"]["epsilon_forget_score"] == 0.0
 
@@ -126,3 +138,34 @@ def test_cli_audit_writes_outputs(tmp_path):
     j = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert list(j["methods"]) == ["original", "retrain", "finetune"]
     assert j["config"]["audit"]["plan"]["splits"] == 4
+
+
+def test_cli_audit_user_method(tmp_path, monkeypatch):
+    """--method module:Class registers a user's ForgettingMethod and audits it like a built-in."""
+    from typer.testing import CliRunner
+
+    import scrubnet.methods.base as base
+    from scrubnet.cli import app
+    base.available_methods()
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the registration ends with this test
+    (tmp_path / "usermeth.py").write_text(
+        "import copy\nfrom scrubnet.methods.base import ForgettingMethod, ScrubResult\n"
+        "class Halve(ForgettingMethod):\n"
+        "    def scrub(self, model, retain, forget, ctx):\n"
+        "        m = copy.deepcopy(model)\n"
+        "        for p in m.parameters():\n"
+        "            p.data.mul_(0.5)\n"
+        "        return ScrubResult(model=m)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toml = tmp_path / "tiny.toml"
+    toml.write_text("[data]\nn_train_per_class = 16\nn_test_per_class = 8\ncore_per_class = 20\nforget_count = 4\n"
+                    "num_samples = 1000\n[train]\npretrain_epochs = 2\nmax_epochs = 25\nbatch_size = 32\n"
+                    "[model_options]\nhidden = 32\n")
+    r = CliRunner().invoke(app, ["audit", "--config", str(toml), "--methods", "original,retrain", "--method",
+                                 "usermeth:Halve", "--pool", "4", "--eps-models", "3", "--quiet",
+                                 "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    j = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert list(j["methods"]) == ["original", "retrain", "usermeth:Halve"]
+    r = CliRunner().invoke(app, ["audit", "--method", "usermeth:Nope", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "not a ForgettingMethod" in r.output and not (tmp_path / "b").exists()

@@ -109,3 +109,18 @@ def test_buckets_follow_the_challenge():
     assert forget_score([0.0, 0.49, 0.5, 1.2, 7.0], 512) == pytest.approx((1 + 1 + 0.5 + 0.25 + 0) / 5)
     with pytest.raises(ValueError):
         bucket_points(2)
+
+
+def test_interval_counts_fast_path_equals_searching_every_grid_point():
+    """The two-sided family's counts from cut indices equal a direct search of each of the 400 left ends per
+    right end, including sample values placed exactly on grid points."""
+    from scrubnet.audit.stats import _count_in, _interval_counts, _left_ends
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        v = np.sort(rng.normal(0, 1, rng.integers(1, 40)))
+        rights = np.linspace(v[0] - 1, v[-1] + 2, 50) + rng.normal(0, 1e-3)
+        w = float(rng.uniform(0, 2))
+        grid = _left_ends(rights, w, 400)
+        v = np.sort(np.r_[v, grid[rng.integers(0, 50, 5), rng.integers(0, 400, 5)]])
+        np.testing.assert_array_equal(_interval_counts(v, rights, w, 400),
+                                      _count_in(v, grid.ravel(), np.repeat(rights, 400)))

@@ -5,8 +5,8 @@ Layers, lowest first (a module may import its own layer and the ones below):
     0  scrubnet._config, scrubnet.atomic_io, scrubnet.device
     1  scrubnet.models, scrubnet.data
     2  scrubnet.training, scrubnet.training_pool, scrubnet.recipe, scrubnet.curvature, scrubnet.diagnostics
-    3  scrubnet.methods, scrubnet.mlforget, scrubnet.readouts, scrubnet.audit.stats, scrubnet.checkpoint,
-       scrubnet.privacy
+    3  scrubnet.methods, scrubnet.mlforget, scrubnet.readouts, scrubnet.audit.stats (with the statistics it
+       builds on: scrubnet.audit.reference, scrubnet.audit.uncertainty), scrubnet.checkpoint, scrubnet.privacy
     4  scrubnet.experiments, scrubnet.audit (a pool of experiments), scrubnet.api (scrubnet.forget)
     5  scrubnet.cli, scrubnet.cli_mlforget, scrubnet.cli_audit, scrubnet.cli_dp, scrubnet.cli_study
 
@@ -28,6 +28,7 @@ LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.device": 0,
           "scrubnet.training": 2, "scrubnet.training_pool": 2, "scrubnet.recipe": 2, "scrubnet.curvature": 2,
           "scrubnet.diagnostics": 2,
           "scrubnet.methods": 3, "scrubnet.mlforget": 3, "scrubnet.readouts": 3, "scrubnet.audit.stats": 3,
+          "scrubnet.audit.reference": 3, "scrubnet.audit.uncertainty": 3,
           "scrubnet.checkpoint": 3, "scrubnet.privacy": 3,
           "scrubnet.experiments": 4, "scrubnet.audit": 4, "scrubnet.api": 4,
           "scrubnet.cli": 5, "scrubnet.cli_mlforget": 5, "scrubnet.cli_audit": 5, "scrubnet.cli_dp": 5,

@@ -61,3 +61,22 @@ def test_refuses_unfrozen_batchnorm_and_dropout():
     with pytest.raises(ValueError, match="one architecture"):
         finetune_many([bn, finetune_start(build_model("mlp", (12,), 4, seed=0, hidden=8), 3, seed=0)], [x, x],
                       [y, y], TrainConfig(), [0, 1])
+
+
+def test_sustained_rule_vmapped_equals_the_loop_and_ends_at_zero_error():
+    """The audit pool's stopping rule (the protocol as stated): a model stopped by the rule is at zero training
+    error; the first-zero rule of `scrubnet run` can stop above it (seed 6 here)."""
+    cfg = TrainConfig(lr=0.05, wd=0.03, batch_size=8, extra_epochs=2, max_epochs=60)
+    net = build_model("mlp", (12,), 4, seed=0, hidden=16)
+    seeds = [5, 6, 7]
+    starts = [finetune_start(net, 3, seed=k) for k in seeds]
+    data = [_data(40, seed=k) for k in seeds]
+    got = finetune_many(starts, [d[0] for d in data], [d[1] for d in data], cfg, seeds, sustained=True)
+    for k in range(3):
+        ref, h = finetune(starts[k], *data[k], cfg, seeds[k], sustained=True)
+        model, hv = got[k]
+        assert (hv.epochs, hv.zero_error_epoch) == (h.epochs, h.zero_error_epoch)
+        _close(model, ref)
+        assert h.epochs < cfg.max_epochs and h.final_error == 0.0
+    _, first = finetune(starts[1], *data[1], cfg, seeds[1])
+    assert first.final_error > 0 and got[1][1].epochs > first.epochs

@@ -43,12 +43,13 @@ from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.methods.base import ForgetContext, protocol_method
+from scrubnet.methods.user_methods import load_user_method
 from scrubnet.models import build_model
 from scrubnet.training import finetune_start, predict_logits, pretrain
 from scrubnet.training_pool import finetune_many, retrain_many
 
-#: version of the pool's rules; part of every cache key
-POOL_VERSION = 1
+#: version of the pool's rules; part of every cache key (2: the stopping rule as stated, see :func:`train_task`)
+POOL_VERSION = 2
 
 
 def derive(audit_seed: int, model_id: str) -> int:
@@ -200,7 +201,11 @@ def pretrain_task(shared: dict, _payload=None) -> dict[str, torch.Tensor]:
 
 
 def train_task(shared: dict, payload: list[dict]) -> list[tuple[str, dict[str, torch.Tensor], float]]:
-    """Fine-tune a batch of originals / retrains vmapped.
+    """Fine-tune a batch of originals / retrains vmapped, to the protocol's stopping rule *as stated*: zero
+    training error, then ``extra_epochs`` more epochs that all end at zero error (``sustained=True``: the count
+    restarts when the error comes back; cap ``max_epochs``). Each model's outputs carry ``fit:final_error``
+    (training error of the returned weights), ``fit:epochs`` and ``fit:met`` (1 if the rule stopped it, 0 if
+    the cap did), so the audit can say how many pool models did not fit.
 
     Each item: ``{"id", "seed" (training seed), "start_seed" (head of w_0), "half" (positions in D),
     "forget" (positions in D or None), "keep_weights"}``. Returns (id, tensors, seconds per model)."""
@@ -216,9 +221,9 @@ def train_task(shared: dict, payload: list[dict]) -> list[tuple[str, dict[str, t
         res = finetune_many([starts[it["start_seed"]] for it in originals],
                             [split.x[torch.as_tensor(it["half"], device=dev)] for it in originals],
                             [split.y[torch.as_tensor(it["half"], device=dev)] for it in originals], cfg.train,
-                            [it["seed"] for it in originals])
-        for it, (m, _) in zip(originals, res):
-            t = {"logits": _logits(m, x_all)}
+                            [it["seed"] for it in originals], sustained=True)
+        for it, (m, h) in zip(originals, res):
+            t = {"logits": _logits(m, x_all), **_fit_tensors(h, cfg)}
             if it.get("keep_weights"):
                 t.update({f"w:{k}": v for k, v in _cpu_state(m).items()})
             out.append((it["id"], t))
@@ -227,11 +232,18 @@ def train_task(shared: dict, payload: list[dict]) -> list[tuple[str, dict[str, t
                            [torch.as_tensor(local_positions(np.asarray(it["half"]), np.asarray(it["forget"])),
                                             device=dev) for it in retrains], cfg.train,
                            [it["seed"] for it in retrains], mode=cfg.retrain_mode,
-                           train_idxs=[torch.as_tensor(it["half"], device=dev) for it in retrains])
-        for it, (m, _) in zip(retrains, res):
-            out.append((it["id"], {"logits": _logits(m, x_all)}))
+                           train_idxs=[torch.as_tensor(it["half"], device=dev) for it in retrains], sustained=True)
+        for it, (m, h) in zip(retrains, res):
+            out.append((it["id"], {"logits": _logits(m, x_all), **_fit_tensors(h, cfg)}))
     dt = (time.perf_counter() - t0) / max(len(payload), 1)
     return [(i, t, dt) for i, t in out]
+
+
+def _fit_tensors(h, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
+    """The stopping-rule outcome of one trained model, stored next to its logits."""
+    met = h.zero_error_epoch is not None and h.epochs >= h.zero_error_epoch + cfg.train.extra_epochs
+    return {"fit:final_error": torch.tensor(float(h.final_error), dtype=torch.float64),
+            "fit:epochs": torch.tensor(int(h.epochs)), "fit:met": torch.tensor(int(met))}
 
 
 def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.Tensor], float]]:
@@ -240,6 +252,8 @@ def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.T
     ``payload``: ``{"original": state dict, "start_seed", "half", "forget" (positions in D),
     "runs": [{"id", "method", "options", "seed"}]}``; runs with the same seed share ``ctx.cache``."""
     cfg, split = _worker_split(shared)
+    for spec in shared.get("user_methods", ()):  # a user's module:Class, registered on this worker too
+        load_user_method(spec)
     start = _start(shared, cfg, split, payload["start_seed"])
     original = copy.deepcopy(start)
     original.load_state_dict(payload["original"])

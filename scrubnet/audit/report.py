@@ -10,6 +10,14 @@ from matplotlib import colormaps
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
 
 
+def _f(v, digits: int = 3) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def _ci(v, digits: int = 3) -> str:
+    return "–" if not v else f"[{v[0]:.{digits}f}, {v[1]:.{digits}f}]"
+
+
 def render_markdown(results: dict) -> str:
     a = results["config"]["audit"]
     plan = a["plan"]
@@ -18,45 +26,90 @@ def render_markdown(results: dict) -> str:
              f"Pool: {a['n_pool']} training samples; {plan['splits']} originals on random halves "
              f"({plan['shadow_splits']} shadow splits, {plan['splits'] - plan['shadow_splits']} target splits), "
              f"forget sets of {a['forget_set_size']} samples, audit seed {a['seed']}, engine {a['engine']}; "
-             f"{results.get('seconds', float('nan')):.0f} s.", "",
-             "**U-LiRA** (Hayes et al. 2024): per-example Gaussians of the logit-scaled confidence for models that "
-             "unlearned x (IN) and models that never trained on x (OUT), fitted on the shadow splits, a "
-             "likelihood-ratio test on the target splits. Balanced accuracy 0.5 = indistinguishable from "
-             "never having trained on x (the ideal); the original model gives plain LiRA membership.",
-             "**ε-score** (NeurIPS-2023 unlearning challenge): per forget example of one original, ε from U "
-             "unlearned vs R retrained models over single and two-sided thresholds (δ = 1e-5, cap 50), "
-             "bucketed (width 0.5, points 1, ½, ¼, … up to ceil(ln(U−1))); the final score multiplies by "
-             "retain and test accuracy relative to retraining. Higher is better; U is given per row, the "
-             "buckets depend on it.", "",
-             "| method | U-LiRA bal. acc. | (fixed var.) | AUC | TPR @1% FPR | TPR @0.1% FPR | per-example acc. "
-             "p10–p90 | IN/OUT models | ε forget score | ε score | median ε | U / R |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{results.get('seconds', float('nan')):.0f} s.", ""]
+    fit = results.get("pool_fit") or {}
+    if fit:
+        lines += ["Pool models trained to the stopping rule as stated (zero training error, then 5 more epochs "
+                  "at zero error; cap max_epochs): " + "; ".join(
+                      f"{k}: {d['rule_not_met']} of {d['models']} did not fit (max final training error "
+                      f"{100 * d['max_final_error']:.1f} %)" for k, d in fit.items()) + ".", ""]
+    lines += ["**U-MIA game** (Hayes et al. 2024, the default): the attacker holds one of the method's unlearned "
+              "models and must tell an example it unlearned (IN) from one it never trained on (OUT); per-example "
+              "Gaussians of the logit-scaled confidence fitted on the shadow splits, a likelihood-ratio test on "
+              "the target splits. 0.5 = no trace of x is left. For `original` it is plain LiRA membership. "
+              "**Retrain-OUT** (`ulira_retrain_out_*`): the same test with OUT from retrained models: distance to "
+              "retraining, which also counts a method's signature on every example. **Retain leakage**: LiRA "
+              "balanced accuracy on retained examples after the method minus the original's (> 0: unlearning "
+              "exposed the retained data). **KLoM**: per-example KL divergence of the margin distributions of "
+              "U unlearned vs U retrained models (20 bins, 0 = identical). **ε forget score** (NeurIPS-2023): "
+              "U = R models, higher is better. Intervals: 95 % two-way bootstrap over examples and models.", "",
+              "| method | game bal. acc. [95 % CI] | AUC | TPR @1 % FPR | TPR @0.1 % FPR | retrain-OUT bal. acc. "
+              "| retain leakage [95 % CI] | KLoM forget [95 % CI] | KLoM retain / val. | ε forget score [95 % CI] "
+              "| ε score | U = R |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, d in ms.items():
-        sp = d["ulira_spread"]
-        um = d["ulira_models"]
-        em = d["epsilon_models"]
-        lines.append(f"| {m} | {d['ulira_balanced_accuracy']:.3f} | {d['ulira_fixed_variance']['balanced_accuracy']:.3f} "
-                     f"| {d['ulira_auc']:.3f} | {d['ulira_tpr_at_1pct_fpr']:.3f} | {d['ulira_tpr_at_01pct_fpr']:.3f} "
-                     f"| {sp['p10']:.2f}–{sp['p90']:.2f} | {um['in']}/{um['out']} | {d['epsilon_forget_score']:.3f} "
-                     f"| {d['epsilon_score']:.3f} | {d['epsilon_median']:.2f} | {em['unlearned']} / {em['retrained']} |")
+        k = d["klom"]
+        lines.append(f"| {m} | {_f(d['ulira_game_balanced_accuracy'])} {_ci(d['ulira_game_balanced_accuracy_ci95'])} "
+                     f"| {_f(d['ulira_game_auc'])} | {_f(d['ulira_game_tpr_at_1pct_fpr'])} "
+                     f"| {_f(d['ulira_game_tpr_at_01pct_fpr'])} | {_f(d['ulira_retrain_out_balanced_accuracy'])} "
+                     f"| {d['retain_leakage']:+.3f} {_ci(d['retain_leakage_ci95'])} "
+                     f"| {_f(d['klom_forget'], 2)} {_ci(d['klom_forget_ci95'], 2)} "
+                     f"| {_f(k['retain']['mean'], 2)} / {_f(k['validation']['mean'], 2)} "
+                     f"| {_f(d['epsilon_forget_score'])} {_ci(d['epsilon_forget_score_ci95'])} "
+                     f"| {_f(d['epsilon_score'])} | {d['epsilon_u']} |")
+    negs = sorted({d["ulira_game_negatives"] for d in ms.values()})
+    lines += ["", "A TPR at FPR α is given only with ≥ 5/α target negatives (5 false positives at that rate: ≥ 500 "
+              "for 1 %, ≥ 5,000 for 0.1 %); the game scores the examples that were forgotten in some shadow model "
+              f"(plain LiRA: every example), so the methods have {negs[0]}–{negs[-1]} target negatives."
+              if negs else ""]
+    comp = results.get("comparisons") or {}
+    for key, label in (("ulira_game_balanced_accuracy", "game balanced accuracy"), ("klom_forget", "KLoM (forget)")):
+        same = [f"{r['a']} ≈ {r['b']}" for r in comp.get(key, []) if not r["distinguishable"]]
+        if same:
+            lines += ["", f"Cannot be told apart at 95 % on the {label} (the bootstrap interval of the "
+                      f"difference contains 0): " + ", ".join(same) + "."]
     slow = sorted(m for m, p in plan["pairs"].items() if p < plan["forget_sets"])
     lines += ["", "Pool size per method: every method runs on "
               + ", ".join(f"{m}: {plan['pairs'][m]}" for m in ms if m in plan["pairs"])
-              + f" forget set(s) per split (of {plan['forget_sets']}); the ε-score uses U = "
-              + ", ".join(f"{m}: {plan['eps_models'].get(m, '–')}" for m in ms) + " unlearned models."]
+              + f" forget set(s) per split (of {plan['forget_sets']}); the ε-score and KLoM use U = R = "
+              + ", ".join(f"{m}: {plan['eps_models'].get(m, '–')}" for m in ms) + " models."]
     if slow:
         lines.append(f"The slow methods ({', '.join(slow)}) run on a smaller pool to fit the time budget: their "
-                     "U-LiRA rows have fewer IN models and their ε buckets stop earlier.")
-    refs = {m: d["ulira_out_reference"] for m, d in ms.items() if d["ulira_out_reference"] != "retrain"}
+                     "game has fewer IN models and their ε buckets stop earlier.")
+    refs = {m: d["ulira_retrain_out_reference"] for m, d in ms.items() if d["ulira_retrain_out_reference"] != "retrain"}
     if refs:
-        lines.append("OUT reference other than retraining: " + ", ".join(f"{m} → {r}" for m, r in refs.items())
+        lines.append("Retrain-OUT reference other than retraining: " + ", ".join(f"{m} → {r}" for m, r in refs.items())
                      + " (the method's own retrained family, as in `scrubnet run`).")
     lines += ["", "A deterministic method applied to a fixed original gives one point per example: the ε-score's "
-              "range rule then returns the cap (a point mass cannot be (ε, δ)-close to a retrain distribution), "
-              "so its forget score is 0 by definition; U-LiRA, over many originals, still grades it.", "",
-              "Figures: `roc.png` (U-LiRA ROC on target models, log-scaled FPR), `epsilon_hist.png` "
-              "(per-example ε by method). Per-example numbers are in `audit.json`."]
+              "range rule then returns the cap, so its forget score is 0 by definition, and KLoM sees a point mass; "
+              "the game, over many originals, still grades it.", "",
+              "Figures: `roc.png` (the game's ROC on target models, log-scaled FPR), `epsilon_hist.png` "
+              "(per-example ε by method). Per-example numbers, the estimators' variants and every interval are in "
+              "`audit.json`."]
     return "\n".join(lines) + "\n"
+
+
+def render_logits_markdown(results: dict) -> str:
+    """audit.md for ``scrubnet audit --logits``: the game with its interval, KLoM and ε where the files hold
+    the oracle block."""
+    lines = ["# scrubnet audit: per-example forgetting (pools read from logits files)", "",
+             "Files: " + ", ".join(f"`{f}`" for f in results["config"]["logits_files"]) + ".", "",
+             "| method | test | models | game bal. acc. [95 % CI] | AUC | TPR @1 % FPR | KLoM forget | ε forget score (U = R) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, d in results["methods"].items():
+        eps = d.get("epsilon_forget_score")
+        u = f" ({d['epsilon_u']})" if eps is not None else ""
+        lines.append(f"| {m} | {d['ulira_game_kind']} | {d['models']} | {_f(d['ulira_game_balanced_accuracy'])} "
+                     f"{_ci(d['ulira_game_balanced_accuracy_ci95'])} | {_f(d['ulira_game_auc'])} "
+                     f"| {_f(d['ulira_game_tpr_at_1pct_fpr'])} | {_f(d.get('klom_forget'), 2)} "
+                     f"| {_f(eps)}{u} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_logits_audit(results: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "audit.md", render_logits_markdown(results))
+    atomic_write_json(out_dir / "audit.json", results)
 
 
 def write_figures(results: dict, out_dir: Path) -> None:
@@ -64,16 +117,16 @@ def write_figures(results: dict, out_dir: Path) -> None:
     colors = colormaps["tab20"].colors if len(ms) > 10 else colormaps["tab10"].colors
     fig, ax = subplots(figsize=(6, 5))
     for i, (m, d) in enumerate(ms.items()):
-        fpr, tpr = np.asarray(d["ulira_roc"]["fpr"]), np.asarray(d["ulira_roc"]["tpr"])
+        fpr, tpr = np.asarray(d["ulira_game_roc"]["fpr"]), np.asarray(d["ulira_game_roc"]["tpr"])
         ok = fpr > 0
-        ax.plot(fpr[ok], tpr[ok], label=f"{m} ({d['ulira_balanced_accuracy']:.2f})", color=colors[i % len(colors)])
+        ax.plot(fpr[ok], tpr[ok], label=f"{m} ({d['ulira_game_balanced_accuracy']:.2f})", color=colors[i % len(colors)])
     chance = np.logspace(-3, 0, 50)
     ax.plot(chance, chance, "k:", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlim(1e-3, 1)
     ax.set_xlabel("false positive rate (log)")
     ax.set_ylabel("true positive rate")
-    ax.set_title("U-LiRA: unlearned vs never trained (target models)")
+    ax.set_title("U-MIA game: unlearned x vs never trained on x (target models)")
     ax.legend(fontsize=7)
     atomic_savefig(fig, out_dir / "roc.png", dpi=110, bbox_inches="tight")
 

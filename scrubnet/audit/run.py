@@ -21,7 +21,11 @@ import numpy as np
 from scrubnet.audit import pool as P
 from scrubnet.audit.engine import LocalEngine
 from scrubnet.audit.report import write_audit
-from scrubnet.audit.stats import epsilon_score, logit_confidence, ulira
+from scrubnet.audit.reference import roc_metrics_reference, roc_reference, ulira_game_reference
+from scrubnet.audit.stats import (epsilon_score, example_epsilons, forget_score, klom, lira_pairs, logit_confidence,
+                                  ulira)
+from scrubnet.audit.uncertainty import (BOOTSTRAP_EPSILON, BOOTSTRAP_KLOM, BOOTSTRAP_PAIRS, bootstrap_pairs,
+                                        centered_ci95, difference_ci, pair_statistics, summarize)
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
@@ -72,6 +76,7 @@ class Audit:
         self.shared = {"config": cfg.to_dict(), "pretrain_seed": P.derive(self.audit_seed, "pretrain"),
                        "threads": int(threads), "device": device}
         self.times: dict[str, list[float]] = {}
+        self._phi: dict[tuple, np.ndarray] = {}
         needed = set(methods) | {band_of(m) for m in methods}
         self.all_methods = list(methods) + sorted(needed - set(methods))
 
@@ -176,8 +181,8 @@ class Audit:
         return self.cache.load(model_id, opts)["logits"].double().numpy()
 
     def phi_d(self, model_id: str, method: str | None = None) -> np.ndarray:
-        n = self.data.n
-        return logit_confidence(self.logits(model_id, method)[:n], self.split.y.numpy())
+        """φ on D ``[n]`` (kept in memory: the statistics read every model several times)."""
+        return self.phi_all(model_id, method)[:self.data.n]
 
     def _in_id(self, m: str, s: int, f: int) -> str:
         return {"original": f"original/{s}", "retrain": f"retrain/{s}/{f}"}.get(m, f"scrub/{m}/{s}/{f}")
@@ -214,58 +219,250 @@ class Audit:
         return float((lg[:n][idx].argmax(1) == self.split.y.numpy()[idx]).mean())
 
     def epsilon_rows(self, m: str) -> dict:
+        """φ on F_{0,0} (and on the retain part of T_0 and on D_test, for KLoM) under U models of the method and
+        U = R retrains (the first U of ``eps-retrain``: both scales equal on every row)."""
         F0 = self.data.forget[(0, 0)]
         retain = np.setdiff1d(self.data.halves[0], F0)
         U = self.plan.eps_models.get(m, 3)
-        u_ids = [f"original/0"] * U if m == "original" else [f"eps/{m}/{u}" for u in range(U)]
-        r_ids = [f"eps-retrain/{r}" for r in range(self.eps_retrains())]
-        phi_u = np.array([self.phi_d(i, m)[F0] for i in u_ids])
-        phi_r = np.array([self.phi_d(i)[F0] for i in r_ids])
+        u_ids = ["original/0"] * U if m == "original" else [f"eps/{m}/{u}" for u in range(U)]
+        r_ids = [f"eps-retrain/{r}" for r in range(U)]
+        phi_u = np.array([self.phi_all(i, m) for i in u_ids])
+        phi_r = np.array([self.phi_all(i) for i in r_ids])
         acc = {k: (float(np.mean([self._accuracy(i, m, retain, k == "test") for i in u_ids])),
                    float(np.mean([self._accuracy(i, None, retain, k == "test") for i in r_ids])))
                for k in ("retain", "test")}
-        res = epsilon_score(phi_u, phi_r, retain_accuracy=acc["retain"], test_accuracy=acc["test"])
-        return {"result": res, "accuracy": acc, "U": U, "R": len(r_ids)}
+        res = epsilon_score(phi_u[:, F0], phi_r[:, F0], retain_accuracy=acc["retain"], test_accuracy=acc["test"])
+        n = self.data.n
+        points = {"forget": F0, "retain": retain, "validation": n + np.arange(len(self.split.y_test))}
+        return {"result": res, "accuracy": acc, "U": U, "R": len(r_ids), "phi_u": phi_u, "phi_r": phi_r,
+                "points": points}
 
-    def results(self) -> dict:
-        """audit.json's content (without the configuration)."""
+    def phi_all(self, model_id: str, method: str | None = None) -> np.ndarray:
+        """φ on D followed by D_test ``[n + n_test]`` (memoised per model and method)."""
+        key = (model_id, method)
+        if key not in self._phi:
+            y = np.concatenate([self.split.y.numpy(), self.split.y_test.numpy()])
+            self._phi[key] = logit_confidence(self.logits(model_id, method), y)
+        return self._phi[key]
+
+    # ------------------------------------------------------------------ the U-MIA game and LiRA rows
+    def _rows(self, ids: list[tuple[int, str, str | None]], in_masks: list[np.ndarray],
+              out_masks: list[np.ndarray]) -> tuple:
+        """IN and OUT φ matrices (NaN outside the masks), shadow flags and clusters (= target split index)."""
+        phis = [self.phi_d(i, m) for _, i, m in ids]
+        phi_in = np.array([np.where(k, p, np.nan) for p, k in zip(phis, in_masks)])
+        phi_out = np.array([np.where(k, p, np.nan) for p, k in zip(phis, out_masks)])
+        sh = np.array([s < self.plan.shadow_splits for s, _, _ in ids])
+        cl = np.array([s - self.plan.shadow_splits for s, _, _ in ids])
+        return phi_in, phi_out, sh, cl
+
+    def _mask(self, idx: np.ndarray) -> np.ndarray:
+        m = np.zeros(self.data.n, bool)
+        m[idx] = True
+        return m
+
+    def game_rows(self, m: str) -> tuple:
+        """The U-MIA game: every model is one of the method's unlearned models (s, f); IN = its forget set
+        F_{s,f}, OUT = the examples its split never trained on. ``original`` is plain LiRA: IN = T_s, each
+        original once."""
+        ids, ins, outs = [], [], []
+        for s in range(self.plan.splits):
+            never = ~self._mask(self.data.halves[s])
+            if m == "original":
+                ids.append((s, f"original/{s}", m))
+                ins.append(~never)
+                outs.append(never)
+                continue
+            for f in range(self._pairs(m)):
+                ids.append((s, self._in_id(m, s, f), m))
+                ins.append(self._mask(self.data.forget[(s, f)]))
+                outs.append(never)
+        return self._rows(ids, ins, outs)
+
+    def retained(self, s: int) -> np.ndarray:
+        """R_s = T_s minus every forget set of split s (retained by every model of the split), as a mask."""
+        keep = self._mask(self.data.halves[s])
+        for f in range(self.plan.forget_sets):
+            keep[self.data.forget[(s, f)]] = False
+        return keep
+
+    def retain_rows(self, m: str) -> tuple:
+        """Per-example LiRA on retained examples: IN = R_s, OUT = never trained on, under the method's models
+        (the originals, once each, for ``original``)."""
+        ids, ins, outs = [], [], []
+        for s in range(self.plan.splits):
+            never = ~self._mask(self.data.halves[s])
+            fs = [0] if m == "original" else range(self._pairs(m))
+            for f in fs:
+                ids.append((s, self._in_id(m, s, f), m))
+                ins.append(self.retained(s))
+                outs.append(never)
+        return self._rows(ids, ins, outs)
+
+    def pool_fit(self) -> dict:
+        """How many trained pool models ended with the stopping rule met / at zero training error."""
         out: dict = {}
+        for it in self.train_items():
+            t = self.cache.load(it["id"])
+            if "fit:met" not in t:
+                continue
+            kind = it["id"].split("/")[0]
+            d = out.setdefault(kind, {"models": 0, "rule_not_met": 0, "above_zero_error": 0, "max_final_error": 0.0})
+            d["models"] += 1
+            d["rule_not_met"] += int(int(t["fit:met"]) == 0)
+            err = float(t["fit:final_error"])
+            d["above_zero_error"] += int(err > 0)
+            d["max_final_error"] = max(d["max_final_error"], err)
+        return out
+
+    def results(self, replicates: int = BOOTSTRAP_PAIRS, seed: int | None = None) -> dict:
+        """audit.json's ``methods`` content (without the configuration) and the pairwise comparisons."""
+        seed = self.audit_seed if seed is None else int(seed)
+        n, C = self.data.n, self.plan.splits - self.plan.shadow_splits
+        out: dict = {}
+        reps: dict[str, dict] = {}
+        retain_reps: dict[str, np.ndarray] = {}
+        for m in ["original"] + [x for x in self.methods if x != "original"]:
+            phi_in, phi_out, sh, cl = self.retain_rows(m)
+            p, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl)
+            retain_reps[m] = bootstrap_pairs(p, C, n, replicates, seed)["balanced_accuracy"]
+            retain_reps[m + ":point"] = float(pair_statistics(p)["balanced_accuracy"][0])
         for m in self.methods:
-            phi_in, phi_out, sh_in, sh_out = self.ulira_rows(m)
-            u = ulira(phi_in, phi_out, sh_in, sh_out)
-            uf = ulira(phi_in, phi_out, sh_in, sh_out, fixed_variance=True)
+            d: dict = {}
+            # --- the U-MIA game (default statistic)
+            phi_in, phi_out, sh, cl = self.game_rows(m)
+            p, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl)
+            r = bootstrap_pairs(p, C, n, replicates, seed)
+            reps[m] = r
+            g = summarize(p, r)
+            d.update({f"ulira_game_{k}": v for k, v in g.items()})
+            u = ulira(phi_in, phi_out, sh, sh)
+            d["ulira_game_spread"] = u.spread()
+            d["ulira_game_roc"] = _thin_roc(u.fpr, u.tpr)
+            d["ulira_game_models"] = {"rows": int(len(sh)), "shadow": int(sh.sum()), "target": int((~sh).sum())}
+            # the same game under the references' estimators (the measured effect of each choice)
+            pr, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl, estimator="reference")
+            fpr_r, tpr_r = roc_reference(pr.label, pr.score)
+            rm = roc_metrics_reference(fpr_r, tpr_r)
+            d["ulira_game_estimators"] = {
+                "default": g["balanced_accuracy"],
+                "default_best_threshold": float(np.max(1 - (u.fpr + (1 - u.tpr)) / 2)),
+                "fixed_variance": ulira(phi_in, phi_out, sh, sh, fixed_variance=True).balanced_accuracy,
+                "lira_reference": rm["acc"], "lira_reference_at_ratio_1": float(pair_statistics(pr)["balanced_accuracy"][0]),
+                "lira_reference_auc": rm["auc"], "deepunlearn": self._deepunlearn_accuracy(m)}
+            # --- today's statistic: OUT from retrained models (distance to retraining)
+            ri, ro, rsi, rso = self.ulira_rows(m)
+            clr_i = np.repeat(np.arange(self.plan.splits), len(rsi) // self.plan.splits) - self.plan.shadow_splits
+            clr_o = np.repeat(np.arange(self.plan.splits), len(rso) // self.plan.splits) - self.plan.shadow_splits
+            pr2, _ = lira_pairs(ri, ro, rsi, rso, clr_i, clr_o)
+            r2 = bootstrap_pairs(pr2, C, n, replicates, seed)
+            d.update({f"ulira_retrain_out_{k}": v for k, v in summarize(pr2, r2).items()})
+            d["ulira_retrain_out_reference"] = band_of(m)
+            # --- retain-set leakage: LiRA on retained examples, after the method minus before (the original)
+            d["retain_leakage"] = retain_reps[m + ":point"] - retain_reps["original:point"]
+            d["retain_leakage_ci95"] = difference_ci(retain_reps[m], retain_reps["original"])
+            d["retain_lira_balanced_accuracy"] = retain_reps[m + ":point"]
+            d["retain_lira_balanced_accuracy_original"] = retain_reps["original:point"]
+            # --- ε-score (U = R) and KLoM on the ε pool
             e = self.epsilon_rows(m)
             er = e["result"]
+            F0 = e["points"]["forget"]
+            d.update({"epsilon_forget_score": er.forget_score, "epsilon_score": er.score,
+                      "epsilon_u": e["U"], "epsilon_r": e["R"], "epsilon_buckets_for": er.num_models,
+                      "epsilon_accuracy": {"retain": list(e["accuracy"]["retain"]), "test": list(e["accuracy"]["test"])},
+                      "epsilon_median": float(np.median(er.epsilons))})
+            eps_reps = epsilon_bootstrap(e["phi_u"][:, F0], e["phi_r"][:, F0], er.epsilons, er.num_models,
+                                         BOOTSTRAP_EPSILON, seed)
+            d["epsilon_forget_score_ci95"] = centered_ci95(eps_reps, er.forget_score)
+            kl = {}
+            for name, idx in e["points"].items():
+                vals = klom(e["phi_u"][:, idx], e["phi_r"][:, idx])
+                kr = klom_bootstrap(e["phi_u"][:, idx], e["phi_r"][:, idx], BOOTSTRAP_KLOM, seed)
+                kl[name] = {"mean": float(vals.mean()), "mean_ci95": centered_ci95(kr, float(vals.mean())),
+                            "p95": float(np.percentile(vals, 95)), "points": int(len(idx))}
+                if name == "forget":
+                    reps[m]["klom_forget"] = kr - kr.mean() + vals.mean()  # re-centred, as its interval
+                    kl_forget_vals = vals
+            d["klom_forget"] = kl["forget"]["mean"]
+            d["klom_forget_ci95"] = kl["forget"]["mean_ci95"]
+            d["klom"] = kl
+            d["seconds_per_model"] = float(np.mean(self.times[m])) if self.times.get(m) else None
             per = []
-            F0 = self.data.forget[(0, 0)]
             eps_of = {int(j): float(v) for j, v in zip(F0, er.epsilons)}
-            for j in range(self.data.n):
-                a, af = u.per_example_accuracy[j], uf.per_example_accuracy[j]
+            kl_of = {int(j): float(v) for j, v in zip(F0, kl_forget_vals)}
+            for j in range(n):
+                a = u.per_example_accuracy[j]
                 if np.isfinite(a) or j in eps_of:
                     per.append({"index": j, "label": int(self.split.y[j]),
-                                "ulira_accuracy": float(a) if np.isfinite(a) else None,
-                                "ulira_accuracy_fixed_variance": float(af) if np.isfinite(af) else None,
-                                "epsilon": eps_of.get(j)})
-            out[m] = {
-                "ulira_balanced_accuracy": u.balanced_accuracy, "ulira_auc": u.auc,
-                "ulira_tpr_at_1pct_fpr": u.tpr_at_1pct_fpr, "ulira_tpr_at_01pct_fpr": u.tpr_at_01pct_fpr,
-                "ulira_spread": u.spread(),
-                "ulira_fixed_variance": {"balanced_accuracy": uf.balanced_accuracy, "auc": uf.auc,
-                                         "tpr_at_1pct_fpr": uf.tpr_at_1pct_fpr,
-                                         "tpr_at_01pct_fpr": uf.tpr_at_01pct_fpr, "spread": uf.spread()},
-                "ulira_models": {"in": int(len(sh_in)), "out": int(len(sh_out)), "in_shadow": int(sh_in.sum()),
-                                 "out_shadow": int(sh_out.sum()), "positives": u.n_positive,
-                                 "negatives": u.n_negative},
-                "ulira_out_reference": band_of(m),
-                "ulira_roc": _thin_roc(u.fpr, u.tpr),
-                "epsilon_forget_score": er.forget_score, "epsilon_score": er.score,
-                "epsilon_models": {"unlearned": e["U"], "retrained": e["R"], "buckets_for": er.num_models},
-                "epsilon_accuracy": {"retain": list(e["accuracy"]["retain"]), "test": list(e["accuracy"]["test"])},
-                "epsilon_median": float(np.median(er.epsilons)),
-                "seconds_per_model": float(np.mean(self.times[m])) if self.times.get(m) else None,
-                "per_example": per,
-            }
-        return out
+                                "ulira_game_accuracy": float(a) if np.isfinite(a) else None,
+                                "epsilon": eps_of.get(j), "klom": kl_of.get(j)})
+            d["per_example"] = per
+            out[m] = d
+        return {"methods": out, "comparisons": _comparisons(reps)}
+
+    def _deepunlearn_accuracy(self, m: str) -> float | None:
+        """Mean over examples of DeepUnlearn's per-example accuracy (p > 0.5) on all splits (no shadow/target
+        split), for methods run on every forget set (the game needs one model per (s, f))."""
+        S, n = self.plan.splits, self.data.n
+        F = 1 if m == "original" else self._pairs(m)
+        phi = np.array([[self.phi_d(f"original/{s}" if m == "original" else self._in_id(m, s, f), m)
+                         for f in range(F)] for s in range(S)])
+        train = np.array([self._mask(self.data.halves[s]) for s in range(S)])
+        forget = np.array([[train[s] if m == "original" else self._mask(self.data.forget[(s, f)])
+                            for f in range(F)] for s in range(S)])
+        a = ulira_game_reference(phi, train, forget).acc_balanced
+        a = a[np.isfinite(a)]
+        return float(a.mean()) if a.size else None
+
+
+def _comparisons(reps: dict[str, dict]) -> dict:
+    """For each pair of methods and each of the game's balanced accuracy and KLoM on the forget set: the
+    difference's 95 % interval over common bootstrap replicates, and whether it excludes 0."""
+    out: dict = {}
+    ms = list(reps)
+    for key in ("balanced_accuracy", "klom_forget"):
+        rows = []
+        for i, a in enumerate(ms):
+            for b in ms[i + 1:]:
+                ci = difference_ci(reps[a][key], reps[b][key])
+                rows.append({"a": a, "b": b, "difference_ci95": ci,
+                             "distinguishable": bool(ci is not None and (ci[0] > 0 or ci[1] < 0))})
+        out["ulira_game_balanced_accuracy" if key == "balanced_accuracy" else key] = rows
+    return out
+
+
+def epsilon_bootstrap(phi_u: np.ndarray, phi_r: np.ndarray, eps: np.ndarray, num_models: int, replicates: int,
+                      seed: int) -> np.ndarray:
+    """Replicates of the ε forget score: unlearned and retrained models and forget examples drawn with
+    replacement (ε recomputed per replicate; a point-mass method stays a point mass and keeps its score)."""
+    rng = np.random.default_rng([seed, 1])
+    U, R, n = phi_u.shape[0], phi_r.shape[0], phi_u.shape[1]
+    constant = bool(np.all(phi_u == phi_u[0]))
+    out = np.empty(replicates)
+    for b in range(replicates):
+        ex = rng.integers(0, n, n)
+        if constant:
+            e = eps[ex]
+        else:
+            iu, ir = rng.integers(0, U, U), rng.integers(0, R, R)
+            cols = np.unique(ex)
+            e_cols = dict(zip(cols, example_epsilons(phi_u[iu][:, cols], phi_r[ir][:, cols])))
+            e = np.array([e_cols[j] for j in ex])
+        out[b] = forget_score(e, num_models)
+    return out
+
+
+def klom_bootstrap(phi_u: np.ndarray, phi_r: np.ndarray, replicates: int, seed: int) -> np.ndarray:
+    """Replicates of the mean KLoM: models of both ensembles and points drawn with replacement."""
+    rng = np.random.default_rng([seed, 2])
+    U, R, n = phi_u.shape[0], phi_r.shape[0], phi_u.shape[1]
+    out = np.empty(replicates)
+    for b in range(replicates):
+        wu = np.bincount(rng.integers(0, U, U), minlength=U)
+        wr = np.bincount(rng.integers(0, R, R), minlength=R)
+        ex = rng.integers(0, n, n)
+        out[b] = float(klom(phi_u[:, ex], phi_r[:, ex], weights_unlearned=wu, weights_oracle=wr).mean())
+    return out
 
 
 def _thin_roc(fpr: np.ndarray, tpr: np.ndarray, points: int = 400) -> dict:
@@ -279,12 +476,13 @@ def _thin_roc(fpr: np.ndarray, tpr: np.ndarray, points: int = 400) -> dict:
 
 def run_audit(cfg: ExperimentConfig, methods: list[str], out_dir: Path, *, plan: P.PoolPlan, engine=None,
               audit_seed: int | None = None, threads: int = 1, device: str = "cpu", progress: bool = True,
-              console=None) -> dict:
+              console=None, user_methods: list[str] | None = None) -> dict:
     """Fill the pool (cache under ``out_dir/cache``), compute the statistics, write audit.json, audit.md and
     the figures; returns the audit.json content."""
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     audit = Audit(cfg, methods, plan, out_dir / "cache", audit_seed=audit_seed, threads=threads, device=device)
+    audit.shared["user_methods"] = list(user_methods or [])  # ``module:Class`` specs, registered on each worker
     with make_progress(enabled=progress, console=console) as bar:
         task = bar.add_task("scrubnet audit: models", total=audit.total_models())
         audit.run(engine, bar, task)
@@ -293,7 +491,7 @@ def run_audit(cfg: ExperimentConfig, methods: list[str], out_dir: Path, *, plan:
                                                     "device": device,
                                                     "n_pool": audit.data.n,
                                                     "forget_set_size": int(len(audit.data.forget[(0, 0)]))}},
-               "methods": audit.results()}
+               **audit.results(), "pool_fit": audit.pool_fit()}
     results["seconds"] = time.perf_counter() - t0
     write_audit(results, out_dir)
     return results

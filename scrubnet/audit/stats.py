@@ -19,6 +19,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
+
+from scrubnet.audit.reference import fit_reference, predict_reference
+from scrubnet.audit.uncertainty import ScoredPairs
 
 #: δ of the (ε, δ) definition, as in the challenge's metric code
 DELTA = 1e-5
@@ -177,81 +181,160 @@ def ulira(phi_in, phi_out, shadow_in, shadow_out, *, fixed_variance: bool = Fals
 
 
 # ----------------------------------------------------------------------------------------- ε-score
-def _epsilon_from_rates(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> float:
-    """max over thresholds of ε_t = max(log(1 − δ − FPR) − log FNR, log(1 − δ − FNR) − log FPR), clipped ≥ 0.
+def _epsilon_from_counts(tp: np.ndarray, n_pos: int, fp: np.ndarray, n_neg: int, delta: float) -> float:
+    """max over thresholds of ε_t = max(log(1 − δ − FPR) − log FNR, log(1 − δ − FNR) − log FPR), clipped ≥ 0,
+    with the challenge's float32 arithmetic (its rates are torch means of float32 0/1 tensors).
 
-    Thresholds with exactly one of FPR, FNR equal to 0 are dropped (too few samples to tell); both 0 is a
-    perfect separation, ε = ∞ (capped by the caller)."""
-    both = (fpr == 0) & (fnr == 0)
-    if np.any(both):
+    ``tp`` / ``fp``: number of positives / negatives classified positive by each threshold. Thresholds with
+    exactly one of FPR, FNR equal to 0 are dropped (too few samples to tell); both 0 is a perfect separation,
+    ε = ∞ (capped by the caller). Returns NaN when no threshold is kept."""
+    code = tp.astype(np.int64) * (n_neg + 1) + fp.astype(np.int64)
+    pairs = np.flatnonzero(np.bincount(code, minlength=(n_pos + 1) * (n_neg + 1)))  # ε depends on the counts only
+    tp_u, fp_u = pairs // (n_neg + 1), pairs % (n_neg + 1)
+    f32 = np.float32
+    tpr = tp_u.astype(f32) / f32(n_pos)
+    fpr = fp_u.astype(f32) / f32(n_neg)
+    fnr = (n_pos - tp_u).astype(f32) / f32(n_pos)
+    tnr = (n_neg - fp_u).astype(f32) / f32(n_neg)
+    if np.any((fpr + fnr == 0) & (tpr + tnr == 2)):
         return math.inf
-    keep = (fpr > 0) & (fnr > 0)
+    keep = (fpr * fnr) != 0
     if not np.any(keep):
-        return 0.0
+        return float("nan")
     f, n = fpr[keep], fnr[keep]
     with np.errstate(invalid="ignore", divide="ignore"):
-        e = np.fmax(np.log(1 - delta - f) - np.log(n), np.log(1 - delta - n) - np.log(f))
-    e = e[np.isfinite(e)]
-    return float(max(np.max(e), 0.0)) if e.size else 0.0
+        e = np.fmax(np.log((1 - delta) - f) - np.log(n), np.log((1 - delta) - n) - np.log(f))
+    e = np.clip(e, f32(0), None)
+    return float(np.nanmax(e)) if np.any(np.isfinite(e)) else float("nan")
 
 
 def _count_in(sorted_v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """#{v : lo ≤ v ≤ hi} for sorted ``v``."""
-    return np.searchsorted(sorted_v, hi, "right") - np.searchsorted(sorted_v, lo, "left")
+    """#{v : lo ≤ v ≤ hi} for sorted ``v`` (0 where lo > hi)."""
+    return np.maximum(np.searchsorted(sorted_v, hi, "right") - np.searchsorted(sorted_v, lo, "left"), 0)
 
 
-def example_epsilon(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP) -> float:
-    """ε of one example from its φ under U unlearned and R retrained models (1-D arrays).
+def _left_ends(rights: np.ndarray, width: float, num: int) -> np.ndarray:
+    """``[np.linspace(tr − width − B, tr − width + B, num) for tr in rights]`` bit for bit, vectorised
+    (numpy's linspace: start + i·((stop − start)/(num − 1)), the last element set to stop)."""
+    start = rights - width - INTERVAL_BUFFER
+    stop = rights - width + INTERVAL_BUFFER
+    step = (stop - start) / (num - 1)
+    out = np.arange(num, dtype=float)[None, :] * step[:, None] + start[:, None]
+    out[:, -1] = stop
+    return out
 
-    1. The positive sample is the one with the larger median.
-    2. If the smaller range (max − min) is below ``RANGE_RATIO_MIN`` × the larger, ε = ``cap``.
-    3. Single threshold: "φ ≥ t ⇒ positive" for ``THRESHOLDS_PER_UNIT`` thresholds per unit over the pooled
-       range. Two-sided: "l ≤ φ ≤ r ⇒ peakier sample" (the one with the smaller range), r on a grid from
-       min + width − 2 to max + 2 of the peakier sample, l within r − width ± 2 (400 values), width = the
-       peakier sample's range.
-    4. ε = max over both families of :func:`_epsilon_from_rates`, clipped to [0, cap].
+
+def _left_counts(v: np.ndarray, start: np.ndarray, stop: np.ndarray, num: int) -> np.ndarray | None:
+    """``lt[k, i] = #{v : v < l_{k,i}}`` for the left-end grids of :func:`_left_ends` (row k: start[k] …
+    stop[k], ``num`` points), without materialising a search per grid point: for each sorted sample value,
+    its cut index c = #{i : l_i ≤ v} is estimated from the arithmetic grid and corrected against the grid's
+    exact values; then lt[k, i] = #{v : c_v ≤ i}. None if a cut cannot be confirmed (the caller searches)."""
+    step = (stop - start) / (num - 1)
+    if v.size == 0 or not np.all(step > 0):
+        return None
+
+    def l_at(idx):  # the exact grid values at integer positions idx [K, m]
+        val = idx.astype(float) * step[:, None] + start[:, None]
+        return np.where(idx == num - 1, stop[:, None], val)
+
+    est = np.floor((v[None, :] - start[:, None]) / step[:, None]) + 1
+    c = np.clip(est, 0, num).astype(np.int64)
+    for _ in range(3):
+        c = c + ((c < num) & (l_at(np.minimum(c, num - 1)) <= v[None, :]))
+        c = c - ((c > 0) & (l_at(np.maximum(c - 1, 0)) > v[None, :]))
+    ok = ((c == num) | (l_at(np.minimum(c, num - 1)) > v[None, :])) & \
+         ((c == 0) | (l_at(np.maximum(c - 1, 0)) <= v[None, :]))
+    if not ok.all():
+        return None
+    K = start.size
+    hist = np.bincount((np.arange(K)[:, None] * (num + 1) + c).ravel(), minlength=K * (num + 1))
+    return np.cumsum(hist.reshape(K, num + 1), 1)[:, :num]
+
+
+def _interval_counts(sample: np.ndarray, rights: np.ndarray, width: float, num: int) -> np.ndarray:
+    """#{v ∈ sample : l_{k,i} ≤ v ≤ r_k} ``[K·num]`` (right-major) for the two-sided family's grid."""
+    start, stop = rights - width - INTERVAL_BUFFER, rights - width + INTERVAL_BUFFER
+    lt = _left_counts(sample, start, stop, num)
+    if lt is None:
+        left = _left_ends(rights, width, num).ravel()
+        return _count_in(sample, left, np.repeat(rights, num))
+    le = np.searchsorted(sample, rights, "right")
+    return np.maximum(le[:, None] - lt, 0).ravel()
+
+
+def _single_thresholds(lo: float, hi: float) -> np.ndarray:
+    """The challenge's one-sided grid: ``torch.linspace(lo, hi, ceil((hi − lo)·100))`` in torch's default
+    float32, widened to float64 for the comparisons."""
+    num = int(math.ceil((hi - lo) * THRESHOLDS_PER_UNIT))
+    return torch.linspace(lo, hi, num, dtype=torch.float32).double().numpy() if num > 0 else np.zeros(0)
+
+
+def example_epsilon(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP, *,
+                    estimator: str = "default") -> float:
+    """ε of one example from its φ under U unlearned and R retrained models (1-D arrays), with the
+    threshold families of the challenge's released ``metric.py``, built exactly as it builds them:
+
+    1. Orientation: the positive sample P is the retrained one if median(r) > median(u), else the unlearned.
+    2. Range rule: if the smaller range (max − min) is below ``RANGE_RATIO_MIN`` × the larger, ε = ``cap``
+       (0/0 does not trigger it).
+    3. Two-sided: P becomes the peakier sample (swap if range(P) ≥ range(N)), width = the smaller range;
+       right ends ``linspace(min P + width − 2, max P + 2, ceil(·100))``; for each, 400 left ends
+       ``linspace(tr − width − 2, tr − width + 2, 400)``; "positive" iff left ≤ φ ≤ right.
+    4. One-sided: "positive" iff φ ≥ t on the float32 grid of :func:`_single_thresholds` (P of step 1).
+    5. ε = max over both families of :func:`_epsilon_from_counts` (float32 rates), clipped to [0, cap].
+
+    ``estimator="reference"`` raises where the released code raises (no threshold kept: two identical point
+    masses); the default returns 0 there (the two samples cannot be told apart) and accepts U ≠ R.
     """
-    a, b = np.sort(np.asarray(unlearned, float)), np.sort(np.asarray(retrained, float))
+    a, b = np.asarray(unlearned, float), np.asarray(retrained, float)
+    if estimator not in ("default", "reference"):
+        raise ValueError(f"unknown estimator {estimator!r}: use 'default' or 'reference'")
     if a.size < 1 or b.size < 1:
         raise ValueError("example_epsilon needs at least one unlearned and one retrained value")
     pos, neg = (b, a) if np.median(b) > np.median(a) else (a, b)
-    r_pos, r_neg = pos[-1] - pos[0], neg[-1] - neg[0]
-    small, large = min(r_pos, r_neg), max(r_pos, r_neg)
-    if large == 0:  # two point masses
-        return 0.0 if pos[0] == neg[0] else float(cap)
-    if small / large < RANGE_RATIO_MIN:
-        return float(cap)
+    pos, neg = np.sort(pos), np.sort(neg)
+    d_pos, d_neg = pos[-1] - pos[0], neg[-1] - neg[0]
+    largest, smallest = (d_pos, d_neg) if d_pos > d_neg else (d_neg, d_pos)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if smallest / largest < RANGE_RATIO_MIN:
+            return float(cap)
     eps = []
-    # single threshold
-    lo, hi = min(pos[0], neg[0]), max(pos[-1], neg[-1])
-    t = np.linspace(lo, hi, int(math.ceil((hi - lo) * THRESHOLDS_PER_UNIT)))
-    tpr = (pos.size - np.searchsorted(pos, t, "left")) / pos.size
-    fpr = (neg.size - np.searchsorted(neg, t, "left")) / neg.size
-    eps.append(_epsilon_from_rates(fpr, 1 - tpr, delta))
-    # two thresholds around the peakier sample
-    peak, other = (pos, neg) if r_pos < r_neg else (neg, pos)
-    width = small
+    # two-sided family, around the peakier sample
+    peak, other = (neg, pos) if d_pos >= d_neg else (pos, neg)
+    width = smallest
     r_lo, r_hi = peak[0] + width - INTERVAL_BUFFER, peak[-1] + INTERVAL_BUFFER
     rights = np.linspace(r_lo, r_hi, int(math.ceil((r_hi - r_lo) * THRESHOLDS_PER_UNIT)))
-    offsets = np.linspace(-INTERVAL_BUFFER, INTERVAL_BUFFER, int(math.ceil(2 * INTERVAL_BUFFER * THRESHOLDS_PER_UNIT)))
+    n_left = int(math.ceil(2 * INTERVAL_BUFFER * THRESHOLDS_PER_UNIT))
     for chunk in np.array_split(rights, max(1, len(rights) // 256)):
-        r = np.repeat(chunk, len(offsets))
-        left = r - width + np.tile(offsets, len(chunk))
-        tpr = _count_in(peak, left, r) / peak.size
-        fpr = _count_in(other, left, r) / other.size
-        eps.append(_epsilon_from_rates(fpr, 1 - tpr, delta))
+        if chunk.size == 0:
+            continue
+        eps.append(_epsilon_from_counts(_interval_counts(peak, chunk, width, n_left), peak.size,
+                                        _interval_counts(other, chunk, width, n_left), other.size, delta))
         if math.isinf(eps[-1]):
             break
-    return float(min(max(max(eps), 0.0), cap))
+    # one-sided family
+    t = _single_thresholds(min(pos[0], neg[0]), max(pos[-1], neg[-1]))
+    eps.append(_epsilon_from_counts(pos.size - np.searchsorted(pos, t, "left"), pos.size,
+                                    neg.size - np.searchsorted(neg, t, "left"), neg.size, delta))
+    kept = [e for e in eps if not math.isnan(e)]
+    if not kept:
+        if estimator == "reference":
+            raise ValueError("ε (reference): no threshold kept (the released metric raises here)")
+        return 0.0
+    return float(min(max(max(kept), 0.0), cap))
 
 
-def example_epsilons(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP) -> np.ndarray:
-    """Per-example ε for φ matrices ``unlearned`` ``[U, n]`` and ``retrained`` ``[R, n]`` (NaNs ignored)."""
+def example_epsilons(unlearned, retrained, delta: float = DELTA, cap: float = EPSILON_CAP, *,
+                     estimator: str = "default") -> np.ndarray:
+    """Per-example ε (:func:`example_epsilon`) for φ matrices ``unlearned`` ``[U, n]`` and ``retrained``
+    ``[R, n]`` (NaNs ignored; ``estimator="reference"`` requires U = R and no NaN, as the released code)."""
     u, r = np.asarray(unlearned, float), np.asarray(retrained, float)
     if u.ndim != 2 or r.ndim != 2 or u.shape[1] != r.shape[1]:
         raise ValueError(f"unlearned {u.shape} and retrained {r.shape} must be [models, examples]")
-    return np.array([example_epsilon(u[:, j][np.isfinite(u[:, j])], r[:, j][np.isfinite(r[:, j])], delta, cap)
-                     for j in range(u.shape[1])])
+    if estimator == "reference" and (u.shape != r.shape or not (np.all(np.isfinite(u)) and np.all(np.isfinite(r)))):
+        raise ValueError("ε (reference): the released metric needs U = R models and finite φ")
+    return np.array([example_epsilon(u[:, j][np.isfinite(u[:, j])], r[:, j][np.isfinite(r[:, j])], delta, cap,
+                                     estimator=estimator) for j in range(u.shape[1])])
 
 
 def bucket_points(num_models: int) -> list[tuple[float, float]]:
@@ -296,17 +379,103 @@ class EpsilonResult:
 
 def epsilon_score(unlearned, retrained, *, retain_accuracy: tuple[float, float] = (1.0, 1.0),
                   test_accuracy: tuple[float, float] = (1.0, 1.0), delta: float = DELTA,
-                  cap: float = EPSILON_CAP) -> EpsilonResult:
+                  cap: float = EPSILON_CAP, estimator: str = "default") -> EpsilonResult:
     """The NeurIPS-2023 score from φ of the forget examples under U unlearned (``[U, n]``) and R retrained
     (``[R, n]``) models of one original and one forget set.
 
     ``retain_accuracy`` / ``test_accuracy``: (unlearned, retrained) accuracies averaged over the models.
-    The buckets are sized for min(U, R) models (the challenge has U = R = 512).
+    The buckets are sized for min(U, R) models (the challenge has U = R = 512; ``estimator="reference"``
+    requires U = R, as the released code does).
     """
     u, r = np.asarray(unlearned, float), np.asarray(retrained, float)
-    eps = example_epsilons(u, r, delta, cap)
+    eps = example_epsilons(u, r, delta, cap, estimator=estimator)
     n_models = min(u.shape[0], r.shape[0])
     f = forget_score(eps, n_models)
     ra = retain_accuracy[0] / retain_accuracy[1] if retain_accuracy[1] > 0 else float("nan")
     ta = test_accuracy[0] / test_accuracy[1] if test_accuracy[1] > 0 else float("nan")
     return EpsilonResult(eps, f, f * ra * ta, n_models, ra, ta)
+
+
+# ----------------------------------------------------------------------------------------------- KLoM
+#: KLoM's constants (Easy Data-Unlearning-Bench; Georgiev et al. 2024): bins per example, the floor of the
+#: oracle's bin probability where the unlearned ensemble has mass, and the clip of the margins
+KLOM_BINS = 20
+KLOM_EPS = 1e-5
+KLOM_CLIP = 100.0
+
+
+def klom(unlearned, oracle, *, bins: int = KLOM_BINS, eps: float = KLOM_EPS, clip: float = KLOM_CLIP,
+         weights_unlearned=None, weights_oracle=None) -> np.ndarray:
+    """KL divergence of margins, per example: KL(p ‖ q) with p, q the histograms of the margins
+    (φ = z_y − logsumexp_{y'≠y} z_{y'}) of the unlearned ensemble ``[U, n]`` and the oracle (retrained)
+    ensemble ``[R, n]``, on ``bins`` equal-width bins spanning the example's clipped (±``clip``) values of both
+    ensembles (a zero-width span becomes [lo, lo + 1]); q is floored at ``eps`` where p > 0;
+    KLoM = Σ_{p_k > 0} p_k log(p_k / max(q_k, eps)). 0 = the unlearned margins fall in the oracle's bins in the
+    same proportions.
+
+    ``weights_*`` ``[U]`` / ``[R]``: non-negative model weights (bootstrap counts); a model with weight 0 is
+    left out of the span too. Returns ``[n]``."""
+    u = np.clip(np.asarray(unlearned, float), -clip, clip)
+    r = np.clip(np.asarray(oracle, float), -clip, clip)
+    if u.ndim != 2 or r.ndim != 2 or u.shape[1] != r.shape[1]:
+        raise ValueError(f"klom: unlearned {u.shape} and oracle {r.shape} must be [models, examples]")
+    if not (np.all(np.isfinite(u)) and np.all(np.isfinite(r))):
+        raise ValueError("klom: margins must be finite")
+    wu = np.ones(u.shape[0]) if weights_unlearned is None else np.asarray(weights_unlearned, float)
+    wr = np.ones(r.shape[0]) if weights_oracle is None else np.asarray(weights_oracle, float)
+    both = np.concatenate([u[wu > 0], r[wr > 0]])
+    lo, hi = both.min(0), both.max(0)
+    hi = np.where(hi > lo, hi, lo + 1.0)
+    edges = lo[None, :] + (hi - lo)[None, :] * (np.arange(1, bins)[:, None] / bins)  # interior edges [bins-1, n]
+
+    def hist(v, w):
+        idx = np.sum(v[:, None, :] >= edges[None, :, :], axis=1)  # bin of each value, last bin closed
+        h = np.zeros((bins, v.shape[1]))
+        np.add.at(h, (idx, np.broadcast_to(np.arange(v.shape[1]), idx.shape)), w[:, None])
+        return h / w.sum()
+
+    p, q = hist(u, wu), hist(r, wr)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * np.log(p / np.maximum(q, eps)), 0.0)
+    return terms.sum(0)
+
+
+# ------------------------------------------------------------------------------------ scored pairs
+def lira_pairs(phi_in, phi_out, shadow_in, shadow_out, cluster_in, cluster_out, *, fixed_variance: bool = False,
+               estimator: str = "default"):
+    """The target pairs of a per-example likelihood-ratio test, as :class:`~scrubnet.audit.uncertainty.ScoredPairs`.
+
+    Same inputs as :func:`ulira`, plus the cluster (e.g. the split) of every row. ``estimator="default"``:
+    score = log N_in(φ) − log N_out(φ) with :func:`ulira`'s fit (means, ddof-1 σ, σ ≥ ``MIN_STD``, no
+    truncation); ``"reference"``: −prediction of tensorflow/privacy's online LiRA (medians, ddof-0 σ + 1e-30,
+    every example truncated to the smallest IN and OUT counts; :mod:`scrubnet.audit.reference`). Returns
+    (pairs, usable) with ``usable`` ``[n]`` the examples that have shadow IN and OUT values."""
+    phi_in, phi_out = np.asarray(phi_in, float), np.asarray(phi_out, float)
+    shadow_in, shadow_out = np.asarray(shadow_in, bool), np.asarray(shadow_out, bool)
+    if estimator == "default":
+        mu_i, sd_i, c_i = _fit(phi_in[shadow_in], fixed_variance)
+        mu_o, sd_o, c_o = _fit(phi_out[shadow_out], fixed_variance)
+        usable = (c_i > 0) & (c_o > 0)
+
+        def score(x):
+            return _log_normal(x, mu_i, sd_i) - _log_normal(x, mu_o, sd_o)
+    elif estimator == "reference":
+        vi, vo = phi_in[shadow_in], phi_out[shadow_out]
+        usable = np.isfinite(vi).any(0) & np.isfinite(vo).any(0)
+        fit = fit_reference(vi[:, usable], np.isfinite(vi[:, usable]), vo[:, usable], np.isfinite(vo[:, usable]),
+                            online=True, fixed_variance=fixed_variance)
+
+        def score(x):
+            s = np.full(x.shape, np.nan)
+            s[:, usable] = -predict_reference(fit, x[:, usable], online=True)
+            return s
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}: use 'default' or 'reference'")
+    s_in, s_out = score(phi_in[~shadow_in]), score(phi_out[~shadow_out])
+    s_in[:, ~usable], s_out[:, ~usable] = np.nan, np.nan
+    ci, co = np.asarray(cluster_in)[~shadow_in], np.asarray(cluster_out)[~shadow_out]
+    ri, ji = np.nonzero(np.isfinite(s_in))
+    ro, jo = np.nonzero(np.isfinite(s_out))
+    pairs = ScoredPairs(np.r_[s_in[ri, ji], s_out[ro, jo]], np.r_[np.ones(ri.size, bool), np.zeros(ro.size, bool)],
+                        np.r_[ci[ri], co[ro]], np.r_[ji, jo])
+    return pairs, usable
