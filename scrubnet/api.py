@@ -61,7 +61,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            seed: int = 0, on_failure: str = "raise", num_classes: int | None = None,
            forget_class: int | None = None, classifier: str | None = None, force: bool = False,
            readouts: bool = False, test=None, reference: nn.Module | None = None,
-           keys: BatchKeys | None = None, chunk_size: int = 512, **method_options: Any
+           keys: BatchKeys | None = None, chunk_size: int = 512, retain_error_tolerance: float = 0.05,
+           **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
@@ -72,10 +73,15 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     force: run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
     reference: a model retrained without D_f; with a noisy method gives the information bound.
+    retain_error_tolerance: the scrub fails when the retain error rises by more than this (a fraction: 0.05
+        = 5 points); measured on every call (two streamed passes over D_r).
     on_failure: ``"raise"`` (:class:`ScrubFailed`) or ``"return"`` (the result says ``ok=False``).
+    keys, chunk_size: how dict batches are read and how many samples a chunk holds.
 
     Returns (scrubbed model, :class:`ForgetResult`). ``model`` is not modified.
     """
+    if not 0 <= retain_error_tolerance <= 1:
+        raise ValueError(f"retain_error_tolerance must be in [0, 1], got {retain_error_tolerance}")
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     recipe = TrainingRecipe() if recipe is None else recipe
@@ -92,8 +98,19 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         other = scrubber.noise_at(reference, retain_s, forget_s, ctx)
         if other is not None:
             out.bounds.update(weight_information(res.noise.mean, res.noise.var, other.mean, other.var))
+    # the honesty check every method gets: a scrub that costs the retain set more than a few points of error
+    # is reported as failed, whatever the method thinks of itself
+    err_in, loss_in = stream_error_and_loss(model, retain_s)
+    err_out, loss_out = stream_error_and_loss(res.model, retain_s)
+    out.report.update(retain_error_before=err_in, retain_error_after=err_out)
+    if err_out - err_in > retain_error_tolerance:
+        out.ok = False
+        out.reasons.append(f"the retain error rose from {100 * err_in:.1f} % to {100 * err_out:.1f} %, more than "
+                           f"the tolerance of {100 * retain_error_tolerance:g} points")
     if readouts:
-        sets = {"retain": retain_s, "forget": forget_s}
+        out.readouts.update(retain_error=err_out, retain_loss=loss_out, original_retain_error=err_in,
+                            original_retain_loss=loss_in)
+        sets = {"forget": forget_s}
         if test is not None:
             sets["test"] = as_stream(test, keys, chunk_size)
         for part, data in sets.items():

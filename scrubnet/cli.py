@@ -35,7 +35,7 @@ from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
-from scrubnet.methods.base import ForgetContext, available_methods, get_method
+from scrubnet.methods.base import ForgetContext, available_methods, get_method, method_class, protocol_method
 from scrubnet.models import MODELS
 from scrubnet.models.user import USER_ARCH
 
@@ -398,7 +398,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                     "sidecar); for your own model give --model/--weights/--data"),
            forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D; for --data, in x_train)"),
            method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
-               m for m in available_methods() if not m.startswith("mlforget"))),
+               m for m in available_methods() if not method_class(m).own_retrain_family)),
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
@@ -419,26 +419,29 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     _set_threads(threads)
     own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
     _refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
-    if own:
-        dev = resolve_device(device)
-        meta = forget_own(spec=model, options=_parse_options(model_option, "--model-option"), weights=weights,
-                          data=data, forget_ids=forget_ids, method=method, method_options=_parse_options(option),
-                          recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force, device=dev)
-        console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
-        return
-    if method in ("mlforget", "mlforget-retrain"):
+    cls = method_class(method)
+    if cls is not None and cls.own_retrain_family:
+        if own:
+            raise UserError(f"--method {method} trains its own mixed-linear model from scrubnet's core/task split; "
+                            "it does not apply to --model")
         raise UserError(f"--method {method} trains its own mixed-linear model, which is not a checkpoint of "
                         f"this architecture; use `scrubnet mlforget train` and `scrubnet mlforget forget` for "
                         "ML-Forgetting on checkpoints")
+    if own:
+        meta = forget_own(spec=model, options=_parse_options(model_option, "--model-option"), weights=weights,
+                          data=data, forget_ids=forget_ids, method=method, method_options=_parse_options(option),
+                          recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
+                          device=resolve_device(device))
+        console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
+        return
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, resolve_device(device))
     opts = _parse_options(option)
-    m = get_method(method, **opts)
+    m = protocol_method(method, **opts)
     if seed is not None:
         ctx.seed = seed
     res = m(model, split.retain, split.forget, ctx)
-    if not res.ok:
-        raise UserError(f"method {method!r} failed: {'; '.join(res.reasons) or 'no reason given'} (nothing written "
-                        f"to {out})")
+    if not res.ok:  # nothing is written for a scrub that did not do what it claims
+        raise UserError(f"method {method!r} failed: " + "; ".join(res.reasons))
     extra = {"role": "scrubbed", "method": method, "method_options": opts, "forget_ids": split.forget_idx.tolist(),
              "source": str(checkpoint), "source_sha256": meta["sha256"],
              "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}}

@@ -25,6 +25,7 @@ from scrubnet.audit.run import default_plan, run_audit
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig, load_config
 from scrubnet.experiments.runner import get_split, resolve_methods
+from scrubnet.methods.base import method_class
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 
@@ -65,7 +66,7 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
         raise ValueError("--eps-models must be at least 3")
     split = get_split(cfg)
     # class-only methods (hiding) need a whole forgotten class; the pool's forget sets are per-example subsets
-    chosen = [m for m in resolve_methods(cfg, split) if m != "hiding"]
+    chosen = [m for m in resolve_methods(cfg, split) if not method_class(m).class_only]
     if not chosen:
         raise ValueError("no method to audit (class-only methods cannot be audited on per-example forget sets)")
     plan = default_plan(chosen, pool=pool, eps_models=eps_models)

@@ -119,7 +119,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
              max_epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None, wd: float = 0.0,
              weight_decay: float = 0.0, freeze_bn: bool = False, ascent: Tensor | None = None,
              ascent_cap: float | None = None, samples_per_epoch: int | None = None,
-             stop: Callable[[int], bool] | None = None) -> tuple[int, bool]:
+             stop: Callable[[int], bool] | None = None, loss_fn: str = "ce") -> tuple[int, bool]:
     """The package's one SGD loop; trains ``model`` in place on (x, y) and leaves it in eval mode.
 
     Per batch B the loss is
@@ -130,6 +130,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
     ``torch.optim.SGD(lr, momentum, weight_decay)`` (``weight_decay``: ordinary decay toward 0).
     ``ascent`` (bool, per sample) turns chosen samples into gradient *ascent*, capped at ``ascent_cap``
     (e.g. log c: the gradient vanishes once a sample is at chance). Label noise is passed in as relabelled y.
+    ``loss_fn="mse"`` replaces CE_i by ½‖f(x_i) − onehot(y_i)‖² (LQF-style models; no ascent).
 
     Batches: a fresh permutation of the n samples per epoch (``torch.randperm(n, generator)``), or, with
     ``samples_per_epoch``, that many indices drawn with replacement (``torch.randint``). BatchNorm layers are
@@ -138,6 +139,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
 
     Returns (epochs trained, whether ``stop`` ended it).
     """
+    if loss_fn not in ("ce", "mse") or (loss_fn == "mse" and ascent is not None):
+        raise ValueError(f"loss_fn must be 'ce' or 'mse' (mse without ascent), got {loss_fn!r}")
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     n = len(y)
@@ -160,7 +163,9 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
             logits = model(x[idx])
-            if ascent is None:
+            if loss_fn == "mse":
+                loss = 0.5 * ((logits - F.one_hot(y[idx], logits.shape[-1]).to(logits.dtype)) ** 2).sum(-1).mean()
+            elif ascent is None:
                 loss = F.cross_entropy(logits, y[idx])
             else:
                 ce = F.cross_entropy(logits, y[idx], reduction="none")

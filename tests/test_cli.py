@@ -71,6 +71,16 @@ def test_forget_then_evaluate(trained, tmp_path):
     assert set(ev) >= {"error_forget", "mia_forget", "relearn_epochs", "activation_l1_forget"}
 
 
+def test_forget_with_cg_capped_at_3_iterations_exits_2_and_writes_nothing(trained, tmp_path):
+    out = tmp_path / "out" / "x.safetensors"
+    r = runner.invoke(app, ["forget", "--checkpoint", str(trained / "model" / "original.safetensors"),
+                            "--forget-ids", str(_ids(tmp_path, "0 3 5")), "--method", "newton",
+                            "--option", "max_iter=3", "--option", "tol=1e-12", "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.output and "CG stopped after 3" in r.output
+    assert not out.exists() and not (tmp_path / "out").exists()
+
+
 def test_unknown_method_and_missing_or_corrupt_checkpoint(trained, tmp_path):
     ids = _ids(tmp_path, "1 2")
     out = tmp_path / "o.safetensors"

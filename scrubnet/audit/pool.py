@@ -42,7 +42,7 @@ from scrubnet.data.splits import Split
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods.artifacts import ArtifactCache
-from scrubnet.methods.base import ForgetContext, get_method
+from scrubnet.methods.base import ForgetContext, protocol_method
 from scrubnet.models import build_model
 from scrubnet.training import finetune_start, predict_logits, pretrain
 from scrubnet.training_pool import finetune_many, retrain_many
@@ -258,6 +258,6 @@ def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.T
         ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=int(run["seed"]),
                             forget_class=None, split=sub, start=start, retrain_mode=cfg.retrain_mode,
                             cache=caches.setdefault(int(run["seed"]), ArtifactCache()))
-        res = get_method(run["method"], **run["options"])(original, sub.retain, sub.forget, ctx)
+        res = protocol_method(run["method"], **run["options"])(original, sub.retain, sub.forget, ctx)
         out.append((run["id"], {"logits": _logits(res.model, x_all)}, time.perf_counter() - t0))
     return out

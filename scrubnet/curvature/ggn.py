@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vjp
 
+from scrubnet.curvature.attention import jvp_safe_attention
 from scrubnet.curvature.params import flatten, trainable_params, unflatten
 from scrubnet.models import eval_mode
 
@@ -83,7 +84,7 @@ class GGNOperator:
         tangent = unflatten(v.to(next(iter(self.params.values())).dtype), self.params)
         out = {k: torch.zeros_like(t) for k, t in self.params.items()}
         n = len(self.x)
-        with eval_mode(self.model):
+        with eval_mode(self.model), jvp_safe_attention():
             for i in range(0, n, self.batch_size):
                 xb = self.x[i:i + self.batch_size]
 

@@ -31,7 +31,7 @@ from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.report import write_outputs
 from scrubnet.curvature.params import trainable_params
 from scrubnet.methods.artifacts import retrain_key
-from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, available_methods, get_method,
+from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, available_methods, get_method, protocol_method,
                                    method_class)
 from scrubnet.models import build_model
 from scrubnet.readouts.activation_info import activation_information_sets
@@ -77,10 +77,8 @@ def resolve_methods(cfg: ExperimentConfig, split: Split) -> list[str]:
     if cfg.methods is None:
         out = []
         for m in avail:
-            cls = type(get_method(m, **cfg.method_options.get(m, {})))
-            if getattr(cls, "class_only", False) and split.forget_class is None:
-                continue
-            if getattr(cls, "default", True) is False:
+            cls = type(protocol_method(m, **cfg.method_options.get(m, {})))
+            if (cls.class_only and split.forget_class is None) or not cls.in_default_run:
                 continue
             out.append(m)
         # the two anchors first, as in the papers' tables
@@ -114,7 +112,7 @@ def configured_method(name: str, sr: SeedRun, options: dict | None = None) -> Fo
     """The method ``name`` with the experiment's options for it, updated by ``options``."""
     opts = dict(sr.config.method_options.get(name, {}))
     opts.update(options or {})
-    return get_method(name, **opts)
+    return protocol_method(name, **opts)
 
 
 def run_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ScrubResult, float]:
@@ -293,7 +291,7 @@ def band_reference(method: str) -> str:
     """The method whose band ``method`` is judged against: ``retrain`` unless the method's class names
     another in ``band_reference`` (e.g. ML-Forgetting is judged against the retrained mixed-linear model)."""
     cls = method_class(method)
-    return getattr(cls, "band_reference", "retrain") if cls is not None else "retrain"
+    return cls.band_reference if cls is not None else "retrain"
 
 
 def inside_band(results: dict, method: str) -> dict[str, bool]:

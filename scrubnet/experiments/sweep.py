@@ -32,7 +32,7 @@ from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, subplots
 from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import evaluate, measure, prepare_seed, run_method
-from scrubnet.methods.base import get_method
+from scrubnet.methods.base import protocol_method
 
 INFO_READOUTS = ["info_weights_nats", "info_activations_nats_forget", "info_activations_nats_retain",
                  "info_activations_nats_test"]
@@ -63,7 +63,7 @@ def run_sweep(method: str, param: str, values: list[float], cfg: ExperimentConfi
         raise ValueError("at least one seed is needed")
     base_opts = dict(cfg.method_options.get(method, {}))
     for v in values:  # fail fast on an unknown method or option, before any training
-        get_method(method, **{**base_opts, param: v})
+        protocol_method(method, **{**base_opts, param: v})
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -27,8 +27,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from scrubnet.curvature.attention import jvp_safe_attention
 from scrubnet.data.stream import BatchKeys, DataStream, as_stream
 from scrubnet.methods.artifacts import ArtifactCache
+from scrubnet.methods.objective import check_stationarity
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
@@ -64,6 +66,9 @@ class ForgetContext:
                    ``TrainingRecipe.scrubnet_protocol(w0, config)``. Build a context for a user's model with
                    :meth:`from_recipe` (``w0`` and ``config`` then follow from the recipe).
     force:         run a curvature method even when the stationarity check refuses the recipe.
+    verify_recipe: run the stationarity check before a curvature method (:mod:`scrubnet.methods.objective`).
+                   :meth:`from_recipe` (hence :func:`scrubnet.forget` and the CLI for a user's model) sets it;
+                   scrubnet's own protocol, which trained the model to the recipe itself, leaves it off.
     chunk_size:    samples per chunk when a method streams a Dataset or DataLoader.
     """
 
@@ -79,6 +84,7 @@ class ForgetContext:
     recipe: TrainingRecipe | None = None
     force: bool = False
     chunk_size: int = 512
+    verify_recipe: bool = False
 
     def __post_init__(self):
         if self.recipe is None:
@@ -102,7 +108,8 @@ class ForgetContext:
         if not (isinstance(num_classes, int) and num_classes >= 2):
             raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
         return cls(w0=recipe.center_for(model), config=recipe.train_config(), num_classes=num_classes,
-                   seed=int(seed), forget_class=forget_class, cache=cache or ArtifactCache(), recipe=recipe)
+                   seed=int(seed), forget_class=forget_class, cache=cache or ArtifactCache(), recipe=recipe,
+                   verify_recipe=True)
 
 
 @dataclass
@@ -161,6 +168,10 @@ class ForgettingMethod(ABC):
                        NTK, LQF): the stationarity check runs before it (:mod:`scrubnet.methods.stationarity`).
     streams:           reads D_r in chunks without materialising it (Datasets, DataLoaders, tensors alike).
     passes:            passes over D_r it makes, in words (e.g. "epochs", "2 + CG iterations").
+    protocol_options:  options scrubnet's own experiments run it with unless configured otherwise (e.g.
+                       Fisher's α tuned on the embedded default); a user's call gets the class defaults.
+    band_reference:    the method whose readout band this one is judged against (default the retrain model).
+    in_default_run:    run when an experiment names no methods.
     """
 
     name: ClassVar[str] = ""
@@ -171,6 +182,9 @@ class ForgettingMethod(ABC):
     uses_curvature: ClassVar[bool] = False
     streams: ClassVar[bool] = False
     passes: ClassVar[str] = "1"
+    protocol_options: ClassVar[dict] = {}
+    band_reference: ClassVar[str] = "retrain"
+    in_default_run: ClassVar[bool] = True
 
     @abstractmethod
     def scrub(self, model: nn.Module, retain: Data, forget: Data, ctx: ForgetContext) -> ScrubResult:
@@ -200,7 +214,16 @@ class ForgettingMethod(ABC):
         for x, part in checks:
             if x.is_floating_point() and not bool(torch.isfinite(x).all()):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
-        res = self.scrub(model, retain, forget, ctx)
+        # forward-mode AD has no rule for the fused CPU attention kernels: the math kernel computes the same
+        # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions.md, "SDPA under forward-mode AD")
+        with jvp_safe_attention():
+            st = None
+            if self.uses_curvature and self.needs_retain and ctx.verify_recipe and not ctx.force:
+                st = check_stationarity(model, as_stream(retain, chunk_size=ctx.chunk_size), ctx.recipe, ctx.w0,
+                                        method=self.name)
+            res = self.scrub(model, retain, forget, ctx)
+        if st is not None:
+            res.info.update(st.as_dict())
         require_finite_model(res.model, f"method {self.name!r} returned a model that")
         return res
 
@@ -247,6 +270,13 @@ def method_class(name: str) -> type[ForgettingMethod] | None:
     """The class registered as ``name``, or None."""
     _load_all()
     return _REGISTRY.get(name)
+
+
+def protocol_method(name: str, **options) -> ForgettingMethod:
+    """:func:`get_method` with the class's ``protocol_options`` under ``options``: the method as scrubnet's own
+    experiments run it."""
+    cls = method_class(name)
+    return get_method(name, **{**(cls.protocol_options if cls is not None else {}), **options})
 
 
 def get_method(name: str, **options) -> ForgettingMethod:

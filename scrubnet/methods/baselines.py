@@ -20,26 +20,63 @@ from torch import Tensor, nn
 
 from scrubnet.methods.artifacts import retrain_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
-from scrubnet.models import find_classifier
+from scrubnet.models import find_classifier, freeze_batchnorm
 from scrubnet.device import model_device, seeded_generator
-from scrubnet.training import RETRAIN_MODES, retrain as retrain_fn, sgd_loop
+from scrubnet.curvature.ggn import per_sample_loss
+from scrubnet.data.stream import DataStream
+from scrubnet.training import RETRAIN_MODES, l2_pull, retrain as retrain_fn, sgd_loop
 
 
 #: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10)
 BASELINE_EPOCHS = 10
 
 
-def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int, lr: float | None,
+def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int | None, lr: float | None,
               negate: Tensor | None = None, seed_offset: int = 0) -> nn.Module:
-    """``epochs`` epochs of the fine-tuning objective (mean CE + (wd/2)‖w − w_0‖², :func:`~scrubnet.training.sgd_loop`)
-    on a copy of ``model``; samples with ``negate`` get −min(CE, log c)."""
+    """``epochs`` epochs (default: the recipe's) of the recipe's objective — mean loss + (wd/2)‖w − c‖², by
+    :func:`~scrubnet.training.sgd_loop` at the recipe's lr (unless ``lr``), momentum and batch size — on a copy
+    of ``model``; samples with ``negate`` get −min(CE, log c). Ordinary weight decay (c = 0) is the optimiser's
+    ``weight_decay``, a pull toward a given w_0 the explicit term."""
     model = copy.deepcopy(model)
-    cfg = ctx.config
+    r = ctx.recipe
     g = seeded_generator(10_007 * ctx.seed + 100 + seed_offset, model_device(model))
-    sgd_loop(model, x, y, lr=cfg.lr if lr is None else lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-             max_epochs=epochs, generator=g, w0=ctx.w0, wd=cfg.wd, freeze_bn=cfg.freeze_bn, ascent=negate,
-             ascent_cap=math.log(max(ctx.num_classes, 2)))
+    decay = dict(w0=ctx.w0, wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
+    sgd_loop(model, x, y, lr=r.lr if lr is None else lr, momentum=r.momentum, batch_size=r.batch_size,
+             max_epochs=r.epochs if epochs is None else epochs, generator=g, freeze_bn=r.freeze_bn, ascent=negate,
+             ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.curvature_loss, **decay)
     return model
+
+
+def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, epochs: int | None,
+                     lr: float | None) -> nn.Module:
+    """:func:`_finetune` on a stream that is not in memory: the same objective and optimiser, batches of the
+    recipe's size drawn by a seeded permutation (a ``Dataset``) or a ``DataLoader``'s own batches, one pass
+    per epoch; memory is one batch."""
+    model = copy.deepcopy(model)
+    r = ctx.recipe
+    g = seeded_generator(10_007 * ctx.seed + 100, model_device(model))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=r.lr if lr is None else lr, momentum=r.momentum,
+                          weight_decay=0.0 if r.pulls_to_start else r.wd)
+    dev = model_device(model)
+    for _ in range(r.epochs if epochs is None else epochs):
+        model.train()
+        if r.freeze_bn:
+            freeze_batchnorm(model)
+        if data.indexable:
+            order = torch.randperm(len(data), generator=g, device=g.device).cpu()
+            batches = (data.take(order[i:i + r.batch_size]) for i in range(0, len(order), r.batch_size))
+        else:
+            batches = data.chunks()
+        for xb, yb in batches:
+            xb, yb = xb.to(dev), yb.to(dev)
+            loss = per_sample_loss(model(xb), yb, r.curvature_loss).mean()
+            if r.pulls_to_start and r.wd > 0:
+                loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return model.eval()
 
 
 @register("original")
@@ -85,22 +122,28 @@ class Retrain(ForgettingMethod):
 
 @register("finetune")
 class Finetune(ForgettingMethod):
-    """Keep training on D_r only (``epochs`` epochs, default :data:`BASELINE_EPOCHS`, at the fine-tuning lr unless
-    ``lr``)."""
+    """Keep training on D_r only with the recipe's objective and optimiser (``epochs`` epochs, default the
+    recipe's — :data:`BASELINE_EPOCHS` in scrubnet's protocol —, at the recipe's lr unless ``lr``). Streams D_r:
+    a ``Dataset`` or ``DataLoader`` is read batch by batch, never held in memory."""
 
-    def __init__(self, epochs: int = BASELINE_EPOCHS, lr: float | None = None):
-        self.epochs, self.lr = int(epochs), lr
+    streams = True
+    passes = "epochs"
+
+    def __init__(self, epochs: int | None = None, lr: float | None = None):
+        self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
 
     def scrub(self, model, retain, forget, ctx):
-        return ScrubResult(_finetune(model, retain[0], retain[1], ctx, epochs=self.epochs, lr=self.lr))
+        if retain.kind == "tensors":
+            return ScrubResult(_finetune(model, retain.x, retain.y, ctx, epochs=self.epochs, lr=self.lr))
+        return ScrubResult(_finetune_stream(model, retain, ctx, epochs=self.epochs, lr=self.lr))
 
 
 @register("neggrad")
 class NegGrad(ForgettingMethod):
     """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c))."""
 
-    def __init__(self, epochs: int = BASELINE_EPOCHS, lr: float | None = None):
-        self.epochs, self.lr = int(epochs), lr
+    def __init__(self, epochs: int | None = None, lr: float | None = None):
+        self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
 
     def scrub(self, model, retain, forget, ctx):
         x = torch.cat([retain[0], forget[0]])
@@ -115,8 +158,8 @@ class NegGrad(ForgettingMethod):
 class RandomLabels(ForgettingMethod):
     """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded)."""
 
-    def __init__(self, epochs: int = BASELINE_EPOCHS, lr: float | None = None):
-        self.epochs, self.lr = int(epochs), lr
+    def __init__(self, epochs: int | None = None, lr: float | None = None):
+        self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
 
     def scrub(self, model, retain, forget, ctx):
         g = seeded_generator(10_007 * ctx.seed + 5, forget[1].device)
@@ -138,6 +181,7 @@ class Hiding(ForgettingMethod):
 
     needs_retain = False
     class_only = True
+    passes = "0"
 
     def __init__(self, classifier: str | None = None):
         self.classifier = classifier

@@ -17,7 +17,9 @@ multiplied by ``boost`` (10); for whole-class forgetting the forgotten class's h
 entry) gets mean 0 and variance 1e-4 (absolute, after every other rule; the code sets 1e-4 before its ×10 —
 we keep the value itself).
 
-**Default α = 3e-6** (:data:`DEFAULT_ALPHA`), chosen on the embedded default experiment instead of the
+**Noise scale.** Given no α, the method sets it from a budget on the retain-loss increase
+(:func:`alpha_for_budget`, default :data:`DEFAULT_LOSS_BUDGET` nats), relative to the model at hand.
+**scrubnet's protocol uses α = 3e-6** (:data:`DEFAULT_ALPHA`, the class's ``protocol_options``), chosen on the embedded default experiment instead of the
 authors' 1e-6 (tuned for 32×32 images), which barely moves the MLP; the measured trade-off is in
 docs/decisions.md ("Fisher forgetting"), and ``scrubnet sweep --method fisher`` shows the whole curve.
 
@@ -31,13 +33,16 @@ import copy
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.methods.artifacts import ArtifactCache, fisher_key
 from scrubnet.models import find_classifier
+from scrubnet.data.stream import DataStream, as_stream
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
+from scrubnet.models import eval_mode
 
 DEFAULT_ALPHA = 3e-6
 FORMS = ("code", "paper")
@@ -153,53 +158,134 @@ def fisher_noise(model: nn.Module, retain, *, alpha: float, num_classes: int, fo
     return sample_gaussian_weights(model, mean, var, generator), mean, var
 
 
+def stream_fisher(model: nn.Module, retain: DataStream, kind: str, batch_size: int | None,
+                  cache: ArtifactCache | None) -> dict[str, Tensor]:
+    """The Fisher diagonal on a stream: the in-memory path for tensors (memoised), else the chunk sums
+    Σ_c N_c·F_c / N (each chunk's Fisher is a mean over its samples)."""
+    if retain.kind == "tensors":
+        return _cached_fisher(model, retain.x, retain.y, kind, batch_size, cache)
+    acc: dict[str, Tensor] = {}
+    n = 0
+    for x, y in retain.chunks():
+        fc = fisher_diag(model, x, y if kind == "empirical" else None, kind=kind, batch_size=batch_size)
+        for k, v in fc.items():
+            acc[k] = acc[k] + v * len(y) if k in acc else v * len(y)
+        n += len(y)
+    if n == 0:
+        raise ValueError("cannot compute a Fisher on an empty data set")
+    return {k: v / n for k, v in acc.items()}
+
+
+def alpha_for_budget(model: nn.Module, fisher: dict[str, Tensor], budget: float, **variance_options) -> float:
+    """α whose noise raises the mean retain loss by ``budget`` nats to second order.
+
+    For w + n, n ~ N(0, diag v), E[L_r(w + n)] − L_r(w) ≈ ½ Σ_j F_j v_j (F: the Fisher = Gauss–Newton diagonal
+    of the retain loss). With v = α·u (form "code") that is α = 2·budget / Σ_j F_j u_j; with v = √(α·u) (form
+    "paper") √α = 2·budget / Σ_j F_j √u_j. ``u`` is :func:`fisher_noise_variance` at α = 1 without the
+    forgotten-class rule (those entries are absolute, not scaled by α)."""
+    opts = {**variance_options, "forget_class": None}
+    _, unit = fisher_noise_variance(model, fisher, alpha=1.0, **opts)
+    form = opts.get("form", "code")
+    total = sum(float((fisher[k].double() * unit[k].double()).sum()) for k in unit)
+    if not total > 0:
+        raise ValueError("the retain Fisher is zero: the retain loss does not depend on the weights")
+    return 2.0 * budget / total if form == "code" else (2.0 * budget / total) ** 2
+
+
+def _stream_mean_loss(model: nn.Module, data: DataStream) -> float:
+    total, n = 0.0, 0
+    with torch.no_grad(), eval_mode(model):
+        for x, y in data.chunks():
+            total += float(F.cross_entropy(model(x), y, reduction="sum"))
+            n += len(y)
+    return total / max(n, 1)
+
+
+#: the default budget on the mean retain cross-entropy the noise may add (nats)
+DEFAULT_LOSS_BUDGET = 0.05
+#: resample at half α while the measured increase exceeds this multiple of the budget, at most this often
+BUDGET_SLACK, BUDGET_RETRIES = 2.0, 6
+
+
 @register("fisher")
 class FisherForgetting(ForgettingMethod):
     """Fisher forgetting: w + √(α·v(F)) ε with the authors' options (module docstring).
 
-    Options: alpha (default :data:`DEFAULT_ALPHA`), form ("code" | "paper"), kind ("true" | "empirical"
-    Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch), classifier (name of the final
-    layer when it is not ``head``, ``fc`` or ``classifier``).
+    Options: alpha (an explicit noise scale; scrubnet's own protocol uses :data:`DEFAULT_ALPHA`), or
+    retain_loss_budget (default :data:`DEFAULT_LOSS_BUDGET` nats when alpha is not given): α is set so the
+    noise raises the mean retain cross-entropy by that much (:func:`alpha_for_budget`), the increase is then
+    measured on the sample and α halved while it exceeds twice the budget; form ("code" | "paper"), kind
+    ("true" | "empirical" Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch), classifier
+    (name of the final layer when it is not ``head``, ``fc`` or ``classifier``).
     """
 
-    def __init__(self, alpha: float = DEFAULT_ALPHA, form: str = "code", kind: str = "true", clamp: bool = True,
+    uses_curvature = True
+    noisy = True
+    streams = True
+    passes = "1 (Fisher) + 2 (loss before and after; budget mode) + 1 per halving"
+    protocol_options = {"alpha": DEFAULT_ALPHA}
+
+    def __init__(self, alpha: float | None = None, form: str = "code", kind: str = "true", clamp: bool = True,
                  per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None,
-                 classifier: str | None = None):
-        if not float(alpha) > 0:
+                 classifier: str | None = None, retain_loss_budget: float | None = None):
+        if alpha is not None and not float(alpha) > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
+        if alpha is not None and retain_loss_budget is not None:
+            raise ValueError("give alpha or retain_loss_budget, not both")
+        if retain_loss_budget is not None and not float(retain_loss_budget) > 0:
+            raise ValueError(f"retain_loss_budget must be > 0, got {retain_loss_budget}")
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {', '.join(FORMS)}")
         if kind not in FISHER_KINDS:
             raise ValueError(f"unknown Fisher kind {kind!r}; choose one of {', '.join(FISHER_KINDS)}")
-        self.alpha, self.form, self.kind = float(alpha), form, kind
+        self.alpha = None if alpha is None else float(alpha)
+        self.budget = None if alpha is not None else float(retain_loss_budget or DEFAULT_LOSS_BUDGET)
+        self.form, self.kind = form, kind
         self.clamp, self.per_output_mean, self.boost = bool(clamp), bool(per_output_mean), float(boost)
         self.batch_size = batch_size
         self.classifier = classifier
+        self.alpha_used: float | None = self.alpha
 
-    def _options(self, ctx: ForgetContext) -> dict:
-        return dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form,
-                    kind=self.kind, clamp=self.clamp, per_output_mean=self.per_output_mean, boost=self.boost,
-                    batch_size=self.batch_size, cache=ctx.cache, classifier=self.classifier)
+    def _variance_options(self, ctx: ForgetContext) -> dict:
+        return dict(num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form, clamp=self.clamp,
+                    per_output_mean=self.per_output_mean, boost=self.boost, classifier=self.classifier)
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
         if ctx.num_classes < 1:
             raise ValueError("fisher forgetting needs ctx.num_classes")
+        if ctx.recipe.loss != "cross_entropy":
+            raise ValueError("fisher forgetting shapes its noise by the Fisher of a cross-entropy model; the "
+                             f"recipe's loss is {ctx.recipe.loss!r}")
         t0 = time.perf_counter()
-        gen = seeded_generator(10_007 * int(ctx.seed) + 31, model_device(model))
-        noisy, mean, var = fisher_noise(model, retain, generator=gen, **self._options(ctx))
-        info: dict[str, float] = {
-            "alpha": self.alpha,
-            "fisher_seconds": time.perf_counter() - t0,
-            "noise_std_median": float(torch.cat([v.reshape(-1).double() for v in var.values()]).sqrt().median()),
-        }
-        return ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean, var))
+        fisher = stream_fisher(model, retain, self.kind, self.batch_size, ctx.cache)
+        opts = self._variance_options(ctx)
+        info: dict[str, float] = {}
+        alpha = self.alpha if self.alpha is not None else alpha_for_budget(model, fisher, self.budget, **opts)
+        base = _stream_mean_loss(model, retain) if self.budget is not None else float("nan")
+        for tries in range(BUDGET_RETRIES + 1):
+            gen = seeded_generator(10_007 * int(ctx.seed) + 31, model_device(model))
+            mean, var = fisher_noise_variance(model, fisher, alpha=alpha, **opts)
+            noisy = sample_gaussian_weights(model, mean, var, gen)
+            if self.budget is None:
+                break
+            rise = _stream_mean_loss(noisy, retain) - base
+            info.update(retain_loss_increase=rise, retain_loss_budget=self.budget, alpha_halvings=float(tries))
+            if rise <= BUDGET_SLACK * self.budget or tries == BUDGET_RETRIES:
+                break
+            alpha *= 0.5
+        self.alpha_used = alpha
+        info.update({"alpha": alpha, "fisher_seconds": time.perf_counter() - t0,
+                     "noise_std_median": float(torch.cat([v.reshape(-1).double() for v in var.values()]).sqrt().median())})
+        res = ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean, var))
+        if self.budget is not None and info["retain_loss_increase"] > BUDGET_SLACK * self.budget:
+            res.fail(f"the noise raised the retain loss by {info['retain_loss_increase']:.3g} nats, more than "
+                     f"{BUDGET_SLACK:g}× the budget {self.budget:g}, even at α = {alpha:.3g}")
+        return res
 
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
-        """The Fisher-forgetting Gaussian of ``model`` with its own Fisher on D_r."""
-        x, y = retain
-        fisher = _cached_fisher(model, x, y, self.kind, self.batch_size, ctx.cache)
-        mean, var = fisher_noise_variance(model, fisher, alpha=self.alpha, num_classes=ctx.num_classes,
-                                          forget_class=ctx.forget_class, form=self.form, clamp=self.clamp,
-                                          per_output_mean=self.per_output_mean, boost=self.boost,
-                                          classifier=self.classifier)
+        """The Fisher-forgetting Gaussian of ``model`` with its own Fisher on D_r, at the α the scrub used."""
+        if self.alpha_used is None:
+            raise ValueError("noise_at needs the α of a scrub: run the scrub first (or give alpha)")
+        fisher = stream_fisher(model, as_stream(retain), self.kind, self.batch_size, ctx.cache)
+        mean, var = fisher_noise_variance(model, fisher, alpha=self.alpha_used, **self._variance_options(ctx))
         return WeightGaussian(mean, var)

@@ -100,6 +100,7 @@ def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
 
 
 class _MLBase(ForgettingMethod):
+    own_retrain_family = True
     def __init__(self, **options):
         self.cfg = ml_config_from_options(options)
 

@@ -51,22 +51,8 @@ from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
 from scrubnet.methods.fisher import sample_gaussian_weights
+from scrubnet.methods.objective import pull_mask_and_anchor
 from scrubnet.models import eval_mode
-
-
-def pull_mask_and_anchor(model: nn.Module, w0: dict[str, Tensor] | None) -> tuple[Tensor, Tensor]:
-    """Flat (mask, w_0): mask = 1 on parameters present in ``w0`` (they feel the L2 pull), else 0."""
-    masks, anchors = [], []
-    for name, p in trainable_params(model).items():
-        if w0 is not None and name in w0:
-            if w0[name].shape != p.shape:
-                raise ValueError(f"w0[{name!r}] has shape {tuple(w0[name].shape)}, parameter {tuple(p.shape)}")
-            masks.append(torch.ones(p.numel(), dtype=p.dtype, device=p.device))
-            anchors.append(w0[name].detach().reshape(-1).to(p.device, p.dtype))
-        else:
-            masks.append(torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
-            anchors.append(p.detach().reshape(-1))
-    return torch.cat(masks), torch.cat(anchors)
 
 
 SAFEGUARDS = ("backtrack", "lm", "none")
@@ -85,10 +71,24 @@ def _retain_objective(model: nn.Module, flat: Tensor, x: Tensor, y: Tensor, *, l
     return total / len(x) + 0.5 * wd * float(pull @ pull)
 
 
+def _retain_fit(model: nn.Module, flat: Tensor, x: Tensor, y: Tensor, batch_size: int) -> tuple[float, float]:
+    """(error, mean cross-entropy) on (x, y) at the flat weights ``flat`` (one forward pass)."""
+    probe = copy.deepcopy(model)
+    set_flat(probe, flat)
+    wrong, ce = 0, 0.0
+    with torch.no_grad(), eval_mode(probe):
+        for i in range(0, len(x), batch_size):
+            logits = probe(x[i:i + batch_size])
+            wrong += int((logits.argmax(1) != y[i:i + batch_size]).sum())
+            ce += float(per_sample_loss(logits, y[i:i + batch_size], "ce").sum())
+    return wrong / len(x), ce / len(x)
+
+
 def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
                 damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500, batch_size: int = 512,
                 safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
-                max_damping_tries: int = 6) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
+                max_damping_tries: int = 6, data_check: bool = False, loss_tolerance: float = 0.05,
+                error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
     M is the pull mask (1 on parameters present in ``w0``), μ ≥ ``damping`` the Levenberg–Marquardt
@@ -110,7 +110,9 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     * ``safeguard="none"``: the plain step (t = 1), whatever L_r does.
 
     If no trial decreases L_r (``max_halvings`` halvings), the weights are left unchanged (t = 0), so L_r
-    never increases. δᵀHδ comes for free from the CG residual: (H + μI)δ ≈ g ⇒ δᵀHδ ≈ gᵀδ − μ‖δ‖².
+    never increases. With ``data_check`` the data part is judged on its own as well: the accepted step is
+    halved until the retain cross-entropy rises by at most ``loss_tolerance`` nats and the retain error by at
+    most ``error_tolerance`` (t = 0 when no halving passes; ``data_rejections`` counts the halvings). δᵀHδ comes for free from the CG residual: (H + μI)δ ≈ g ⇒ δᵀHδ ≈ gᵀδ − μ‖δ‖².
 
     Returns (a new model at h(w), the last CG :class:`SolveInfo`, diagnostics: grad_norm, step_norm (of the
     accepted t·δ), full_step_norm (‖δ‖), objective_before/objective_after (L_r), objective_full_step (L_r at
@@ -165,6 +167,18 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
             accepted = obj_after <= obj_before - armijo * t * slope
         if not accepted:  # no decrease found along δ: keep w (L_r unchanged)
             t, obj_after = 0.0, obj_before
+    data_rejections = 0
+    if data_check and t > 0:
+        # the data part judged on its own: the total objective can fall while the fit to D_r collapses (a pull
+        # toward w_0 that dominates L_r); halve t until retain CE and error stay within the tolerances
+        err0, ce0 = _retain_fit(model, w, x, y, batch_size)
+        while t > 0:
+            err1, ce1 = _retain_fit(model, w - t * delta, x, y, batch_size)
+            if ce1 - ce0 <= loss_tolerance and err1 - err0 <= error_tolerance:
+                break
+            data_rejections += 1
+            t = t * 0.5 if data_rejections <= max_halvings else 0.0
+            obj_after = objective(w - t * delta) if t > 0 else obj_before
     w_new = w - t * delta
     rho_t = ((obj_before - obj_after) / (t * slope - 0.5 * t * t * curvature)
              if t > 0 and t * slope - 0.5 * t * t * curvature > 0 else float("nan"))
@@ -175,7 +189,8 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
             "full_step_norm": float(torch.linalg.vector_norm(delta)),
             "objective_before": obj_before, "objective_after": obj_after, "objective_full_step": obj_full,
             "step_length": t, "damping": mu, "damping_tries": float(tries),
-            "line_search_trials": float(trials), "rho": rho_t, "cg_iterations_total": float(cg_total)}
+            "line_search_trials": float(trials), "rho": rho_t, "cg_iterations_total": float(cg_total),
+            "data_rejections": float(data_rejections)}
     return new.eval(), info, diag
 
 
@@ -195,20 +210,35 @@ def newton_noise_variance(model: nn.Module, retain, *, alpha: float, wd: float, 
     return mean, var
 
 
+#: Levenberg–Marquardt damping used when the recipe has no weight decay (wd = 0): G_r alone is singular
+ZERO_WD_DAMPING = 1e-3
+
+
 @register("newton")
 class NewtonScrub(ForgettingMethod):
     """Newton scrub h(w) = w − H⁻¹∇L_r(w) by matrix-free CG, optionally + the optimal noise (module docstring).
 
-    Options: loss ("ce" | "mse"), wd (default: the fine-tuning wd of ``ctx.config``), damping (initial
-    Levenberg–Marquardt μ), safeguard ("backtrack" | "lm" | "none", see :func:`retain_newton_step`), tol, max_iter,
-    batch_size, alpha (noise scale λσ_h²; 0 = no noise).
+    The retain objective is the recipe's (``ctx.recipe``): its loss, its wd and its centre (``ctx.w0``).
+    Options: loss ("ce" | "mse"; default: the recipe's), wd (default: the recipe's), damping (initial
+    Levenberg–Marquardt μ; :data:`ZERO_WD_DAMPING` when both it and wd are 0), safeguard ("backtrack" | "lm" |
+    "none", see :func:`retain_newton_step`), tol, max_iter, batch_size, alpha (noise scale λσ_h²; 0 = no
+    noise), retain_loss_tolerance / retain_error_tolerance (the data safeguard: a step raising the retain
+    cross-entropy by more nats, or the retain error by more, is shortened or rejected; None turns it off).
     ``info`` carries ``objective_before`` / ``objective_after`` (the retain objective L_r with the pull, at
     w and at h(w)), ``newton_step_length`` (accepted t) and ``newton_damping`` (final μ).
+
+    The result fails (``ok`` False) when CG stops at its cap or above its tolerance, when its residual grew,
+    or when no step passed the safeguards (the weights are then returned unchanged).
     """
 
-    def __init__(self, loss: str = "ce", wd: float | None = None, damping: float = 0.0, tol: float = 1e-5,
-                 max_iter: int = 300, batch_size: int = 512, alpha: float = 0.0, safeguard: str = "lm"):
-        if loss not in LOSSES:
+    uses_curvature = True
+    noisy = True
+    passes = "2 + CG iterations per damping try, + 1 per line-search trial"
+
+    def __init__(self, loss: str | None = None, wd: float | None = None, damping: float = 0.0, tol: float = 1e-5,
+                 max_iter: int = 300, batch_size: int = 512, alpha: float = 0.0, safeguard: str = "lm",
+                 retain_loss_tolerance: float | None = 0.05, retain_error_tolerance: float | None = 0.02):
+        if loss is not None and loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
         if safeguard not in SAFEGUARDS:
             raise ValueError(f"unknown safeguard {safeguard!r}; choose one of {', '.join(SAFEGUARDS)}")
@@ -217,23 +247,39 @@ class NewtonScrub(ForgettingMethod):
             raise ValueError("alpha, damping and wd must be ≥ 0")
         if tol <= 0 or max_iter < 1 or batch_size < 1:
             raise ValueError("tol must be > 0, max_iter and batch_size ≥ 1")
+        if (retain_loss_tolerance is None) != (retain_error_tolerance is None):
+            raise ValueError("give both retain_loss_tolerance and retain_error_tolerance, or neither")
+        if retain_loss_tolerance is not None and not (retain_loss_tolerance >= 0 and retain_error_tolerance >= 0):
+            raise ValueError("retain_loss_tolerance and retain_error_tolerance must be ≥ 0")
         self.loss, self.wd, self.damping, self.tol = loss, wd, float(damping), float(tol)
         self.max_iter, self.batch_size, self.alpha = int(max_iter), int(batch_size), float(alpha)
+        self.loss_tol, self.error_tol = retain_loss_tolerance, retain_error_tolerance
 
-    def _procedure(self, model: nn.Module, retain, ctx: ForgetContext, wd: float):
+    def _settings(self, ctx: ForgetContext) -> tuple[str, float, float]:
+        """(loss, wd, initial damping) from the options, else the recipe."""
+        loss = self.loss or ctx.recipe.curvature_loss
+        wd = float(ctx.recipe.wd if self.wd is None else self.wd)
+        damping = self.damping if (self.damping > 0 or wd > 0) else ZERO_WD_DAMPING
+        return loss, wd, damping
+
+    def _procedure(self, model: nn.Module, retain, ctx: ForgetContext):
         """(h(w) model, CG info, diagnostics, noise mean, noise var or None)."""
-        h, info, diag = retain_newton_step(model, retain, w0=ctx.w0, wd=wd, loss=self.loss, damping=self.damping,
-                                    tol=self.tol, max_iter=self.max_iter, batch_size=self.batch_size,
-                                    safeguard=self.safeguard)
+        loss, wd, damping = self._settings(ctx)
+        h, info, diag = retain_newton_step(model, retain, w0=ctx.w0, wd=wd, loss=loss, damping=damping,
+                                           tol=self.tol, max_iter=self.max_iter, batch_size=self.batch_size,
+                                           safeguard=self.safeguard,
+                                           data_check=self.loss_tol is not None and self.safeguard != "none",
+                                           loss_tolerance=self.loss_tol or 0.0,
+                                           error_tolerance=self.error_tol or 0.0)
         if self.alpha > 0:
             mean, var = newton_noise_variance(h, retain, alpha=self.alpha, wd=wd, w0=ctx.w0)
             return h, info, diag, mean, var
         return h, info, diag, None, None
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
-        wd = float(ctx.config.wd if self.wd is None else self.wd)
+        _, wd, _ = self._settings(ctx)
         t0 = time.perf_counter()
-        h, cg, diag, mean, var = self._procedure(model, retain, ctx, wd)
+        h, cg, diag, mean, var = self._procedure(model, retain, ctx)
         out = h
         if var is not None:
             gen = torch.Generator(device=get_flat(h).device).manual_seed(10_007 * int(ctx.seed) + 37)
@@ -244,12 +290,19 @@ class NewtonScrub(ForgettingMethod):
             **cg.as_dict("newton_cg_"), **{f"newton_{k}": v for k, v in diag.items()},
             "objective_before": diag["objective_before"], "objective_after": diag["objective_after"]}
         noise = None if var is None else WeightGaussian(mean, var)
-        return ScrubResult(model=out.eval(), info=info, noise=noise)
+        res = ScrubResult(model=out.eval(), info=info, noise=noise)
+        if not cg.converged:
+            res.fail(f"CG stopped after {cg.iterations} of at most {self.max_iter} iterations with relative "
+                     f"residual {cg.relative_residual:.3g} above its tolerance {self.tol:g}"
+                     + (" (the residual grew)" if cg.relative_residual > 1 else ""))
+        if diag["step_length"] == 0.0:
+            res.fail("no Newton step passed the safeguards (retain objective, retain fit): the weights are "
+                     "unchanged")
+        return res
 
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian | None:
         """The same procedure at ``model``: its Newton step h, then the Prop. 4 Gaussian at h (None if alpha = 0)."""
         if self.alpha <= 0:
             return None
-        wd = float(ctx.config.wd if self.wd is None else self.wd)
-        _, _, _, mean, var = self._procedure(model, retain, ctx, wd)
+        _, _, _, mean, var = self._procedure(model, retain, ctx)
         return WeightGaussian(mean, var)

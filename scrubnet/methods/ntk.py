@@ -63,7 +63,8 @@ from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
 from scrubnet.methods.artifacts import ntk_direction_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
-from scrubnet.methods.fisher import fisher_noise
+from scrubnet.data.stream import as_stream
+from scrubnet.methods.fisher import DEFAULT_LOSS_BUDGET, alpha_for_budget, fisher_noise, stream_fisher
 
 LINEARIZE_AT = ("trained", "w0")
 PULLS = ("point", "w0")
@@ -117,8 +118,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
                                ("ridge", ridge, RIDGES)):
         if val not in allowed:
             raise ValueError(f"unknown {name} {val!r}; choose one of {', '.join(allowed)}")
-    if not wd > 0 and not (ridge == "fixed" and ridge_value and ridge_value > 0):
-        raise ValueError("the NTK scrub needs a positive ridge: wd > 0 (or ridge='fixed' with ridge_value > 0)")
+    ridgeless = not wd > 0 and not (ridge == "fixed" and ridge_value and ridge_value > 0)
     x_r, y_r = retain
     x_f, y_f = forget
     if len(y_r) == 0:
@@ -127,10 +127,20 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
     n_r, n = len(y_r), len(y_r) + len(y_f)
     x = torch.cat([x_r, x_f]) if len(y_f) else x_r
     y = torch.cat([y_r, y_f]) if len(y_f) else y_r
-    lam_d, lam_r = (wd * n, wd * n_r) if ridge == "set_size" else ((ridge_value or wd),) * 2
     if batch_size is None:
         batch_size = batch_for_budget(lin, x, memory_budget_bytes // 4)
+    if ridgeless:
+        # no weight decay: the ridgeless (minimum-norm) limit, regularised by RIDGELESS_RELATIVE × the mean
+        # diagonal of Θ (trace estimated by ‖Jᵀu‖² with one Rademacher u: E‖Jᵀu‖² = tr Θ)
+        gen = torch.Generator(device=x.device).manual_seed(0)
+        u = (torch.randint(0, 2, (n, num_classes), generator=gen, device=x.device) * 2 - 1).to(get_flat(lin).dtype)
+        trace = float(jacobian_vjp(lin, x, u, batch_size=batch_size).double().pow(2).sum())
+        lam_d = lam_r = RIDGELESS_RELATIVE * max(trace, 1e-30) / (n * num_classes)
+    else:
+        lam_d, lam_r = (wd * n, wd * n_r) if ridge == "set_size" else ((ridge_value or wd),) * 2
     info: dict[str, float] = {"ridge_full": lam_d, "ridge_retain": lam_r, "gram_rows": float(n * num_classes)}
+    if ridgeless:
+        info["ridgeless"] = 1.0
 
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -184,6 +194,10 @@ def trapezium_scale(delta_w: Tensor, m: Tensor) -> tuple[float, float]:
     return 1.0 + 2.0 * abs(cos) * mn / dn, cos
 
 
+#: ridge of the wd = 0 (ridgeless) limit, relative to the mean diagonal of the Gram Θ
+RIDGELESS_RELATIVE = 1e-6
+
+
 @register("ntk")
 class NTKScrub(ForgettingMethod):
     """NTK one-shot scrubbing (module docstring).
@@ -194,8 +208,11 @@ class NTKScrub(ForgettingMethod):
     step_scale (a fixed multiplier of δw; overrides the trapezium when given).
     """
 
-    def __init__(self, linearize_at: str = "trained", pull: str = "w0", trapezium: bool = False,
-                 loss: str = "ce", mse_target_scale: float = 1.0, ridge: str = "set_size",
+    uses_curvature = True
+    passes = "Gram (or CG iterations) over D_r ∪ D_f, in memory"
+
+    def __init__(self, linearize_at: str = "trained", pull: str | None = None, trapezium: bool = False,
+                 loss: str | None = None, mse_target_scale: float = 1.0, ridge: str = "set_size",
                  ridge_value: float | None = None, solver: str = "auto",
                  memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8, cg_max_iter: int = 1000,
                  batch_size: int | None = None, step_scale: float | None = None):
@@ -206,7 +223,7 @@ class NTKScrub(ForgettingMethod):
             raise ValueError(f"linearize_at must be one of {', '.join(LINEARIZE_AT)}, got {linearize_at!r}")
         for name, val, allowed in (("loss", loss, LOSSES), ("pull", pull, PULLS), ("solver", solver, SOLVERS),
                                    ("ridge", ridge, RIDGES)):
-            if val not in allowed:
+            if val is not None and val not in allowed:
                 raise ValueError(f"unknown {name} {val!r}; choose one of {', '.join(allowed)}")
         if int(memory_budget_bytes) <= 0:
             raise ValueError("memory_budget_bytes must be positive")
@@ -222,22 +239,31 @@ class NTKScrub(ForgettingMethod):
             raise ValueError("the NTK scrub needs ctx.w0 with every trainable parameter of the model")
         return flatten({k: ctx.w0[k].detach().to(v.dtype) for k, v in params.items()})
 
-    def _direction_options(self) -> dict:
+    def _resolved(self, ctx: ForgetContext) -> tuple[str, str, float]:
+        """(pull, loss, wd): the options, else from the recipe — pull toward the decay centre when the recipe
+        has weight decay, the minimum-norm change from the trained weights ("point") when it has none."""
+        wd = float(ctx.recipe.wd)
+        pull = self.pull or ("w0" if wd > 0 else "point")
+        return pull, self.loss or ctx.recipe.curvature_loss, wd
+
+    def _direction_options(self, ctx: ForgetContext) -> dict:
         """The options that change δw (the cache key of the direction)."""
-        return {"linearize_at": self.linearize_at, "pull": self.pull, "loss": self.loss,
+        pull, loss, _ = self._resolved(ctx)
+        return {"linearize_at": self.linearize_at, "pull": pull, "loss": loss,
                 "mse_target_scale": self.mse_target_scale, "ridge": self.ridge, "ridge_value": self.ridge_value,
                 "solver": self.solver, "cg_tol": self.cg_tol, "cg_max_iter": self.cg_max_iter}
 
     def direction(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> tuple[NTKStep, Tensor]:
         """δw for this model and data, memoised in ``ctx.cache`` (so ntk and ntk-fisher share one Gram)."""
         w0 = self._w0_flat(model, ctx)
-        key = ntk_direction_key(model, ctx.w0, retain, forget, wd=float(ctx.config.wd), num_classes=ctx.num_classes,
-                                options=self._direction_options())
+        pull, loss, wd = self._resolved(ctx)
+        key = ntk_direction_key(model, ctx.w0, retain, forget, wd=wd, num_classes=ctx.num_classes,
+                                options=self._direction_options(ctx))
 
         def compute() -> NTKStep:
             lin = model if self.linearize_at == "trained" else _model_at(model, w0)
-            return ntk_direction(model, retain, forget, wd=float(ctx.config.wd), w0=w0, num_classes=ctx.num_classes,
-                                 lin_model=lin, loss=self.loss, pull=self.pull, ridge=self.ridge,
+            return ntk_direction(model, retain, forget, wd=wd, w0=w0, num_classes=ctx.num_classes,
+                                 lin_model=lin, loss=loss, pull=pull, ridge=self.ridge,
                                  ridge_value=self.ridge_value, solver=self.solver,
                                  memory_budget_bytes=self.memory_budget_bytes, cg_tol=self.cg_tol,
                                  cg_max_iter=self.cg_max_iter, mse_target_scale=self.mse_target_scale,
@@ -265,7 +291,12 @@ class NTKScrub(ForgettingMethod):
         info.update({"scale": scale, "trapezium_scale": tscale, "cos_delta_m": cos_m,
                      "delta_w_norm": float(step.delta_w.norm()), "m_norm": float(m.norm()),
                      "ntk_seconds": time.perf_counter() - t0})
-        return ScrubResult(model=scrubbed, info=info)
+        res = ScrubResult(model=scrubbed, info=info)
+        for part in ("full", "retain"):
+            if info.get(f"solve_{part}_converged", 1.0) == 0.0:
+                res.fail(f"the {part}-set ridge solve stopped after {info[f'solve_{part}_iterations']:.0f} iterations "
+                         f"with relative residual {info[f'solve_{part}_relative_residual']:.3g} above its tolerance")
+        return res
 
 
 @register("ntk-fisher")
@@ -277,16 +308,29 @@ class NTKFisherScrub(NTKScrub):
     applies it to the retrain model for the white-box and black-box bounds).
     """
 
-    def __init__(self, alpha: float = 1e-9, form: str = "code", **ntk_options):
+    noisy = True
+    protocol_options = {"alpha": 1e-9}
+
+    def __init__(self, alpha: float | None = None, form: str = "code", retain_loss_budget: float | None = None,
+                 **ntk_options):
         super().__init__(**ntk_options)
-        if not float(alpha) > 0:
+        if alpha is not None and not float(alpha) > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
+        if alpha is not None and retain_loss_budget is not None:
+            raise ValueError("give alpha or retain_loss_budget, not both")
+        if retain_loss_budget is not None and not float(retain_loss_budget) > 0:
+            raise ValueError(f"retain_loss_budget must be > 0, got {retain_loss_budget}")
         if form not in ("code", "paper"):
             raise ValueError(f"form must be 'code' or 'paper', got {form!r}")
-        self.alpha, self.form = float(alpha), form
+        self.alpha, self.form = (None if alpha is None else float(alpha)), form
+        self.budget = None if alpha is not None else float(retain_loss_budget or DEFAULT_LOSS_BUDGET)
+        self.alpha_used = self.alpha
 
     def _noise_options(self, ctx: ForgetContext) -> dict:
-        return dict(alpha=self.alpha, num_classes=ctx.num_classes, forget_class=ctx.forget_class, form=self.form)
+        if self.alpha_used is None:
+            raise ValueError("noise_at needs the α of a scrub: run the scrub first (or give alpha)")
+        return dict(alpha=self.alpha_used, num_classes=ctx.num_classes, forget_class=ctx.forget_class,
+                    form=self.form)
 
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
         """Fisher noise at ``model`` with its own Fisher on D_r (the retrain model needs no NTK step)."""
@@ -300,8 +344,14 @@ class NTKFisherScrub(NTKScrub):
         res = super().scrub(model, retain, forget, ctx)
         t0 = time.perf_counter()
         gen = torch.Generator(device=get_flat(res.model).device).manual_seed(10_007 * int(ctx.seed) + 41)
-        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, **self._noise_options(ctx))
+        if self.alpha is None:  # α from the retain-loss budget at the scrubbed point (its own Fisher)
+            fisher = stream_fisher(res.model, as_stream(retain), "true", None, ctx.cache)
+            self.alpha_used = alpha_for_budget(res.model, fisher, self.budget, num_classes=ctx.num_classes,
+                                               form=self.form)
+        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, cache=ctx.cache if self.alpha is None
+                                            else None, **self._noise_options(ctx))
         info = dict(res.info)
-        info["alpha"] = self.alpha
+        info["alpha"] = self.alpha_used
         info["fisher_seconds"] = time.perf_counter() - t0
-        return ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean_s, var_s))
+        return ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean_s, var_s), ok=res.ok,
+                           reasons=res.reasons)
