@@ -160,7 +160,8 @@ def evaluate_own(*, spec: str, options: dict[str, Any], weights: Path, data: Pat
         r.update(_set_readouts(ref, sets, prefix="reference_"))
         for part, (x, _) in sets.items():
             r[f"activation_l1_{part}"] = activation_l1(model, ref, x)
-        p, q = dict(model.named_parameters()), dict(ref.named_parameters())
+        p = {k: v.detach() for k, v in model.named_parameters()}
+        q = {k: v.detach() for k, v in ref.named_parameters()}
         r["weight_distance"] = float(torch.sqrt(sum(((p[k] - q[k]).double() ** 2).sum() for k in p)))
     return r
 
