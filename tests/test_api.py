@@ -124,3 +124,14 @@ def test_dict_batches_from_a_dataloader_match_tensors(trained):
     assert ra.report["alpha"] == pytest.approx(rb.report["alpha"], rel=1e-4)
     for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.allclose(v, w, atol=1e-5), k
+
+
+def test_newton_through_scaled_dot_product_attention(trained):
+    """Newton's Gauss–Newton products are JVPs through F.scaled_dot_product_attention (the math-kernel fallback)."""
+    original, retrained, retain, forget = trained["vit"]
+    _, res = scrubnet.forget(original, retain, forget, method="newton", recipe=RECIPE, tol=1e-3, max_iter=60,
+                             readouts=True)
+    ro = res.readouts
+    assert res.ok and ro["retain_error"] - ro["original_retain_error"] <= 0.02
+    assert abs(ro["forget_loss"] - _forget_loss(retrained, forget)) < abs(ro["original_forget_loss"]
+                                                                          - _forget_loss(retrained, forget))

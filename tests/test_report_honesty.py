@@ -46,6 +46,13 @@ def test_epoch_cap_is_reported():
     assert not any("retrain model hit" in w for w in report_warnings(res))
 
 
+def test_a_failed_method_is_reported():
+    res = _results()
+    res["methods"]["finetune"]["runs"][0]["failed"] = ["CG stopped after 3 of at most 3 iterations"]
+    assert "seed 0: method finetune failed: CG stopped after 3 of at most 3 iterations" in report_warnings(res)
+    assert not any("failed" in w for w in report_warnings(_results()))
+
+
 def test_unseparated_readout_cannot_rank_methods():
     md = render_report(_results())
     assert "overlap on error_forget: these readouts cannot rank methods" in md

@@ -85,6 +85,10 @@ def report_warnings(results: dict) -> list[str]:
                             + (f" ({100 * err:.1f} % left)" if isinstance(err, (int, float)) else "")
                             + "; the protocol's stopping rule did not fire (raise train.max_epochs or lower "
                             "train.wd)")
+    for m, d in results["methods"].items():
+        for run in d.get("runs", []):
+            if run.get("failed"):
+                warn.append(f"seed {run['seed']}: method {m} failed: " + "; ".join(run["failed"]))
     bands = sorted({d.get("band", "retrain") for m, d in results["methods"].items() if m != "original"}
                    & set(results["methods"]))
     for b in bands:

@@ -268,7 +268,10 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
                 bar.update(task, description=f"seed {seed}: {m}")
                 res, t = run_method(m, sr)
                 readouts = measure(m, res, sr)
-                results["methods"][m]["runs"].append({"seed": seed, "time_s": t, "readouts": readouts})
+                run = {"seed": seed, "time_s": t, "readouts": readouts}
+                if not res.ok:  # the method says it did not do what it claims: the report warns
+                    run["failed"] = list(res.reasons)
+                results["methods"][m]["runs"].append(run)
                 if seed == cfg.seeds[0]:
                     hist_data[m] = entropies(res.model, sr.split)
                     if m == "ntk":

@@ -87,13 +87,14 @@ def stream_ggn_matvec(model: nn.Module, data: DataStream, v: Tensor, *, loss: st
 
 @dataclass
 class Stationarity:
-    """What :func:`stationarity` measured: objective L_r, its data part, ‖g‖, ‖wd·M(w − c)‖, the decrease Δ
+    """What :func:`stationarity` measured: objective L_r, its data part, ‖g‖, ‖g_data‖, ‖wd·M(w − c)‖, the decrease Δ
     of the quadratic model, ratio = Δ / max(L_r, floor) and balance = ‖g‖ / (‖g_data‖ + ‖wd·M(w − c)‖)
     (≈ 0 when the two parts cancel, 1 when one of them dominates)."""
 
     objective: float
     data_loss: float
     grad_norm: float
+    data_grad_norm: float
     pull_grad_norm: float
     cauchy_decrease: float
     ratio: float
@@ -125,7 +126,7 @@ def stationarity(model: nn.Module, retain: DataStream, recipe: TrainingRecipe, w
     decrease = 0.5 * float(g @ delta)
     pull_norm = wd * float(torch.linalg.vector_norm(pull))
     data_norm = float(torch.linalg.vector_norm(g_data))
-    return Stationarity(objective, data_loss, gg ** 0.5, pull_norm, decrease,
+    return Stationarity(objective, data_loss, gg ** 0.5, data_norm, pull_norm, decrease,
                         decrease / max(objective, OBJECTIVE_FLOOR),
                         gg ** 0.5 / (data_norm + pull_norm) if data_norm + pull_norm > 0 else 0.0)
 
@@ -135,11 +136,13 @@ def mismatch_message(st: Stationarity, recipe: TrainingRecipe, method: str) -> s
     head = (f"{method}: the model is far from a minimum of the recipe's objective {recipe.describe()} "
             f"(a gradient step could still lower it by {st.cauchy_decrease:.3g} of {st.objective:.3g}, ratio "
             f"{st.ratio:.3g} > {STATIONARITY_THRESHOLD}); ")
-    if recipe.pulls_to_start and st.pull_grad_norm > 0.5 * st.grad_norm:
-        why = ("the pull toward w_0 dominates the gradient: was the model trained with this pull? for ordinary "
+    decay_suspect = recipe.wd > 0 and st.pull_grad_norm >= 0.5 * st.data_grad_norm
+    if decay_suspect and recipe.pulls_to_start:
+        why = ("the pull toward w_0 is not balanced by the data: was the model trained with this pull? for ordinary "
                "weight decay set recipe.wd_center to None (TOML: wd_center = \"zero\"), or give the true start")
-    elif recipe.wd > 0 and st.pull_grad_norm > 0.5 * st.grad_norm:
-        why = "the weight decay dominates the gradient: is recipe.wd the coefficient the model was trained with?"
+    elif decay_suspect:
+        why = ("the weight decay is not balanced by the data: is recipe.wd the coefficient the model was trained "
+               "with, toward 0? (a pull toward a start needs recipe.wd_center)")
     else:
         why = ("the data gradient is large: is the model trained to convergence on this data (D_r ∪ D_f), with "
                f"this loss ({recipe.loss})?")
