@@ -20,6 +20,7 @@ from scrubnet.checkpoint import read_meta, save_checkpoint, sidecar_path, state_
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.splits import validate_forget_ids
 from scrubnet.data.user import UserData, load_user_data
+from scrubnet.methods.objective import RecipeMismatch
 from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256,
                                   load_user_weights, read_state_dict)
 from scrubnet.readouts.basic import activation_l1, error_and_loss
@@ -103,9 +104,12 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     keep[idx] = False
     retain = (ud.x[keep].to(device), ud.y[keep].to(device))
     forget_set = (ud.x[idx].to(device), ud.y[idx].to(device))
-    scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
-                                   on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),
-                                   force=force, **method_options)
+    try:
+        scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
+                                       on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),
+                                       force=force, **method_options)
+    except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
+        raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
     if not result.ok:
         raise OwnModelError(f"method {method!r} failed: {'; '.join(result.reasons) or 'no reason given'} "
                             f"(nothing written to {out})")

@@ -273,3 +273,17 @@ def test_image_folder_data(tmp_path):
     assert r.exit_code == 0, r.output
     got = json.loads((tmp_path / "r.json").read_text())
     assert set(got) == {"error_train", "loss_train", "error_test", "loss_test"}
+
+
+def test_recipe_check_refuses_a_wrong_weight_decay_unless_forced(own, tmp_path):
+    """The model was trained with wd = 1e-3; a recipe stating wd = 0.5 is far from its minimum: Newton is
+    refused (exit 2, the CLI's --force named, nothing written); --force runs it."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(RECIPE.replace("wd = 1e-3", "wd = 0.5"))
+    args = ["forget", "--model", f"{own / 'net.py'}:make_net", "--weights", str(own / "net.pt"), "--data",
+            str(own / "data.npz"), "--recipe", str(bad), "--forget-ids", str(own / "forget.txt"), "--method", "newton"]
+    r = runner.invoke(app, args + ["--out", str(tmp_path / "out" / "a.safetensors")])
+    assert r.exit_code == 2 and "far from a minimum" in r.output and "--force" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+    r = runner.invoke(app, args + ["--force", "--out", str(tmp_path / "b.safetensors")])
+    assert "far from a minimum" not in r.output
