@@ -287,3 +287,42 @@ def test_recipe_check_refuses_a_wrong_weight_decay_unless_forced(own, tmp_path):
     assert not (tmp_path / "out").exists()
     r = runner.invoke(app, args + ["--force", "--out", str(tmp_path / "b.safetensors")])
     assert "far from a minimum" not in r.output
+
+
+FC_NET_PY = '''
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU())
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(self.body(x))
+'''
+
+
+def test_forget_ids_that_are_a_whole_class_make_it_the_forget_class(own, tmp_path):
+    """hiding (class forgetting only) runs when the ids are every sample of one class of x_train — it then
+    changes only that class's row of `fc` — and is refused when one sample of the class is left out."""
+    (tmp_path / "fcnet.py").write_text(FC_NET_PY)
+    net = build_user_model(f"{tmp_path / 'fcnet.py'}:Net")
+    torch.save(net.state_dict(), tmp_path / "fc.pt")
+    with np.load(own / "data.npz") as f:
+        y = f["y_train"]
+    cls3 = np.flatnonzero(y == 3)
+    args = ["forget", "--model", f"{tmp_path / 'fcnet.py'}:Net", "--weights", str(tmp_path / "fc.pt"),
+            "--data", str(own / "data.npz"), "--method", "hiding", "--forget-ids"]
+    (tmp_path / "all3.txt").write_text(" ".join(map(str, cls3)))
+    r = runner.invoke(app, args + [str(tmp_path / "all3.txt"), "--out", str(tmp_path / "h.safetensors")])
+    assert r.exit_code == 0, r.output
+    new, old = load_file(str(tmp_path / "h.safetensors")), net.state_dict()
+    changed = [k for k in old if not torch.equal(new[k], old[k])]
+    assert set(changed) <= {"fc.weight", "fc.bias"} and "fc.weight" in changed
+    rows = (new["fc.weight"] != old["fc.weight"]).any(dim=1)
+    assert rows.tolist() == [i == 3 for i in range(10)]
+    (tmp_path / "part3.txt").write_text(" ".join(map(str, cls3[:-1])))
+    r = runner.invoke(app, args + [str(tmp_path / "part3.txt"), "--out", str(tmp_path / "p.safetensors")])
+    assert r.exit_code == 2 and "class" in r.output and not (tmp_path / "p.safetensors").exists()
