@@ -308,10 +308,12 @@ def test_forget_ids_that_are_a_whole_class_make_it_the_forget_class(own, tmp_pat
     """hiding (class forgetting only) runs when the ids are every sample of one class of x_train — it then
     changes only that class's row of `fc` — and is refused when one sample of the class is left out."""
     (tmp_path / "fcnet.py").write_text(FC_NET_PY)
+    torch.manual_seed(0)
     net = build_user_model(f"{tmp_path / 'fcnet.py'}:Net")
-    torch.save(net.state_dict(), tmp_path / "fc.pt")
     with np.load(own / "data.npz") as f:
-        y = f["y_train"]
+        x, y = f["x_train"], f["y_train"]
+    net = _train(net, torch.from_numpy(x), torch.from_numpy(y))  # trained: hiding keeps the retain error
+    torch.save(net.state_dict(), tmp_path / "fc.pt")
     cls3 = np.flatnonzero(y == 3)
     args = ["forget", "--model", f"{tmp_path / 'fcnet.py'}:Net", "--weights", str(tmp_path / "fc.pt"),
             "--data", str(own / "data.npz"), "--method", "hiding", "--forget-ids"]
