@@ -20,10 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
-from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from scrubnet.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
 from scrubnet.cli_audit import audit
 from scrubnet.cli_dp import dp
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
+from scrubnet.cli_own import evaluate_own, forget_own
 from scrubnet.cli_study import critical_periods, study_app
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
@@ -37,6 +38,7 @@ from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split,
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
 from scrubnet.methods.base import ForgetContext, available_methods, get_method, method_class, protocol_method
 from scrubnet.models import MODELS
+from scrubnet.models.user import USER_ARCH
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="scrubnet: make a trained network forget a cohort of its training data, and measure it.")
@@ -49,6 +51,16 @@ DEVICE_OPTION = typer.Option("auto", "--device", help=DEVICE_HELP)
 DATASET_HELP = " | ".join(DATASETS)
 MODEL_HELP = " | ".join(MODELS)
 THREADS_OPTION = typer.Option(1, help="torch CPU threads (1: numbers independent of the machine's core count)")
+OWN_MODEL_HELP = ("your own model: FILE.py:FACTORY or MODULE:FACTORY, a callable returning the untrained "
+                  "nn.Module (called with the --model-option values as keyword arguments). Importing it RUNS "
+                  "that file's code: give only your own, trusted code")
+MODEL_OPTION_HELP = "keyword argument KEY=VALUE (JSON value) of the --model factory (repeatable)"
+WEIGHTS_HELP = ("the weights of --model: .safetensors, or a torch.save state_dict (read with "
+                "torch.load(weights_only=True), nothing else is unpickled)")
+DATA_HELP = ("the training data of --model: an .npz with x_train, y_train (integer labels) and optionally "
+             "x_test, y_test; or an image folder (one sub-folder per class)")
+RECIPE_HELP = ("TOML file with a \\[recipe] table saying how --model was trained (loss, wd, wd_center, lr, "
+               "momentum, batch_size, epochs); default: cross-entropy, no weight decay")
 
 
 class UserError(Exception):
@@ -322,6 +334,32 @@ def train(out: Path = typer.Option(..., "--out", help="directory for original/st
                   f"|D_f| = {len(sr.split.forget_idx)})")
 
 
+def _own_model_args(checkpoint, model, weights, data, recipe, model_option, force,
+                    reference_flag: str | None = None) -> bool:
+    """True for the own-model form (--model, --weights and --data all given), False for the checkpoint form;
+    a mix of the two, or an incomplete own-model form, is refused naming what is missing."""
+    own = {"--model": model, "--weights": weights, "--data": data}
+    if any(v is not None for v in own.values()):
+        if checkpoint is not None:
+            raise UserError("give either --checkpoint (a model scrubnet trained) or --model/--weights/--data "
+                            "(your own model), not both")
+        missing = [k for k, v in own.items() if v is None]
+        if missing:
+            raise UserError(f"your own model needs --model, --weights and --data; missing {', '.join(missing)}")
+        return True
+    if checkpoint is None:
+        raise UserError("give --checkpoint (a model scrubnet trained), or --model, --weights and --data (your "
+                        "own model)")
+    extras = [k for k, v in (("--recipe", recipe), ("--model-option", model_option or None),
+                             ("--force", force or None)) if v is not None]
+    if extras:
+        raise UserError(f"{', '.join(extras)} apply to your own model (--model/--weights/--data); a scrubnet "
+                        "checkpoint carries its training configuration in its sidecar")
+    if reference_flag is not None:
+        raise UserError(f"{reference_flag} is required with --checkpoint")
+    return False
+
+
 def data_fingerprint(split) -> str:
     """The split's data fingerprint (:meth:`scrubnet.data.Split.fingerprint`, the package's one definition)."""
     return split.fingerprint()
@@ -330,6 +368,9 @@ def data_fingerprint(split) -> str:
 def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: torch.device):
     """Model, its sidecar, the rebuilt split (with the forget ids) and the ForgetContext, all on ``device``."""
 
+    if read_meta(checkpoint).get("arch") == USER_ARCH:
+        raise UserError(f"{checkpoint} holds your own model's weights: give it as --weights, with --model and "
+                        "--data")
     model, meta = load_checkpoint(checkpoint)
     model = model.to(device)
     try:
@@ -354,24 +395,46 @@ def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: t
 
 @app.command()
 @handle_errors
-def forget(checkpoint: Path = typer.Option(..., help="the trained model (.safetensors with sidecar)"),
-           forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D)"),
+def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint scrubnet trained (.safetensors with "
+                                                    "sidecar); for your own model give --model/--weights/--data"),
+           forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D; for --data, in x_train)"),
            method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
                m for m in available_methods() if not method_class(m).own_retrain_family)),
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
            overwrite: bool = typer.Option(False, help="replace an existing --out file"),
+           model: Optional[str] = typer.Option(None, "--model", help=OWN_MODEL_HELP),
+           model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
+           weights: Optional[Path] = typer.Option(None, help=WEIGHTS_HELP),
+           data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+           recipe: Optional[Path] = typer.Option(None, help=RECIPE_HELP),
+           force: bool = typer.Option(False, help="run a curvature method even when the recipe check finds the "
+                                                  "model far from a minimum of the recipe's objective"),
            threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
-    """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint."""
+    """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
+
+    Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
+    are written as safetensors with a sidecar (hashes, recipe, method, ids). A failed scrub writes nothing."""
 
     _set_threads(threads)
-    _refuse_existing_file(out, overwrite, inputs=(checkpoint,))
+    own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
+    _refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
     cls = method_class(method)
     if cls is not None and cls.own_retrain_family:
+        if own:
+            raise UserError(f"--method {method} trains its own mixed-linear model from scrubnet's core/task split; "
+                            "it does not apply to --model")
         raise UserError(f"--method {method} trains its own mixed-linear model, which is not a checkpoint of "
                         f"this architecture; use `scrubnet mlforget train` and `scrubnet mlforget forget` for "
                         "ML-Forgetting on checkpoints")
+    if own:
+        meta = forget_own(spec=model, options=_parse_options(model_option, "--model-option"), weights=weights,
+                          data=data, forget_ids=forget_ids, method=method, method_options=_parse_options(option),
+                          recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
+                          device=resolve_device(device))
+        console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
+        return
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, resolve_device(device))
     opts = _parse_options(option)
     m = protocol_method(method, **opts)
@@ -407,11 +470,11 @@ def _same_data(checkpoint: Path, meta: dict, other: Path, other_meta: dict) -> N
                         "compare models of one split")
 
 
-def _parse_options(option: list[str]) -> dict:
+def _parse_options(option: list[str], flag: str = "--option") -> dict:
     opts: dict = {}
     for o in option:
         if "=" not in o:
-            raise UserError(f"--option {o!r}: expected KEY=VALUE")
+            raise UserError(f"{flag} {o!r}: expected KEY=VALUE")
         k, v = o.split("=", 1)
         try:
             opts[k] = json.loads(v)
@@ -422,20 +485,39 @@ def _parse_options(option: list[str]) -> dict:
 
 @app.command()
 @handle_errors
-def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
-             reference: Path = typer.Option(..., help="the retrain checkpoint (gold standard)"),
+def evaluate(checkpoint: Optional[Path] = typer.Option(None, help="checkpoint to evaluate (a model scrubnet "
+                                                      "trained); for your own model give --model/--weights/--data"),
+             reference: Optional[Path] = typer.Option(None, help="the retrain checkpoint (gold standard; required "
+                                                      "with --checkpoint); with --model: weights of the same "
+                                                      "factory retrained without D_f (optional)"),
              forget_ids: Optional[Path] = typer.Option(None, help="forget ids (default: those in the sidecar)"),
              original: Optional[Path] = typer.Option(None, help="original checkpoint (re-learn threshold)"),
              json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON"),
+             model: Optional[str] = typer.Option(None, "--model", help=OWN_MODEL_HELP),
+             model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
+             weights: Optional[Path] = typer.Option(None, help=WEIGHTS_HELP),
+             data: Optional[Path] = typer.Option(None, help=DATA_HELP),
              threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
     """Every readout of a checkpoint against a retrain reference. The re-learn threshold comes from
     --original, else from the source checkpoint recorded in a scrubbed checkpoint's sidecar; the reference
-    and the original must have been trained on the same data (fingerprints compared)."""
+    and the original must have been trained on the same data (fingerprints compared).
+
+    Your own model (--model/--weights/--data): error and loss on D_r, D_f and the test set, and against
+    --reference when given (its readouts, output L1 distances, weight distance)."""
 
     _set_threads(threads)
+    own = _own_model_args(checkpoint, model, weights, data, None, model_option, False,
+                          reference_flag="--reference" if reference is None and checkpoint is not None else None)
     dev = resolve_device(device)
     if json_out is not None:
         require_writable(json_out)
+    if own:
+        if original is not None:
+            raise UserError("--original applies to --checkpoint (the re-learn readout of scrubnet's protocol)")
+        r = evaluate_own(spec=model, options=_parse_options(model_option, "--model-option"), weights=weights,
+                         data=data, forget_ids=forget_ids, reference=reference, device=dev)
+        _print_readouts(f"readouts of {weights.name}", r, json_out)
+        return
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, dev)
     if forget_ids is None and meta.get("forget_ids"):
         split = split.with_forget(meta["forget_ids"]).to(dev)
@@ -457,7 +539,11 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
         orig = model  # the checkpoint is itself the original (no scrub recorded in its sidecar)
     sr = SeedRun(ctx.seed, split, ctx.start or model, orig, ref, ctx, cfg)
     r = eval_fn(model, sr, original=orig, reference=ref)
-    t = Table(title=f"readouts of {checkpoint.name}")
+    _print_readouts(f"readouts of {checkpoint.name}", r, json_out)
+
+
+def _print_readouts(title: str, r: dict, json_out: Optional[Path]) -> None:
+    t = Table(title=title)
     t.add_column("readout")
     t.add_column("value")
     for k, v in r.items():

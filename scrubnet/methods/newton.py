@@ -50,38 +50,51 @@ from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
-from scrubnet.methods.fisher import sample_gaussian_weights
-from scrubnet.methods.objective import pull_mask_and_anchor
+from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
+from scrubnet.data.stream import DataStream
+from scrubnet.methods.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
 from scrubnet.models import eval_mode
 
 
 SAFEGUARDS = ("backtrack", "lm", "none")
 
 
-def _retain_objective(model: nn.Module, flat: Tensor, x: Tensor, y: Tensor, *, loss: str, wd: float,
-                      mask: Tensor, anchor: Tensor, batch_size: int) -> float:
-    """L_r at the flat weights ``flat``: mean loss on (x, y) + (wd/2)‖mask·(w − w_0)‖² (one forward pass)."""
+def _batches(retain, batch_size: int):
+    """(x, y) batches of ``retain``: slices of in-memory tensors, or the chunks of a :class:`DataStream`."""
+    if isinstance(retain, DataStream):
+        yield from retain.chunks(batch_size)
+        return
+    x, y = retain
+    for i in range(0, len(x), batch_size):
+        yield x[i:i + batch_size], y[i:i + batch_size]
+
+
+def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: str, wd: float, mask: Tensor,
+                      anchor: Tensor, batch_size: int) -> float:
+    """L_r at the flat weights ``flat``: mean loss on ``retain`` + (wd/2)‖mask·(w − w_0)‖² (one forward pass)."""
     probe = copy.deepcopy(model)
     set_flat(probe, flat)
-    total = 0.0
+    total, n = 0.0, 0
     with torch.no_grad(), eval_mode(probe):
-        for i in range(0, len(x), batch_size):
-            total += float(per_sample_loss(probe(x[i:i + batch_size]), y[i:i + batch_size], loss).sum())
+        for xb, yb in _batches(retain, batch_size):
+            total += float(per_sample_loss(probe(xb), yb, loss).sum())
+            n += len(yb)
     pull = mask * (flat - anchor)
-    return total / len(x) + 0.5 * wd * float(pull @ pull)
+    return total / n + 0.5 * wd * float(pull @ pull)
 
 
-def _retain_fit(model: nn.Module, flat: Tensor, x: Tensor, y: Tensor, batch_size: int) -> tuple[float, float]:
-    """(error, mean cross-entropy) on (x, y) at the flat weights ``flat`` (one forward pass)."""
+def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tuple[float, float]:
+    """(error, mean cross-entropy) on ``retain`` at the flat weights ``flat`` (one forward pass)."""
     probe = copy.deepcopy(model)
     set_flat(probe, flat)
-    wrong, ce = 0, 0.0
+    wrong, ce, n = 0, 0.0, 0
     with torch.no_grad(), eval_mode(probe):
-        for i in range(0, len(x), batch_size):
-            logits = probe(x[i:i + batch_size])
-            wrong += int((logits.argmax(1) != y[i:i + batch_size]).sum())
-            ce += float(per_sample_loss(logits, y[i:i + batch_size], "ce").sum())
-    return wrong / len(x), ce / len(x)
+        for xb, yb in _batches(retain, batch_size):
+            logits = probe(xb)
+            wrong += int((logits.argmax(1) != yb).sum())
+            ce += float(per_sample_loss(logits, yb, "ce").sum())
+            n += len(yb)
+    return wrong / n, ce / n
 
 
 def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
@@ -125,25 +138,31 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
         raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     if safeguard not in SAFEGUARDS:
         raise ValueError(f"unknown safeguard {safeguard!r}; choose one of {', '.join(SAFEGUARDS)}")
-    x, y = retain
-    if len(x) == 0:
+    if isinstance(retain, DataStream) and retain.kind == "tensors":
+        retain = (retain.x, retain.y)
+    streamed = isinstance(retain, DataStream)
+    if len(retain if streamed else retain[1]) == 0:
         raise ValueError("the Newton scrub needs a non-empty retain set")
     w = get_flat(model)
     mask, anchor = pull_mask_and_anchor(model, w0)
-    data_loss, g_data = mean_loss_and_grad(model, x, y, loss=loss, batch_size=batch_size)
+    if streamed:  # sums over chunks (docs/decisions.md, "Streaming rule")
+        data_loss, g_data = stream_loss_and_grad(model, retain, loss=loss, batch_size=batch_size)
+    else:
+        data_loss, g_data = mean_loss_and_grad(model, *retain, loss=loss, batch_size=batch_size)
     pull = mask * (w - anchor)
     grad = g_data + wd * pull
     obj_before = data_loss + 0.5 * wd * float(pull @ pull)
-    ggn = GGNOperator(model, x, loss=loss, batch_size=batch_size)
+    ggn_matvec = (lambda v: stream_ggn_matvec(model, retain, v, loss=loss, batch_size=batch_size)) if streamed \
+        else GGNOperator(model, retain[0], loss=loss, batch_size=batch_size).matvec
 
     def objective(flat: Tensor) -> float:
-        return _retain_objective(model, flat, x, y, loss=loss, wd=wd, mask=mask, anchor=anchor,
+        return _retain_objective(model, flat, retain, loss=loss, wd=wd, mask=mask, anchor=anchor,
                                  batch_size=batch_size)
 
     mu, tries, cg_total = float(damping), 0, 0
     while True:
         def hvp(v: Tensor, mu=mu) -> Tensor:
-            return ggn.matvec(v) + wd * mask * v + mu * v
+            return ggn_matvec(v) + wd * mask * v + mu * v
 
         delta, info = conjugate_gradient(hvp, grad, tol=tol, max_iter=max_iter)
         cg_total += info.iterations
@@ -171,9 +190,9 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     if data_check and t > 0:
         # the data part judged on its own: the total objective can fall while the fit to D_r collapses (a pull
         # toward w_0 that dominates L_r); halve t until retain CE and error stay within the tolerances
-        err0, ce0 = _retain_fit(model, w, x, y, batch_size)
+        err0, ce0 = _retain_fit(model, w, retain, batch_size)
         while t > 0:
-            err1, ce1 = _retain_fit(model, w - t * delta, x, y, batch_size)
+            err1, ce1 = _retain_fit(model, w - t * delta, retain, batch_size)
             if ce1 - ce0 <= loss_tolerance and err1 - err0 <= error_tolerance:
                 break
             data_rejections += 1
@@ -200,7 +219,10 @@ def newton_noise_variance(model: nn.Module, retain, *, alpha: float, wd: float, 
     B = diag true Fisher on ``retain`` + wd (on pulled parameters)."""
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
-    fisher = fisher_diag(model, retain[0], kind="true", batch_size=batch_size)
+    if isinstance(retain, DataStream) and retain.kind == "tensors":
+        retain = (retain.x, retain.y)
+    fisher = stream_fisher(model, retain, "true", batch_size, None) if isinstance(retain, DataStream) else \
+        fisher_diag(model, retain[0], kind="true", batch_size=batch_size)
     mean, var = {}, {}
     for name, p in trainable_params(model).items():
         b = fisher[name].to(torch.float64) + (wd if (w0 is not None and name in w0) else 0.0)
@@ -233,7 +255,8 @@ class NewtonScrub(ForgettingMethod):
 
     uses_curvature = True
     noisy = True
-    passes = "2 + CG iterations per damping try, + 1 per line-search trial"
+    streams = True
+    passes = "2 + CG iterations per damping try, + 1 per line-search trial, + 2 for the data safeguard"
 
     def __init__(self, loss: str | None = None, wd: float | None = None, damping: float = 0.0, tol: float = 1e-5,
                  max_iter: int = 300, batch_size: int = 512, alpha: float = 0.0, safeguard: str = "lm",
