@@ -24,6 +24,7 @@ from scrubnet.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from scrubnet.cli_audit import audit
 from scrubnet.cli_dp import dp
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
+from scrubnet.cli_serve import receipt_app, serve
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
@@ -540,6 +541,8 @@ def config_cmd(dump: bool = typer.Option(False, "--dump", help="print every conf
 app.add_typer(mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
 app.command(name="audit")(handle_errors(audit))
 app.command(name="dp")(handle_errors(dp))
+app.command(name="serve")(serve)
+app.add_typer(receipt_app, name="receipt", help="Signed receipts of deletion requests: verify")
 
 
 def main() -> None:  # console-script entry point
