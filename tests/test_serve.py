@@ -333,3 +333,23 @@ def test_operator_page_in_a_headless_browser(server, tmp_path):
     dom = subprocess.run(flags + ["--dump-dom", f"http://127.0.0.1:{server.port}/operator#token=wrong"],
                          capture_output=True, text=True, timeout=120).stdout
     assert "error: unknown bearer token" in dom
+
+
+def test_serve_refuses_bad_options_before_binding(base_ckpt, tmp_path):
+    tokens = tmp_path / "tokens.txt"
+    for text, needle in [("short submit\n", "at least 16 characters"), (f"{SUBMIT} delete x\n", "roles must be"),
+                         (f"{SUBMIT} submit a\n{SUBMIT} read b\n", "listed twice"), ("# nothing\n", "no tokens"),
+                         (f"{SUBMIT}\n", "TOKEN ROLES")]:
+        tokens.write_text(text)
+        r = CliRunner().invoke(app, ["serve", str(base_ckpt), "--tokens", str(tokens)])
+        assert r.exit_code == 2 and r.output.startswith("error:") and needle in r.output, (text, r.output)
+    tokens.write_text(TOKENS)
+    for args, needle in [(["--host", "localhost"], "not an IP address"), (["--port", "0"], "--port"),
+                         (["--max-body", "10"], "--max-body")]:
+        r = CliRunner().invoke(app, ["serve", str(base_ckpt), "--tokens", str(tokens), *args])
+        assert r.exit_code == 2 and needle in r.output, (args, r.output)
+    r = CliRunner().invoke(app, ["serve", str(tmp_path / "none"), "--tokens", str(tokens)])
+    assert r.exit_code == 2 and "not found" in r.output
+    r = CliRunner().invoke(app, ["serve", str(base_ckpt), "--tokens", str(tmp_path / "none.txt")])
+    assert r.exit_code == 2 and "--tokens" in r.output
+    assert not (base_ckpt / "receipt-key.pem").exists()  # nothing written before the options are checked
