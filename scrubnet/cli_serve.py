@@ -10,7 +10,6 @@ naming every mismatch.
 """
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
 from pathlib import Path

@@ -32,7 +32,6 @@ import math
 import re
 import secrets
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,16 +351,6 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.worker = worker
     return app
-
-
-def wait_idle(path: Path, timeout_s: float = 60.0) -> bool:
-    """True once no submission is queued and every applied one has its receipt (polls; bounded)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if store.oldest_queued(path) is None and not store.applied_without_receipt(path):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 OPERATOR_PAGE = """<!doctype html>
