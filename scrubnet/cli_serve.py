@@ -88,9 +88,14 @@ def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'rece
                ids_file: Optional[Path] = typer.Option(None, "--ids-file", help="file of your sample ids"),
                salt: Optional[str] = typer.Option(None, "--salt", help="the salt returned with your request"),
                previous: Optional[Path] = typer.Option(None, "--previous", help="the previous receipt, to check the "
-                                                       "chain link")):
+                                                       "chain link"),
+               threads: int = typer.Option(1, help="torch CPU threads (verifying a receipt needs one)")):
     """Check a receipt offline: signature, key, chain link, weights hash and your ids (exit 2 naming any
     mismatch)."""
+    if threads < 1:
+        raise ValueError("--threads must be at least 1")
+    torch.set_num_threads(threads)
+
     def read_json(p: Path, what: str):
         try:
             return json.loads(p.read_text())
