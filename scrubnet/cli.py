@@ -26,6 +26,7 @@ from scrubnet.cli_dp import dp
 from scrubnet.cli_mlforget import mlforget_app, require_cpu
 from scrubnet.cli_own import evaluate_own, forget_own
 from scrubnet.cli_study import critical_periods, study_app
+from scrubnet.cli_serve import receipt_app, serve
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
@@ -632,6 +633,8 @@ app.command(name="audit")(handle_errors(audit))
 app.command(name="dp")(handle_errors(dp))
 study_app.command(name="critical-periods")(handle_errors(critical_periods))
 app.add_typer(study_app, name="study", help="empirical studies of training (critical periods of regularisation)")
+app.command(name="serve")(serve)
+app.add_typer(receipt_app, name="receipt", help="Signed receipts of deletion requests: verify")
 
 
 def main() -> None:  # console-script entry point

@@ -216,7 +216,8 @@ def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[P
          as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object"),
          threads: int = THREADS_OPT,
          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
-    """Print the requests and verify the chain of weight hashes (exit 2 if it is broken)."""
+    """Print the requests and verify the record chain: every field of the checkpoint's static record, of each
+    request and of the state, and the chain of weight hashes (exit 2 naming any edited field)."""
     require_cpu(device)
     _set_threads(threads)
     rec = verify(_checkpoint(checkpoint, checkpoint_opt))

@@ -341,3 +341,166 @@ def test_factor_file_with_a_foreign_key_is_ignored(base_ckpt, tmp_path):
     (ck / store.FACTOR).write_bytes(data[:100])  # a truncated file: ignored too
     rec, _ = store.forget(ck, deletable(base_ckpt, 2, skip=3), sigma=0.0, data_loader=_data_loader)
     assert (rec["solver"]["factor_file"], rec["solver"]["factor_rebuilt"]) == ("unreadable", "missing")
+
+
+# -- the record chain: every field of every row is bound ---------------------------------------------------
+
+def _edit(ck, sql, params=()):
+    con = sqlite3.connect(str(ck / store.DB))
+    try:
+        con.execute(sql, params)
+        con.commit()
+    finally:
+        con.close()
+
+
+def _show_problems(ck):
+    code, out = cli_inprocess("show", ck)
+    return code, out
+
+
+@pytest.fixture(scope="module")
+def chained_ckpt(base_ckpt, tmp_path_factory):
+    ck = tmp_path_factory.mktemp("chain") / "ckpt"
+    shutil.copytree(base_ckpt, ck)
+    store.forget(ck, deletable(ck, 2), sigma=1e-3, data_loader=_data_loader)
+    return ck
+
+
+def _altered(value):
+    """A different value of the same JSON type."""
+    v = json.loads(value) if isinstance(value, str) and value[:1] in "[{" else value
+    if isinstance(v, bool):
+        return int(not v)
+    if isinstance(v, (int, float)):
+        return v + 1
+    if isinstance(v, list):
+        return json.dumps(v + [v[0] + 1000 if v and isinstance(v[0], int) else 1])
+    if isinstance(v, dict):
+        return json.dumps({**v, "forged": 1})
+    if v is None:
+        return "forged"
+    return v[:-1] + ("0" if v[-1] != "0" else "1")
+
+
+def test_show_names_an_edit_of_any_request_field(chained_ckpt, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(chained_ckpt, ck)
+    assert _show_problems(ck)[0] == 0
+    con = sqlite3.connect(str(ck / store.DB))
+    rows = {r[0]: r for r in con.execute(f"SELECT {', '.join(store.REQUEST_COLUMNS)} FROM requests")}
+    con.close()
+    for rid in (0, 1):
+        for col, value in zip(store.REQUEST_COLUMNS, rows[rid]):
+            if col in ("id", "status"):
+                continue  # the key of the row; status: the schema allows only 'applied'
+            if col == "kind" and rid == 1:
+                new = "forget_all"
+            elif col == "kind":
+                new = "forget"
+            else:
+                new = _altered(value)
+            _edit(ck, f"UPDATE requests SET {col} = ? WHERE id = ?", (new, rid))
+            code, out = _show_problems(ck)
+            assert code == 2 and f"request #{rid}: field '{col}' was edited" in out, (rid, col, out)
+            _edit(ck, f"UPDATE requests SET {col} = ? WHERE id = ?", (value, rid))
+            assert _show_problems(ck)[0] == 0, (rid, col)
+    # one figure inside the solver's dict
+    solver = json.loads(rows[1][store.REQUEST_COLUMNS.index("solver")])
+    _edit(ck, "UPDATE requests SET solver = ? WHERE id = 1",
+          (json.dumps({**solver, "relative_residual": 1e-30}),))
+    code, out = _show_problems(ck)
+    assert code == 2 and "request #1: field 'solver' was edited" in out
+    # the id column: renumbering breaks the sequence and the links
+    _edit(ck, "UPDATE requests SET solver = ? WHERE id = 1", (rows[1][store.REQUEST_COLUMNS.index("solver")],))
+    _edit(ck, "UPDATE state SET request_id = 0")
+    _edit(ck, "UPDATE requests SET id = 5 WHERE id = 1")
+    code, out = _show_problems(ck)
+    assert code == 2 and "request #5: field 'id' was edited" in out and "state: field 'request_id'" in out
+
+
+def test_show_names_an_edit_of_the_state_and_of_the_static_record(chained_ckpt, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(chained_ckpt, ck)
+    con = sqlite3.connect(str(ck / store.DB))
+    st = con.execute("SELECT request_id, weights_sha256, forgotten_ids, user_weights_dropped FROM state").fetchone()
+    static = dict(con.execute("SELECT key, value FROM checkpoint"))
+    con.close()
+    for col, value in zip(("request_id", "weights_sha256", "forgotten_ids", "user_weights_dropped"), st):
+        _edit(ck, f"UPDATE state SET {col} = ?", (_altered(value),))
+        code, out = _show_problems(ck)
+        assert code == 2 and f"state: field '{col}' was edited" in out, (col, out)
+        _edit(ck, f"UPDATE state SET {col} = ?", (value,))
+    assert _show_problems(ck)[0] == 0
+    assert {"core_ids", "user_ids", "ml_config", "data_fingerprint", "data", "seed"} <= set(static)
+    for key, value in static.items():
+        if key == store.SEAL_KEY:
+            continue
+        v = json.loads(value)
+        new = json.dumps(v + [max(v) + 1] if isinstance(v, list) else _altered(v) if not isinstance(v, dict)
+                         else {**v, "forged": 1})
+        _edit(ck, "UPDATE checkpoint SET value = ? WHERE key = ?", (new, key))
+        code, out = _show_problems(ck)
+        if key == "format":
+            assert code == 2 and "is not a scrubnet-mlforget/3 store" in out
+        else:
+            assert code == 2 and f"checkpoint record: field '{key}' was edited" in out, (key, out)
+        _edit(ck, "UPDATE checkpoint SET value = ? WHERE key = ?", (value, key))
+    _edit(ck, "INSERT INTO checkpoint (key, value) VALUES ('extra', '1')")
+    code, out = _show_problems(ck)
+    assert code == 2 and "checkpoint record: field 'extra' was added" in out
+    _edit(ck, "DELETE FROM checkpoint WHERE key = 'extra'")
+    # an edit of a stored digest (with the field left alone) breaks the link
+    con = sqlite3.connect(str(ck / store.DB))
+    d = json.loads(con.execute("SELECT digests FROM requests WHERE id = 1").fetchone()[0])
+    con.close()
+    _edit(ck, "UPDATE requests SET digests = ? WHERE id = 1", (json.dumps({**d, "sigma": "0" * 64}),))
+    code, out = _show_problems(ck)
+    assert code == 2 and "request #1: field 'sigma' was edited" in out and "request #1: its chain hash" in out
+
+
+def test_the_forgery_of_the_issue_is_detected(chained_ckpt, tmp_path):
+    """Claiming that request #1 deleted another sample: its ids and the state's forgotten ids edited
+    together, consistently, so the old checks (weights chain, union of ids) pass."""
+    ck = tmp_path / "ck"
+    shutil.copytree(chained_ckpt, ck)
+    other = deletable(ck, 1, skip=10)
+    ids = store.requests(ck)[1]["ids"]
+    forged = sorted([other[0]] + ids[1:])
+    _edit(ck, "UPDATE requests SET ids = ? WHERE id = 1", (json.dumps(forged),))
+    _edit(ck, "UPDATE state SET forgotten_ids = ?", (json.dumps(forged),))
+    code, out = _show_problems(ck)
+    assert code == 2 and "request #1: field 'ids' was edited" in out and "state: field 'forgotten_ids'" in out
+
+
+def _to_unsealed(ck):
+    """The previous store format: the same tables without the chain columns, the seal or the queue."""
+    con = sqlite3.connect(str(ck / store.DB))
+    for table in ("requests", "state"):
+        for col in ("digests", "hash"):
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
+    con.execute("DROP TABLE submissions")
+    con.execute("DELETE FROM checkpoint WHERE key = ?", (store.SEAL_KEY,))
+    con.execute("UPDATE checkpoint SET value = ? WHERE key = 'format'", (json.dumps(store.FORMAT_UNSEALED),))
+    con.commit()
+    con.close()
+
+
+def test_a_store_of_the_previous_format_is_sealed_on_open(chained_ckpt, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(chained_ckpt, ck)
+    _to_unsealed(ck)
+    code, out = _show_problems(ck)
+    assert code == 0 and "hash chain: valid" in out, out
+    assert "sealed as it stood" in static_of(ck)["sealed_from"]
+    assert store.forget(ck, deletable(ck, 1, skip=12), data_loader=_data_loader)[1]
+    _edit(ck, "UPDATE requests SET sigma = 5 WHERE id = 1")
+    assert "request #1: field 'sigma' was edited" in _show_problems(ck)[1]
+    # an inconsistent store of the previous format is refused, not sealed
+    bad = tmp_path / "bad"
+    shutil.copytree(chained_ckpt, bad)
+    _to_unsealed(bad)
+    _edit(bad, "UPDATE requests SET sha256_before = 'deadbeef' WHERE id = 1")
+    code, out = _show_problems(bad)
+    assert code == 2 and "cannot be sealed" in out and "request #1: sha256_before" in out
+    assert static_of(bad)["format"] == store.FORMAT_UNSEALED

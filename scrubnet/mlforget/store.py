@@ -20,9 +20,18 @@ Tables:
   samples left after it), ``sigma``, ``solver`` (JSON dict of every figure the step reported: solver, steps,
   residual, objective before/after, …), ``seconds`` (wall time of the step), ``time_utc`` (ISO 8601, UTC),
   ``sha256_before``/``sha256_after`` (of the weights file), ``status`` (``applied``; only committed requests
-  are ever stored, a refused or interrupted one leaves no row).
+  are ever stored, a refused or interrupted one leaves no row), ``digests``/``hash`` (the record chain).
 * ``state`` — one row: the request the checkpoint is at, the sha256 of its weights, the forgotten ids, and
   whether ``forget-all`` dropped the user weights.
+* ``submissions`` — the queue of the HTTP service (``scrubnet serve``): requests received and not yet, or
+  never, applied; an applied one names its committed request (set in the request's own transaction).
+
+The record chain binds every stored field: the ``checkpoint`` values are sealed (``record_seal``: one sha256
+per value and a link over them), request #0's link chains to that seal, request #k's to request #k−1's, the
+state's to the last request's; each link hashes the sha256 of every column of its row (the whole solver dict
+included) and the previous link. :func:`verify` recomputes them all and names any edited field. Stores of
+the previous format (``scrubnet-mlforget/2``, the same tables without the chain) are checked and sealed in
+place on first open (``sealed_from`` records when); an inconsistent one is refused, never sealed.
 
 Protocol of a request:
 
@@ -81,7 +90,11 @@ from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_
 from scrubnet.models import build_model
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 
-FORMAT = "scrubnet-mlforget/2"
+FORMAT = "scrubnet-mlforget/3"
+#: the previous format: the same tables without the record chain; sealed in place on first open
+FORMAT_UNSEALED = "scrubnet-mlforget/2"
+CHAIN_FORMAT = "scrubnet-record-chain/1"
+SEAL_KEY = "record_seal"
 DB = "store.sqlite"
 WEIGHTS = "weights"
 FACTOR = "factor.safetensors"
@@ -107,7 +120,9 @@ CREATE TABLE requests (
     time_utc TEXT NOT NULL,
     sha256_before TEXT,
     sha256_after TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status = 'applied')
+    status TEXT NOT NULL CHECK (status = 'applied'),
+    digests TEXT,
+    hash TEXT
 );
 CREATE UNIQUE INDEX requests_key ON requests (key) WHERE key IS NOT NULL;
 CREATE TABLE state (
@@ -115,8 +130,33 @@ CREATE TABLE state (
     request_id INTEGER NOT NULL REFERENCES requests (id),
     weights_sha256 TEXT NOT NULL,
     forgotten_ids TEXT NOT NULL,
-    user_weights_dropped INTEGER NOT NULL
+    user_weights_dropped INTEGER NOT NULL,
+    digests TEXT,
+    hash TEXT
 );
+"""
+
+#: the queue of the HTTP service (``scrubnet serve``): one row per submitted request, in arrival order.
+#: ``status`` queued → applied (``request_id`` names the committed request, set in the same transaction) |
+#: refused (``reason``) | failed (``reason``); ``receipt`` the signed receipt of an applied one.
+SUBMISSIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS submissions (
+    id INTEGER PRIMARY KEY,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL CHECK (kind IN ('forget', 'forget_all')),
+    ids TEXT NOT NULL,
+    sigma REAL,
+    ids_hash TEXT,
+    salt TEXT,
+    client TEXT,
+    submitted_utc TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('queued', 'applied', 'refused', 'failed')),
+    reason TEXT,
+    request_id INTEGER REFERENCES requests (id),
+    finished_utc TEXT,
+    receipt TEXT
+);
+CREATE INDEX IF NOT EXISTS submissions_status ON submissions (status, id);
 """
 
 REQUEST_COLUMNS = ("id", "key", "kind", "ids", "n_ids", "n_remaining", "sigma", "solver", "seconds", "time_utc",
@@ -284,6 +324,7 @@ def _connect(db: Path) -> sqlite3.Connection:
 def _create_db(db: Path, static: dict, first: dict, state: dict) -> None:
     """A new database file ``db`` (must not exist) holding one checkpoint."""
     con = sqlite3.connect(str(db), isolation_level=None)
+    con.row_factory = sqlite3.Row
     try:
         con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA synchronous=FULL")
@@ -298,6 +339,10 @@ def _create_db(db: Path, static: dict, first: dict, state: dict) -> None:
         con.execute("INSERT INTO state (one, request_id, weights_sha256, forgotten_ids, user_weights_dropped) "
                     "VALUES (1, ?, ?, ?, ?)", (state["request_id"], state["weights_sha256"],
                                                json.dumps(state["forgotten_ids"]), int(state["user_weights_dropped"])))
+        for stmt in SUBMISSIONS_SCHEMA.split(";"):
+            if stmt.strip():
+                con.execute(stmt)
+        _seal_all(con)
         con.execute("COMMIT")
     finally:
         con.close()
@@ -308,6 +353,111 @@ def _insert_request(con: sqlite3.Connection, r: dict) -> None:
                 (r["id"], r["key"], r["kind"], json.dumps([int(i) for i in r["ids"]]), int(r["n_ids"]),
                  int(r["n_remaining"]), r["sigma"], json.dumps(_json_safe(r["solver"])), float(r["seconds"]),
                  r["time_utc"], r["sha256_before"], r["sha256_after"], "applied"))
+
+
+# -- the record chain --------------------------------------------------------------------------------------
+#
+# Every stored field is bound into one chain of sha256 (format ``CHAIN_FORMAT``):
+#   static seal  S  = H(prev="static", digests of every ``checkpoint`` value except the seal itself)
+#   request #0   h0 = H(prev=S, digests of every column of the row)
+#   request #k   hk = H(prev=h(k-1), digests of every column)
+#   state        hs = H(prev=h(last request), digests of every column)
+# where a field's digest is the sha256 of its canonical JSON (keys sorted, no spaces) as read back from the
+# database, and H(prev, d) the sha256 of the canonical JSON of {"chain", "prev", "fields": d}. A row stores its
+# digests (``digests``, JSON) and its link (``hash``); the static seal is the ``record_seal`` checkpoint value.
+# The per-field digests let :func:`verify` name the edited field; the links catch an edit of the digests.
+
+def _canon(v) -> bytes:
+    return json.dumps(_json_safe(v), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def field_digests(fields: dict) -> dict:
+    """{name: sha256 of the canonical JSON of the value}."""
+    return {k: _sha(_canon(v)) for k, v in fields.items()}
+
+
+def link_hash(prev: str, digests: dict) -> str:
+    """One link of the record chain: sha256 of {"chain": CHAIN_FORMAT, "prev": prev, "fields": digests}."""
+    return _sha(_canon({"chain": CHAIN_FORMAT, "prev": prev, "fields": digests}))
+
+
+def _static_fields(con: sqlite3.Connection) -> dict:
+    return {r[0]: json.loads(r[1]) for r in con.execute("SELECT key, value FROM checkpoint ORDER BY key")
+            if r[0] != SEAL_KEY}
+
+
+def _request_fields(con: sqlite3.Connection, rid: int) -> dict:
+    row = con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE id = ?", (rid,)).fetchone()
+    return _row_to_request(row)
+
+
+def _state_fields(con: sqlite3.Connection) -> dict:
+    return _read_state(con)
+
+
+def _seal_request(con: sqlite3.Connection, rid: int, prev: str) -> str:
+    """Store the digests and link of request ``rid`` (as read back) chained to ``prev``; returns the link."""
+    d = field_digests(_request_fields(con, rid))
+    h = link_hash(prev, d)
+    con.execute("UPDATE requests SET digests = ?, hash = ? WHERE id = ?", (json.dumps(d, sort_keys=True), h, rid))
+    return h
+
+
+def _seal_state(con: sqlite3.Connection, prev: str) -> str:
+    d = field_digests(_state_fields(con))
+    h = link_hash(prev, d)
+    con.execute("UPDATE state SET digests = ?, hash = ? WHERE one = 1", (json.dumps(d, sort_keys=True), h))
+    return h
+
+
+def _seal_all(con: sqlite3.Connection) -> None:
+    """Seal the static record, every request in order and the state (inside the caller's transaction)."""
+    d = field_digests(_static_fields(con))
+    prev = link_hash("static", d)
+    con.execute("INSERT OR REPLACE INTO checkpoint (key, value) VALUES (?, ?)",
+                (SEAL_KEY, json.dumps({"fields": d, "sha256": prev}, sort_keys=True)))
+    for (rid,) in con.execute("SELECT id FROM requests ORDER BY id").fetchall():
+        prev = _seal_request(con, rid, prev)
+    _seal_state(con, prev)
+
+
+def _chain_problems(con: sqlite3.Connection) -> list[str]:
+    """Every mismatch between the stored fields and the record chain, naming the row and the field."""
+    problems: list[str] = []
+
+    def check(what: str, fields: dict, stored_digests, stored_hash, prev: str) -> str:
+        try:
+            stored = json.loads(stored_digests) if isinstance(stored_digests, str) else stored_digests
+        except json.JSONDecodeError:
+            stored = None
+        if not isinstance(stored, dict):
+            problems.append(f"{what}: its field digests are missing or unreadable (record chain broken)")
+            return stored_hash or ""
+        now = field_digests(fields)
+        for k in sorted(set(now) | set(stored)):
+            if k not in stored:
+                problems.append(f"{what}: field {k!r} was added after sealing (not in the record chain)")
+            elif k not in now:
+                problems.append(f"{what}: field {k!r} was removed after sealing")
+            elif now[k] != stored[k]:
+                problems.append(f"{what}: field {k!r} was edited (does not match the record chain)")
+        if link_hash(prev, stored) != stored_hash:
+            problems.append(f"{what}: its chain hash does not match its fields and the previous link "
+                            "(the digests, the hash or an earlier link was edited)")
+        return stored_hash or ""
+
+    static = _static_fields(con)
+    seal_row = con.execute("SELECT value FROM checkpoint WHERE key = ?", (SEAL_KEY,)).fetchone()
+    seal = json.loads(seal_row[0]) if seal_row else {}
+    if not isinstance(seal, dict):
+        seal = {}
+    prev = check("checkpoint record", static, seal.get("fields"), seal.get("sha256"), "static")
+    for row in con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, digests, hash FROM requests ORDER BY id").fetchall():
+        prev = check(f"request #{row['id']}", _row_to_request(row), row["digests"], row["hash"], prev)
+    row = con.execute("SELECT digests, hash FROM state").fetchone()
+    if row is not None:
+        check("state", _state_fields(con), row["digests"], row["hash"], prev)
+    return problems
 
 
 def _row_to_request(row: sqlite3.Row) -> dict:
@@ -378,9 +528,42 @@ def _static(con: sqlite3.Connection, path: Path) -> dict:
         static = {r["key"]: json.loads(r["value"]) for r in con.execute("SELECT key, value FROM checkpoint")}
     except sqlite3.DatabaseError as e:
         raise StoreError(f"{path / DB} is not a readable scrubnet store: {e}") from None
+    if static.get("format") == FORMAT_UNSEALED:
+        _seal_unsealed(con, path)
+        return _static(con, path)
     if static.get("format") != FORMAT:
         raise StoreError(f"{path / DB} is not a {FORMAT} store (format {static.get('format')!r})")
     return static
+
+
+def _seal_unsealed(con: sqlite3.Connection, path: Path) -> None:
+    """Bring a store of the previous format (same tables, no record chain) to this one, in place and in one
+    write transaction: the weights chain and the state's consistency are checked first (an inconsistent
+    store is refused, never sealed), then the columns are added, ``sealed_from`` records when and from what,
+    and every row is sealed as it stands. Edits made before this moment cannot be detected: the chain
+    vouches for the record from its sealing on."""
+    with _write_transaction(con):
+        static = {r["key"]: json.loads(r["value"]) for r in con.execute("SELECT key, value FROM checkpoint")}
+        if static.get("format") != FORMAT_UNSEALED:
+            return  # a concurrent process sealed it first
+        reqs = [_row_to_request(r) for r in con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests "
+                                                        "ORDER BY id")]
+        problems = _consistency_problems(path, static, reqs, _read_state(con))
+        if problems:
+            raise StoreError(f"{path / DB} (format {FORMAT_UNSEALED}) is inconsistent and cannot be sealed: "
+                             + "; ".join(problems) + f"; restore {path} from a backup")
+        for table in ("requests", "state"):
+            cols = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+            for col in ("digests", "hash"):
+                if col not in cols:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {col} TEXT")
+        for stmt in SUBMISSIONS_SCHEMA.split(";"):
+            if stmt.strip():
+                con.execute(stmt)
+        con.execute("UPDATE checkpoint SET value = ? WHERE key = 'format'", (json.dumps(FORMAT),))
+        con.execute("INSERT OR REPLACE INTO checkpoint (key, value) VALUES ('sealed_from', ?)",
+                    (json.dumps(f"{FORMAT_UNSEALED} (no record chain), sealed as it stood at {_now()}"),))
+        _seal_all(con)
 
 
 @contextlib.contextmanager
@@ -475,19 +658,32 @@ def requests(path: str | Path) -> list[dict]:
 
 
 def verify(path: str | Path) -> dict:
-    """Check the record: ids 0, 1, 2, … without gaps; request 0 is the training; each request's
-    ``sha256_before`` is its predecessor's ``sha256_after``; the state names the last request and its
-    weights, whose file hashes to that sha256; the forgotten ids are the union of the forget requests' ids
+    """Check the record: every field of the static record, of each request and of the state matches the
+    record chain (the edited field is named); ids 0, 1, 2, … without gaps; request 0 is the training; each
+    request's ``sha256_before`` is its predecessor's ``sha256_after``; the state names the last request and
+    its weights, whose file hashes to that sha256; the forgotten ids are the union of the forget requests' ids
     (disjoint), and ``forget_all`` is the last request when present. Returns ``{"valid", "problems",
-    "requests", "state"}``."""
+    "requests", "state", "head"}`` (``head``: the state's chain hash)."""
     with _open(path) as (p, con, static):
         con.execute("BEGIN")
         try:
             reqs = [_row_to_request(r) for r in con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests "
                                                             "ORDER BY id")]
+            hashes = {r[0]: r[1] for r in con.execute("SELECT id, hash FROM requests")}
             st = _read_state(con)
+            head = con.execute("SELECT hash FROM state").fetchone()[0]
+            chain = _chain_problems(con)
         finally:
             con.execute("COMMIT")
+    for r in reqs:
+        r["hash"] = hashes[r["id"]]
+    problems = chain + _consistency_problems(p, static, reqs, st)
+    return {"valid": not problems, "problems": problems, "requests": reqs, "state": st, "head": head,
+            "n_user": len(static["user_ids"]), "n_core": len(static["core_ids"])}
+
+
+def _consistency_problems(p: Path, static: dict, reqs: list[dict], st: dict) -> list[str]:
+    """The checks of the record that do not need the chain (weights chain, state, forgotten ids, files)."""
     problems = []
     if not reqs or reqs[0]["kind"] != "train" or reqs[0]["sha256_before"] is not None:
         problems.append("request #0 is not the training")
@@ -524,15 +720,18 @@ def verify(path: str | Path) -> dict:
         problems.append(f"weights file {wf.name} is missing")
     elif _sha(wf.read_bytes()) != st["weights_sha256"]:
         problems.append(f"weights file {wf.name} does not hash to its name")
-    return {"valid": not problems, "problems": problems, "requests": reqs, "state": st,
-            "n_user": len(static["user_ids"]), "n_core": len(static["core_ids"])}
+    return problems
 
 
 # -- requests --------------------------------------------------------------------------------------------
 
-def _apply(path: str | Path, kind: str, key: str, compute, prepare=None) -> tuple[dict, bool]:
+def _apply(path: str | Path, kind: str, key: str, compute, prepare=None, on_commit=None,
+           on_duplicate=None) -> tuple[dict, bool]:
     """The request protocol of the module docstring. ``prepare(static)`` runs before the lock (data loading);
-    ``compute(state, record_state, prepared) -> record fields`` runs under it and updates ``state`` in place."""
+    ``compute(state, record_state, prepared) -> record fields`` runs under it and updates ``state`` in place.
+    ``on_commit(con, record)`` runs inside the committing transaction (the service marks its submission
+    applied there, atomically with the request); ``on_duplicate(con, record)`` inside the transaction that
+    found the request already stored."""
     with _open(path) as (p, con, static):
         prepared = prepare(static) if prepare is not None else None
         model = _empty_model(static)
@@ -540,6 +739,8 @@ def _apply(path: str | Path, kind: str, key: str, compute, prepare=None) -> tupl
             _pause("locked")
             row = con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE key = ?", (key,)).fetchone()
             if row is not None:
+                if on_duplicate is not None:
+                    on_duplicate(con, _row_to_request(row))
                 return _row_to_request(row), False
             st = _read_state(con)
             state = _load_state(p, static, st, model)
@@ -559,10 +760,15 @@ def _apply(path: str | Path, kind: str, key: str, compute, prepare=None) -> tupl
             record = {"id": rid, "key": key, "kind": kind, "seconds": seconds, "time_utc": _now(),
                       "sha256_before": st["weights_sha256"], "sha256_after": sha, "status": "applied", **fields}
             _insert_request(con, record)
+            prev = con.execute("SELECT hash FROM requests WHERE id = ?", (st["request_id"],)).fetchone()[0]
+            record["hash"] = _seal_request(con, rid, prev)
             dropped = kind == "forget_all"
             con.execute("UPDATE state SET request_id = ?, weights_sha256 = ?, forgotten_ids = ?, "
                         "user_weights_dropped = ? WHERE one = 1",
                         (rid, sha, json.dumps(state.forgotten_ids.tolist()), int(dropped)))
+            _seal_state(con, record["hash"])
+            if on_commit is not None:
+                on_commit(con, record)
             _pause("before_commit")
         _pause("after_commit")
         _collect_garbage(p, con)
@@ -580,12 +786,12 @@ def _collect_garbage(path: Path, con: sqlite3.Connection) -> None:
 
 
 def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_all=None,
-           data_loader=None) -> tuple[dict, bool]:
+           data_loader=None, on_commit=None, on_duplicate=None) -> tuple[dict, bool]:
     """Apply one forgetting request to the checkpoint at ``path``; returns (request record, applied_now).
 
     The data D come from ``x_all, y_all`` or from ``data_loader(static) -> (x, y)`` (called before the lock).
     A request whose key (kind, sorted ids, σ) is already stored is not applied again: its record is
-    returned with ``applied_now=False``. The noise of request #k is drawn from seed 1 000 003·seed + k.
+    returned with ``applied_now=False``. ``on_commit``/``on_duplicate``: see :func:`_apply`. The noise of request #k is drawn from seed 1 000 003·seed + k.
     """
     ids = sorted(int(i) for i in ids)
     with _open(path) as (_, _con, static):
@@ -618,10 +824,10 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
         return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
                 "solver": {**out.info.as_dict(), "factor_file": factor_status}}
 
-    return _apply(path, "forget", key, compute, prepare)
+    return _apply(path, "forget", key, compute, prepare, on_commit, on_duplicate)
 
 
-def forget_everything(path: str | Path) -> tuple[dict, bool]:
+def forget_everything(path: str | Path, on_commit=None, on_duplicate=None) -> tuple[dict, bool]:
     """Forget all user data: w_u ← 0. The request lists no ids (it names no samples); the state records that
     the user weights were dropped and adds the deletable user ids to the forgotten ones — never the core ids,
     whose information lives in the core weights and stays. Idempotent like :func:`forget`."""
@@ -634,13 +840,188 @@ def forget_everything(path: str | Path) -> tuple[dict, bool]:
         return {"ids": [], "n_ids": n, "n_remaining": 0, "sigma": 0.0,
                 "solver": {"solver": "zero", "iterations": 0, "user_weights_dropped": True}}
 
-    return _apply(path, "forget_all", key, compute)
+    return _apply(path, "forget_all", key, compute, None, on_commit, on_duplicate)
 
 
 def forgotten_by_request(reqs: list[dict]) -> list[int]:
     """The union of the ids of the ``forget`` requests (the state's forgotten ids unless ``forget_all``
     dropped the user weights)."""
     return sorted(i for r in reqs if r["kind"] == "forget" for i in r["ids"])
+
+
+# -- the service's queue ----------------------------------------------------------------------------------
+
+SUBMISSION_COLUMNS = ("id", "idempotency_key", "kind", "ids", "sigma", "ids_hash", "salt", "client",
+                      "submitted_utc", "status", "reason", "request_id", "finished_utc", "receipt")
+
+
+def _row_to_submission(row: sqlite3.Row) -> dict:
+    d = {k: row[k] for k in SUBMISSION_COLUMNS}
+    d["ids"] = json.loads(d["ids"])
+    d["receipt"] = json.loads(d["receipt"]) if d["receipt"] else None
+    return d
+
+
+def check_ids_now(path: str | Path, ids) -> list[int]:
+    """The checks of :func:`forget` that need no weights (empty, duplicated, core, unknown, already forgotten,
+    every remaining sample), against the committed state; sorted ids. ``StoreError`` naming the problem."""
+    with _open(path) as (_, con, static):
+        st = _read_state(con)
+    if st["user_weights_dropped"]:
+        raise StoreError("forget-all already dropped the user weights; there is nothing left to forget")
+    probe = MLState(None, torch.tensor(static["core_ids"], dtype=torch.long),
+                    torch.tensor(static["user_ids"], dtype=torch.long),
+                    torch.tensor(st["forgotten_ids"], dtype=torch.long), MLConfig.from_dict(static["ml_config"]),
+                    static["num_classes"], static["seed"])
+    try:
+        return check_forget_ids(probe, ids).tolist()
+    except ValueError as e:
+        raise StoreError(str(e)) from None
+
+
+def submit(path: str | Path, idempotency_key: str, kind: str, ids: list[int], sigma: float | None,
+           ids_hash: str | None, salt: str | None, client: str | None) -> tuple[dict, bool]:
+    """Queue a request (status ``queued``); returns (submission, created). A submission with the same
+    idempotency key is returned as it stands (``created=False``) when its kind, ids and σ are the same;
+    ``StoreError`` when they differ."""
+    with _open(path) as (_, con, _static_):
+        with _write_transaction(con):
+            row = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions WHERE idempotency_key = ?",
+                              (idempotency_key,)).fetchone()
+            if row is not None:
+                old = _row_to_submission(row)
+                if (old["kind"], old["ids"], old["sigma"]) != (kind, sorted(ids), sigma):
+                    raise StoreError("this Idempotency-Key was already used for a different request")
+                return old, False
+            cur = con.execute("INSERT INTO submissions (idempotency_key, kind, ids, sigma, ids_hash, salt, client, "
+                              "submitted_utc, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued')",
+                              (idempotency_key, kind, json.dumps(sorted(int(i) for i in ids)), sigma, ids_hash,
+                               salt, client, _now()))
+            sid = cur.lastrowid
+            row = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions WHERE id = ?",
+                              (sid,)).fetchone()
+            return _row_to_submission(row), True
+
+
+def submission_by_key(path: str | Path, idempotency_key: str) -> dict | None:
+    with _open(path) as (_, con, _static_):
+        row = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions WHERE idempotency_key = ?",
+                          (idempotency_key,)).fetchone()
+    return _row_to_submission(row) if row is not None else None
+
+
+def submission(path: str | Path, sid: int) -> dict | None:
+    with _open(path) as (_, con, _static_):
+        row = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions WHERE id = ?",
+                          (int(sid),)).fetchone()
+    return _row_to_submission(row) if row is not None else None
+
+
+def submissions(path: str | Path, status: str | None = None, limit: int = 1000) -> list[dict]:
+    """Submissions in arrival order (``status`` filters), at most ``limit`` (the latest ones)."""
+    with _open(path) as (_, con, _static_):
+        where = "WHERE status = ?" if status else ""
+        rows = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions {where} ORDER BY id DESC "
+                           "LIMIT ?", ((status,) if status else ()) + (int(limit),)).fetchall()
+    return [_row_to_submission(r) for r in reversed(rows)]
+
+
+def _finish(con: sqlite3.Connection, sid: int, status: str, reason: str | None, request_id: int | None) -> None:
+    con.execute("UPDATE submissions SET status = ?, reason = ?, request_id = ?, finished_utc = ? "
+                "WHERE id = ? AND status = 'queued'", (status, reason, request_id, _now(), sid))
+
+
+def apply_submission(path: str | Path, sid: int, data_loader) -> dict:
+    """Apply queued submission ``sid`` through :func:`forget` / :func:`forget_everything`: marked ``applied``
+    in the request's own transaction (so a kill leaves either both or neither), ``refused`` with the reason
+    when the store refuses it (ids already forgotten, the same request already applied, …), ``failed`` with
+    the error on anything else. Returns the submission as it ends."""
+    sub = submission(path, sid)
+    if sub is None or sub["status"] != "queued":
+        return sub
+
+    def on_commit(con, record):
+        _finish(con, sid, "applied", None, record["id"])
+
+    def on_duplicate(con, record):
+        _finish(con, sid, "refused", f"the same request was already applied as request #{record['id']}", None)
+
+    try:
+        if sub["kind"] == "forget_all":
+            forget_everything(path, on_commit=on_commit, on_duplicate=on_duplicate)
+        else:
+            forget(path, sub["ids"], sigma=sub["sigma"], data_loader=data_loader, on_commit=on_commit,
+                   on_duplicate=on_duplicate)
+    except (StoreError, ValueError) as e:
+        _mark(path, sid, "refused", str(e.args[0]) if e.args else type(e).__name__)
+    except Exception as e:  # noqa: BLE001 — recorded on the submission, the worker goes on
+        _mark(path, sid, "failed", f"{type(e).__name__}: {e}")
+    return submission(path, sid)
+
+
+def _mark(path: str | Path, sid: int, status: str, reason: str) -> None:
+    with _open(path) as (_, con, _static_):
+        with _write_transaction(con):
+            _finish(con, sid, status, reason, None)
+
+
+def set_receipt(path: str | Path, sid: int, receipt: dict) -> None:
+    with _open(path) as (_, con, _static_):
+        with _write_transaction(con):
+            con.execute("UPDATE submissions SET receipt = ? WHERE id = ? AND receipt IS NULL",
+                        (json.dumps(receipt, sort_keys=True), int(sid)))
+
+
+def oldest_queued(path: str | Path) -> int | None:
+    """Id of the oldest queued submission (the worker applies them in arrival order), or None."""
+    with _open(path) as (_, con, _static_):
+        row = con.execute("SELECT id FROM submissions WHERE status = 'queued' ORDER BY id LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def applied_without_receipt(path: str | Path) -> list[dict]:
+    """Applied submissions whose receipt is not yet written, in request order."""
+    with _open(path) as (_, con, _static_):
+        rows = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions WHERE status = 'applied' "
+                           "AND receipt IS NULL ORDER BY request_id").fetchall()
+    return [_row_to_submission(r) for r in rows]
+
+
+def previous_receipt(path: str | Path, request_id: int) -> dict | None:
+    """The receipt of the applied submission with the largest request id below ``request_id``."""
+    with _open(path) as (_, con, _static_):
+        row = con.execute("SELECT receipt FROM submissions WHERE status = 'applied' AND request_id < ? "
+                          "ORDER BY request_id DESC LIMIT 1", (int(request_id),)).fetchone()
+    return json.loads(row[0]) if row and row[0] else None
+
+
+def request_with_link(path: str | Path, request_id: int) -> tuple[dict, str, str | None]:
+    """(request row, its record-chain link, its predecessor's link)."""
+    with _open(path) as (_, con, _static_):
+        con.execute("BEGIN")
+        try:
+            row = con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, hash FROM requests WHERE id = ?",
+                              (int(request_id),)).fetchone()
+            prev = con.execute("SELECT hash FROM requests WHERE id = ?", (int(request_id) - 1,)).fetchone()
+        finally:
+            con.execute("COMMIT")
+    if row is None:
+        raise StoreError(f"request #{request_id} is not in the store")
+    return _row_to_request(row), row["hash"], prev[0] if prev else None
+
+
+def state_record(path: str | Path) -> dict:
+    """The committed state row plus its chain link (``head``)."""
+    with _open(path) as (_, con, _static_):
+        st = _read_state(con)
+        st["head"] = con.execute("SELECT hash FROM state").fetchone()[0]
+    return st
+
+
+def request_links(path: str | Path) -> dict[int, str]:
+    """{request id: its record-chain link}."""
+    with _open(path) as (_, con, _static_):
+        return {r[0]: r[1] for r in con.execute("SELECT id, hash FROM requests")}
 
 
 # -- migration of the previous format ------------------------------------------------------------------
