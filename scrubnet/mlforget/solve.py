@@ -50,6 +50,10 @@ class SolverConfig:
 
     solver: str = "auto"
     dual_max_rows: int = 5000      # N·c up to which the dual (Gram + eigendecomposition) is used
+    primal_max_rows: int = 4096    # side q of the p×p (or head-block) system up to which the primal is used
+    primal_ratio: float = 2.0      # the primal when q·primal_ratio ≤ the dual's rows (N·c, or N for the head block)
+    budget_nats: float | None = None  # certified requests: stop at a proven KL(scrubbed ‖ retrained) ≤ budget
+    cert_window: int = 16          # iterates kept by certified CG to bound earlier ones with later terms
     weight_tol: float = 1e-6       # CG: absolute bound on ‖w' − w*‖ (stop at ‖HΔ − g‖ ≤ µ·weight_tol)
     cg_tol: float = 0.0            # CG: optional relative residual ‖HΔ − g‖/‖g‖ that also stops it
     cg_max_iter: int = 5000
@@ -64,16 +68,25 @@ class SolverConfig:
     sgd_batch_size: int = 128
 
     def __post_init__(self):
-        if self.solver not in ("auto", "dual", "cg", "sgd"):
-            raise ValueError(f"solver must be 'auto', 'dual', 'cg' or 'sgd', got {self.solver!r}")
+        if self.solver not in ("auto", "dual", "cg", "sgd", "primal"):
+            raise ValueError(f"solver must be 'auto', 'dual', 'primal', 'cg' or 'sgd', got {self.solver!r}")
+        if self.budget_nats is not None and not (self.budget_nats > 0 and self.budget_nats < float("inf")):
+            raise ValueError(f"budget_nats must be a finite number > 0, got {self.budget_nats}")
         if not self.weight_tol > 0 or not self.cg_tol >= 0:
             raise ValueError("weight_tol must be positive and cg_tol ≥ 0")
 
-    def exact_solver(self, rows: int) -> str:
-        """The exact solver, 'dual' or 'cg', for a Gram of ``rows`` = N·c rows: the one forced by ``solver``,
-        else (for 'auto', and for training and retraining when the requests use 'sgd') chosen by size."""
-        if self.solver in ("dual", "cg"):
+    def exact_solver(self, rows: int, primal_rows: int | None = None, primal_against: int | None = None) -> str:
+        """The exact solver, 'primal', 'dual' or 'cg', for a Gram of ``rows`` = N·c rows: the one forced by
+        ``solver``, else (for 'auto', and for training and retraining when the requests use 'sgd') chosen by
+        size and memory: the primal when its side q = ``primal_rows`` is at most ``primal_max_rows`` and
+        q·``primal_ratio`` ≤ ``primal_against`` (the dual's rows, or N for the head block: the smaller of
+        the two systems, when well below), else the dual when ``rows`` ≤ ``dual_max_rows``, else CG."""
+        if self.solver in ("dual", "cg", "primal"):
             return self.solver
+        against = rows if primal_against is None else primal_against
+        if primal_rows is not None and primal_rows <= self.primal_max_rows and \
+                primal_rows * self.primal_ratio <= against:
+            return "primal"
         return "dual" if rows <= self.dual_max_rows else "cg"
         if self.precond not in ("kfac", "none", "nystrom"):
             raise ValueError(f"precond must be 'none', 'kfac' or 'nystrom', got {self.precond!r}")
@@ -144,15 +157,103 @@ class NystromPreconditioner:
         return (self.lam[-1] + self.mu) * (self.u @ (c / (self.lam + self.mu))) + v - self.u @ c
 
 
+def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: int, window: int = 16,
+                 precond=None) -> tuple[Tensor, dict]:
+    """Preconditioned CG on A x = b (A ⪰ ``lam_min``·I) from 0 that stops when a proven bound on the error
+    ‖x − A⁻¹b‖₂ of the returned iterate is ≤ ``target``.
+
+    The bound (Hestenes–Stiefel): for PCG, ‖e_j‖²_A − ‖e_{j+1}‖²_A = α_j r_jᵀz_j exactly, so for j < K
+
+        ‖e_j‖²_A = Σ_{i=j}^{K−1} α_i r_iᵀz_i + ‖e_K‖²_A ≤ Σ_{i=j}^{K−1} α_i r_iᵀz_i + ‖r_K‖²/λ_min,
+        ‖e_j‖₂ ≤ ‖e_j‖_A/√λ_min,
+
+    i.e. an iterate is certified with the terms of the iterations after it (the last ``window`` iterates are
+    kept); the tail ‖r_K‖ is the *true* residual b − A x_K (one product) when a bound is accepted. j = K gives
+    ‖r_K‖/λ_min, the plain residual bound, never tighter. Returns (x, info with ``iterations``,
+    ``weight_error_bound``, ``residual_bound`` (the plain ‖r‖/λ_min of the final iterate), ``certified_lag``
+    (K − j), ``converged``, ``matvecs``)."""
+    x = torch.zeros_like(b)
+    r = b.clone()
+    z = precond(r) if precond is not None else r
+    p = z.clone()
+    rz = float(torch.sum(r * z))
+    kept: list[tuple[Tensor, float]] = []   # (x_j, α_j r_jᵀz_j) for the last iterates
+    it, matvecs = 0, 0
+    best = (float(torch.linalg.vector_norm(r)) / lam_min, x, 0)
+    if best[0] <= target or rz == 0.0:
+        return x, {"iterations": 0, "weight_error_bound": best[0], "residual_bound": best[0], "certified_lag": 0,
+                   "converged": True, "matvecs": 0}
+    while it < max_iter:
+        ap = matvec(p)
+        matvecs += 1
+        pap = float(torch.sum(p * ap))
+        if pap <= 0:
+            break
+        alpha = rz / pap
+        kept.append((x.clone(), alpha * rz))
+        if len(kept) > window:
+            kept.pop(0)
+        x = x + alpha * p
+        r = r - alpha * ap
+        it += 1
+        rr = float(torch.sum(r * r))
+        tail = rr / lam_min
+        acc = 0.0
+        cand = (rr ** 0.5 / lam_min, x, 0)
+        for lag, (xj, c) in enumerate(reversed(kept), start=1):
+            acc += c
+            bnd = ((acc + tail) / lam_min) ** 0.5
+            if bnd < cand[0]:
+                cand = (bnd, xj, lag)
+        if cand[0] <= target:
+            r_true = b - matvec(x)   # the tail with the true residual of x_K
+            matvecs += 1
+            tail = float(torch.sum(r_true * r_true)) / lam_min
+            acc, bnd = 0.0, float(torch.sum(r_true * r_true)) ** 0.5 / lam_min
+            xj_best, lag_best = x, 0
+            for lag, (xj, c) in enumerate(reversed(kept), start=1):
+                acc += c
+                bj = ((acc + tail) / lam_min) ** 0.5
+                if bj < bnd:
+                    bnd, xj_best, lag_best = bj, xj, lag
+            best = (bnd, xj_best, lag_best)
+            if bnd <= target:
+                break
+            r = r_true
+        else:
+            best = cand
+        z = precond(r) if precond is not None else r
+        rz_new = float(torch.sum(r * z))
+        p = z + (rz_new / rz) * p
+        rz = rz_new
+    bnd, xb, lag = best
+    return xb, {"iterations": it, "weight_error_bound": bnd, "residual_bound": (rr ** 0.5) / lam_min if it else bnd,
+                "certified_lag": lag, "converged": bnd <= target, "matvecs": matvecs}
+
+
 def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: torch.Generator | None = None,
-                precond=None) -> tuple[Tensor, StepInfo]:
+                precond=None, target_error: float | None = None) -> tuple[Tensor, StepInfo]:
     """Δ ≈ H⁻¹ g(w) on the objective's data; returns (Δ, info). The new weights are w − Δ.
 
     CG (any ``cfg.solver`` but 'sgd') stops at ‖HΔ − g‖ ≤ max(µ·weight_tol, cg_tol·‖g‖); the info records
-    the absolute residual and the bound ``weight_error_bound`` = ‖HΔ − g‖/µ on ‖w − Δ − w*‖."""
+    the absolute residual and the bound ``weight_error_bound`` = ‖HΔ − g‖/µ on ‖w − Δ − w*‖.
+    With ``target_error`` (certified requests): :func:`certified_cg` to a proven ‖w − Δ − w*‖ ≤ target."""
     t0 = time.perf_counter()
     g, loss = obj.gradient(w)
     gnorm = float(torch.linalg.vector_norm(g))
+    if cfg.solver != "sgd" and target_error is not None:
+        if precond is None and cfg.precond == "nystrom":
+            precond = NystromPreconditioner(obj, cfg.precond_rank, generator)
+        delta, ci = certified_cg(obj.hvp, g, lam_min=obj.mu, target=target_error, max_iter=cfg.cg_max_iter,
+                                 window=cfg.cert_window, precond=precond)
+        info = StepInfo("cg-certified", ci["iterations"], ci["residual_bound"] * obj.mu / max(gnorm, 1e-300),
+                        gnorm, loss, 0.0,
+                        {"converged": bool(ci["converged"]), "preconditioner": "nystrom" if precond is not None
+                         else "none", "weight_error_bound": ci["weight_error_bound"],
+                         "residual_bound": ci["residual_bound"], "certified_lag": ci["certified_lag"],
+                         "hvp_products": ci["matvecs"]})
+        info.seconds = time.perf_counter() - t0
+        return delta, info
     if cfg.solver != "sgd":
         if precond is None and cfg.precond == "kfac":
             precond = kfac_preconditioner(obj, cfg.precond_samples, generator)
