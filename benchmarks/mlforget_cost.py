@@ -275,10 +275,11 @@ class _Res(nn.Module):
 
 
 class ResNetStyle(nn.Module):
-    """A hand-written CIFAR ResNet-style CNN: 3×3 stem, four residual stages (widths 16, 32, 64, 256, strides
-    1, 2, 2, 2), global average pooling, head ``fc`` (256 → c): the head's primal block is 257 × 257."""
+    """A hand-written CIFAR ResNet-style CNN: 3×3 stem, five residual stages (widths 16, 32, 64, 128, 512,
+    strides 1, 2, 2, 2, 2), global average pooling, head ``fc`` (512 → c): the head's primal block is
+    513 × 513, as for a ResNet-18 head."""
 
-    def __init__(self, c: int = 10, widths=(16, 32, 64, 256)):
+    def __init__(self, c: int = 10, widths=(16, 32, 64, 128, 512)):
         super().__init__()
         self.stem = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
         self.bn = nn.BatchNorm2d(widths[0])
@@ -348,7 +349,7 @@ def ridge_lstsq(lin, h, y, c: int, mu: float, s: float):
 
 
 def run_primal(state: MLState, x, y, ids, reps: int, seed: int) -> float:
-    """(Needs N ≥ 2·257 samples, where the primal is chosen.) One request (1 % of the user data) by the primal downdate against the best exact retrain of the same
+    """(Needs N ≥ 2·513 samples, where the primal is chosen.) One request (1 % of the user data) by the primal downdate against the best exact retrain of the same
     family (the primal from scratch on the cached features), medians of alternated repetitions."""
     rem = state.remaining_ids()
     rem = rem[~torch.isin(rem, ids)]
