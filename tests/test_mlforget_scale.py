@@ -179,3 +179,14 @@ def test_certified_request_meets_its_budget_and_records_the_certificate():
     with pytest.raises(ValueError, match="budget_nats"):
         forget_request(state, x, y, [5], budget_nats=-1.0)
     assert not math.isnan(cert["weight_error_bound"])
+
+
+def test_a_copied_state_shares_the_features_and_gives_the_same_request():
+    net, x, y = trained_net(40)
+    state = ml_from_network(net, x, y, 3, config=MLConfig(leaky_slope=None, sigma=0.0))
+    h = state.prefix.features(x)
+    twin = state.copy()
+    assert twin.prefix.features(x) is h  # no second prefix pass
+    a = forget_request(state, x, y, [2, 7], sigma=0.0).w_before_noise
+    b = forget_request(twin, x, y, [2, 7], sigma=0.0).w_before_noise
+    assert torch.equal(a, b)

@@ -22,6 +22,7 @@ the head"), J(x) = I_c ⊗ [h(x); 1]ᵀ, so JᵀJ is block diagonal with c equal
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -148,6 +149,13 @@ class PrefixSplit:
             return False
         want = [f"{ops[0].target}.weight"] + ([f"{ops[0].target}.bias"] if mod.bias is not None else [])
         return self.suffix_model.linearized_names == want
+
+    def __deepcopy__(self, memo):
+        """Copies share the frozen modules and the features cache (nothing in them is ever modified): a copied
+        ML state must not recompute the prefix pass."""
+        other = copy.copy(self)
+        memo[id(self)] = other
+        return other
 
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:

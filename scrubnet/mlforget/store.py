@@ -8,6 +8,10 @@ A checkpoint is a directory::
     factor.safetensors                the dual factor built at training (eigendecomposed user-data Gram,
                                       :class:`~scrubnet.mlforget.dual.DualFactor`), when training used the
                                       dual; its metadata ``key`` (:func:`factor_key`) says what it was built from
+    primal.safetensors                the primal factor (eigendecomposed p×p user-weight system,
+                                      :class:`~scrubnet.mlforget.primal.PrimalFactor`) when training used the
+                                      primal; written and read with :mod:`scrubnet.integrity` (content hash),
+                                      keyed like the dual factor; unreadable or mismatched: ignored and rebuilt
 
 Tables:
 
