@@ -371,3 +371,20 @@ def test_primal_factor_is_saved_verified_loaded_and_exact(tmp_path):
     w = state.model.delta_flat()
     torch.testing.assert_close(w.double(), w_hat.double(), rtol=0, atol=1e-5 * float(w_hat.abs().max()))
     torch.testing.assert_close(store.load(bad)[0].model.delta_flat(), w, rtol=0, atol=1e-6 * float(w.abs().max()))
+
+
+def test_certified_request_through_the_cli_records_its_certificate(base_ckpt, tmp_path):
+    """--budget-nats on a CG checkpoint: the request stops at a proven KL bound and the store keeps it."""
+    ck = tmp_path / "cg"
+    code, out = cli_inprocess("train", "--out", ck, "--data-options", DATA, "--train-options", TRAIN,
+                              "--model-options", '{"hidden": 16}',
+                              "--ml-options", '{"solver": "cg", "sigma": 0.01, "precond": "none"}')
+    assert code == 0, out
+    ids = deletable(ck, 2)
+    code, out = cli_inprocess("forget", ck, "--ids", ",".join(map(str, ids)), "--budget-nats", "0.1")
+    assert code == 0, out
+    assert "certificate: KL(scrubbed ‖ retrained) ≤" in out
+    cert = store.requests(ck)[-1]["solver"]["certificate"]
+    assert cert["within_budget"] and cert["kl_bound_nats"] <= 0.1 and cert["sigma"] == 0.01
+    code, out = cli_inprocess("forget", ck, "--ids", str(deletable(ck, 1, skip=5)[0]), "--budget-nats", "-1")
+    assert code == 2 and "error: --budget-nats" in out

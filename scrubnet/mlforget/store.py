@@ -619,7 +619,7 @@ def _collect_garbage(path: Path, con: sqlite3.Connection) -> None:
 
 
 def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_all=None,
-           data_loader=None) -> tuple[dict, bool]:
+           data_loader=None, budget_nats: float | None = None) -> tuple[dict, bool]:
     """Apply one forgetting request to the checkpoint at ``path``; returns (request record, applied_now).
 
     The data D come from ``x_all, y_all`` or from ``data_loader(static) -> (x, y)`` (called before the lock).
@@ -657,7 +657,7 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
                 state.factor, factor_status = factor, "loaded"
             else:
                 factor_status = "key mismatch"
-        out = forget_request(state, x, y, ids, sigma=sig,
+        out = forget_request(state, x, y, ids, sigma=sig, budget_nats=budget_nats,
                              noise_seed=1_000_003 * state.seed + st["request_id"] + 1)
         return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
                 "solver": {**out.info.as_dict(), "factor_file": factor_status, "primal_file": primal_status}}
