@@ -78,11 +78,6 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
         yield j, r
 
 
-def block_structure(model: LinearizedModel, head_linear: bool) -> bool:
-    """True when the per-output block structure applies (the model is the suffix of a head-only split)."""
-    return bool(head_linear)
-
-
 def weights_from_block(model: LinearizedModel, w: Tensor, block: bool) -> Tensor:
     """The flat user-weight vector (``linearized_names`` order) of the primal solution: block → W (d+1, c)
     to [weight (c, d), bias (c)]; generic → w (p, 1) flattened."""
