@@ -38,6 +38,7 @@ path; slow, not in the default list).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import statistics
 import time
@@ -52,7 +53,9 @@ from scrubnet.experiments.runner import get_split
 from scrubnet.mlforget.dual import dual_fit
 from scrubnet.mlforget.model import (MLConfig, MLState, build_factor, choose_core_ids, fit_user_weights,
                                      forget_request)
+from scrubnet.mlforget.user import ml_from_network
 from scrubnet.mlforget.pipeline import train_ml
+from scrubnet.mlforget.primal import primal_fit
 from scrubnet.mlforget.solve import NystromPreconditioner, SGDTrainConfig, SolverConfig, fit_user_weights_sgd, \
     newton_step
 from scrubnet.models.linearized import LinearizedModel
@@ -246,17 +249,231 @@ def synthetic_problem(n: int, seed: int):
     cfg = MLConfig(core_fraction=0.0)
     core_ids, user_ids = choose_core_ids(len(y), cfg.core_fraction, seed, None, cfg.user_data)
     state = MLState(LinearizedModel(core), core_ids, user_ids, torch.zeros(0, dtype=torch.long), cfg, c, seed)
-    t, (w, _) = timed(lambda: fit_user_weights(state, x[user_ids], y[user_ids], torch.Generator().manual_seed(seed)))
+    t, (w, state.train_info) = timed(lambda: fit_user_weights(state, x[user_ids], y[user_ids],
+                                                              torch.Generator().manual_seed(seed)))
     state.model.set_delta_flat(w)
-    print(f"\nsynthetic: trained w_u on N = {n} in {t:.1f} s")
+    print(f"\nsynthetic: trained w_u on N = {n} in {t:.1f} s (CG from zero, the Nyström sketch built inside)")
     g = torch.Generator().manual_seed(seed)
     ids = user_ids[torch.randperm(len(user_ids), generator=g)[:max(1, n // 100)]]
     return state, x, y, torch.sort(ids).values
 
 
+class _Res(nn.Module):
+    """A basic residual block: conv-BN-ReLU-conv-BN plus the (1×1 conv-BN when the shape changes) shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                      if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.short(x))
+
+
+class ResNetStyle(nn.Module):
+    """A hand-written CIFAR ResNet-style CNN: 3×3 stem, five residual stages (widths 16, 32, 64, 128, 512,
+    strides 1, 2, 2, 2, 2), global average pooling, head ``fc`` (512 → c): the head's primal block is
+    513 × 513, as for a ResNet-18 head."""
+
+    def __init__(self, c: int = 10, widths=(16, 32, 64, 128, 512)):
+        super().__init__()
+        self.stem = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(widths[0])
+        stages, cin = [], widths[0]
+        for i, w in enumerate(widths):
+            stages.append(_Res(cin, w, 1 if i == 0 else 2))
+            cin = w
+        self.stages = nn.Sequential(*stages)
+        self.fc = nn.Linear(cin, c)
+
+    def forward(self, x):
+        x = self.stages(F.relu(self.bn(self.stem(x))))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def cifar_shaped(n: int, c: int = 10, seed: int = 0):
+    """n CIFAR-shaped samples (3×32×32): a smooth random template per class (upsampled 8×8 noise) + noise."""
+    g = torch.Generator().manual_seed(seed)
+    templates = F.interpolate(torch.randn(c, 3, 8, 8, generator=g), size=32, mode="bilinear", align_corners=False)
+    y = torch.randint(0, c, (n,), generator=g)
+    return 0.5 * templates[y] + torch.randn(n, 3, 32, 32, generator=g), y
+
+
+def primal_problem(n: int, seed: int, train_n: int):
+    """The user's own trained network: ``ResNetStyle`` trained with plain SGD (1 epoch on ``train_n`` of the
+    samples, batch 128, lr 0.05, momentum 0.9, wd 5e-4), then its head linearised (:func:`ml_from_network`)."""
+    x, y = cifar_shaped(n, seed=seed)
+    torch.manual_seed(seed)
+    net = ResNetStyle()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    g = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    net.train()
+    perm = torch.randperm(n, generator=g)[:train_n]
+    for i in range(0, len(perm), 128):
+        idx = perm[i:i + 128]
+        loss = F.cross_entropy(net(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    t_train = time.perf_counter() - t0
+    with torch.no_grad():
+        acc = float((torch.cat([net(x[i:i + 1000]).argmax(1) for i in range(0, n, 1000)]) == y).float().mean())
+    t, state = timed(lambda: ml_from_network(net, x, y, 10, config=MLConfig(leaky_slope=None, sigma=0.0),
+                                             seed=seed))
+    fac = state.primal if state.primal is not None else state.factor
+    print(f"\nprimal: ResNet-style CNN ({sum(p.numel() for p in net.parameters())} weights, BatchNorm) trained "
+          f"1 epoch on {train_n} samples in {t_train:.1f} s (train accuracy {acc:.3f}); ML model from it "
+          f"(head linearised, features pass {state.prefix.seconds:.1f} s, factor "
+          f"{fac.seconds['gram_s'] + fac.seconds['eig_s']:.2f} s) in {t:.1f} s")
+    ids = torch.sort(torch.randperm(n, generator=g)[:max(1, n // 100)]).values
+    return state, x, y, ids
+
+
+def ridge_lstsq(lin, h, y, c: int, mu: float, s: float):
+    """An independent answer for a linearised head: min ‖Φ W + R‖² + nµ‖W‖² by least squares (QR) on
+    [Φ; √(nµ) I] in float64 — no normal equations, no eigendecomposition."""
+    phi = torch.cat([h.double(), torch.ones(len(h), 1, dtype=torch.float64)], 1)
+    with torch.no_grad():
+        r = lin.base(h).double() - s * F.one_hot(y, c).double()
+    q = phi.shape[1]
+    a = torch.cat([phi, (len(y) * mu) ** 0.5 * torch.eye(q, dtype=torch.float64)])
+    b = torch.cat([-r, torch.zeros(q, c, dtype=torch.float64)])
+    w = torch.linalg.lstsq(a, b).solution            # (q, c)
+    return torch.cat([w[:-1].T.reshape(-1), w[-1]])
+
+
+def run_primal(state: MLState, x, y, ids, reps: int, seed: int) -> float:
+    """(Needs N ≥ 2·513 samples, where the primal is chosen.) One request (1 % of the user data) by the primal downdate against the best exact retrain of the same
+    family (the primal from scratch on the cached features), medians of alternated repetitions."""
+    rem = state.remaining_ids()
+    rem = rem[~torch.isin(rem, ids)]
+    q, block = state.primal_shape()
+    lin, h = state.space(x)
+    n, c = len(state.user_ids), state.num_classes
+    print(f"\n== primal: {n} user samples × {c} classes = {n * c} dual rows, {state.model.num_linearized} user "
+          f"weights (head block {q} × {q}: {block}); request of {len(ids)} samples; exact solver: "
+          f"{state.exact_solver(n)}")
+    g = torch.Generator().manual_seed(seed)
+    w_star = ridge_lstsq(lin, h[rem], y[rem], c, state.config.mu, state.config.target_scale)
+
+    def forget():
+        return forget_request(state, x, y, ids, sigma=0.0, apply=False)
+
+    def retrain():
+        return fit_user_weights(state, x, y, g, ids=rem)
+
+    contenders = {"forget": forget, "retrain": retrain}
+    for f in contenders.values():
+        f()  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    res = {}
+    for rep in range(reps):
+        for k in (list(contenders) if rep % 2 == 0 else list(contenders)[::-1]):
+            t, res[k] = timed(contenders[k])
+            times[k].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out, (w_re, info_re) = res["forget"], res["retrain"]
+    scale = float(torch.linalg.vector_norm(w_star))
+    print(f"  medians of {reps} alternated repetitions:")
+    print(f"  forget, exact (primal downdate)        {med['forget']:8.4f} s   ‖w − w*‖/‖w*‖ "
+          f"{err(out.w_before_noise, w_star) / scale:9.3g}  ({out.info.extra['removed_rows']} rows removed, "
+          f"Woodbury on the {q}×{q} block)")
+    print(f"  retrain, primal from scratch (features) {med['retrain']:7.4f} s   ‖w − w*‖/‖w*‖ "
+          f"{err(w_re, w_star) / scale:9.3g}  ({info_re.get('train_solver')})")
+    # the same two solves returning float64 (the library casts its answer to the network's float32)
+    lin64 = copy.deepcopy(lin).double()
+    w_req64, _ = state.primal.fit(lin64, h, y, torch.isin(state.primal.ids, rem))
+    w_re64, _ = primal_fit(lin64, h[rem], y[rem], c, state.config.mu, state.config.target_scale, block)
+    print(f"  in float64: ‖w_forget − w*‖/‖w*‖ {err(w_req64, w_star) / scale:.3g}, ‖w_retrain − w*‖/‖w*‖ "
+          f"{err(w_re64, w_star) / scale:.3g}, ‖w_forget − w_retrain‖/‖w*‖ {err(w_req64, w_re64) / scale:.3g} "
+          f"(w*: least squares by QR)")
+    print(f"  (a retrain that also recomputed the features: {state.prefix.seconds + med['retrain']:.1f} s)")
+    print(f"  certificate: {out.info.extra['certificate']}")
+    sp = med["retrain"] / med["forget"]
+    print(f"speedup_primal: {sp:.1f}")
+    return sp
+
+
+def certified_problem(n: int, seed: int, sigma: float):
+    """The fully linearised synthetic problem (MLP 32-128-128-10, all weights) on N = n user samples."""
+    state, x, y, ids = synthetic_problem(n, seed)
+    state.config.sigma = sigma
+    return state, x, y, ids
+
+
+def run_certified(state: MLState, x, y, ids, reps: int, seed: int, budget: float, n_requests: int = 2) -> float:
+    """A certified request (budget in nats at the state's σ) against the best exact retrain of the same family
+    (float64 CG from zero with the prebuilt Nyström sketch to the library's exact tolerance), then
+    ``n_requests`` sequential certified requests with their certificates."""
+    cfg = state.config
+    sigma = cfg.sigma
+    rem = state.remaining_ids()
+    rem = rem[~torch.isin(rem, ids)]
+    n, c = len(state.user_ids), state.num_classes
+    print(f"\n== certified: {n} user samples × {c} classes = {n * c} Gram rows, {state.model.num_linearized} user "
+          f"weights (all linearised); request of {len(ids)} samples; σ = {sigma:g}, budget {budget:g} nats; "
+          f"exact solver: {state.exact_solver(n)}")
+    # the sketch was built once by the training (CG from zero: fit_user_weights keeps it in state.precond)
+    print(f"  once per checkpoint: Nyström sketch (rank {cfg.solver.precond_rank}) "
+          f"{state.train_info.get('train_precond_build_s', float('nan')):.1f} s")
+    g = torch.Generator().manual_seed(seed)
+
+    def forget():
+        return forget_request(state, x, y, ids, sigma=sigma, budget_nats=budget, apply=False)
+
+    def retrain():
+        return fit_user_weights(state, x, y, g, ids=rem)
+
+    contenders = {"forget": forget, "retrain": retrain}
+    forget()  # warm-up (the long retrain amortises its first-call overhead)
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    res = {}
+    for rep in range(reps):
+        for k in (list(contenders) if rep % 2 == 0 else list(contenders)[::-1]):
+            t, res[k] = timed(contenders[k])
+            times[k].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out, (w_re, info_re) = res["forget"], res["retrain"]
+    w_star = w_re  # the exact retrain: ‖w_re − w*‖ ≤ weight_tol (1e-6), proven by its residual
+    cert = out.info.extra["certificate"]
+    e = err(out.w_before_noise, w_star)
+    print(f"  medians of {reps} alternated repetitions:")
+    print(f"  forget, certified (CG, Gauss–Radau)  {med['forget']:8.3f} s   ‖w − w*‖ {e:9.3g}  true KL "
+          f"{0.5 * e * e / sigma ** 2:9.3g} nats ≤ bound {cert['kl_bound_nats']:.3g}  ({out.info.iterations} "
+          f"iterations; the plain ‖r‖/µ bound would be "
+          f"{0.5 * (out.info.extra['residual_bound'] / sigma) ** 2:.3g} nats)")
+    print(f"  retrain, CG from zero (Nyström)      {med['retrain']:8.3f} s   ‖w − w*‖ ≤ "
+          f"{info_re.get('train_weight_error_bound', float('nan')):.3g} (proven; it is w* above)  "
+          f"({info_re.get('train_iterations')} iterations)")
+    print(f"  certificate: {cert}")
+    sp = med["retrain"] / med["forget"]
+    print(f"speedup_certified: {sp:.1f}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    for k in range(n_requests):
+        dele = state.deletable_ids()
+        req = torch.sort(dele[torch.randperm(len(dele), generator=gen)[:len(ids)]]).values
+        t, o = timed(lambda: forget_request(state, x, y, req, sigma=sigma, budget_nats=budget,
+                                            noise_seed=1_000_003 * seed + k + 1))
+        print(f"  sequential request {k + 1}: {t:.2f} s, {o.info.iterations} iterations, certificate "
+              f"{o.info.extra['certificate']}")
+    return sp
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problems", default="embedded,digits", help="embedded, digits, synthetic")
+    ap.add_argument("--problems", default="embedded,digits,primal,certified",
+                    help="embedded, digits, primal, certified, synthetic")
+    ap.add_argument("--primal-n", type=int, default=10_000, help="samples of the primal problem (3×32×32)")
+    ap.add_argument("--primal-train-n", type=int, default=2_000, help="samples the primal problem's CNN trains on")
+    ap.add_argument("--certified-n", type=int, default=10_000, help="user samples of the certified problem")
+    ap.add_argument("--budget", type=float, default=0.1, help="information budget of a certified request (nats)")
+    ap.add_argument("--sigma", type=float, default=1e-2, help="σ of the certified problem")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per contender (≥ 3)")
     ap.add_argument("--n", type=int, default=20_000, help="user samples of the synthetic problem")
     ap.add_argument("--sgd-epochs", type=int, default=50)
@@ -267,11 +484,19 @@ def main(argv=None) -> None:
         raise SystemExit("error: --reps must be at least 3 (the median of alternated repetitions)")
     torch.set_num_threads(args.threads)
     probs = [p.strip() for p in args.problems.split(",") if p.strip()]
-    unknown = [p for p in probs if p not in ("embedded", "digits", "synthetic")]
+    unknown = [p for p in probs if p not in ("embedded", "digits", "synthetic", "primal", "certified")]
     if unknown:
-        raise SystemExit(f"error: unknown problem(s) {unknown}; choose embedded, digits, synthetic")
+        raise SystemExit(f"error: unknown problem(s) {unknown}; choose embedded, digits, primal, certified, synthetic")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     for p in probs:
+        if p == "primal":
+            state, x, y, ids = primal_problem(args.primal_n, args.seed, args.primal_train_n)
+            run_primal(state, x, y, ids, max(args.reps, 7), args.seed)
+            continue
+        if p == "certified":
+            state, x, y, ids = certified_problem(args.certified_n, args.seed, args.sigma)
+            run_certified(state, x, y, ids, args.reps, args.seed, args.budget)
+            continue
         if p == "synthetic":
             state, x, y, ids = synthetic_problem(args.n, args.seed)
             name = f"synthetic (N = {args.n}, MLP 32-128-128-10)"

@@ -179,6 +179,9 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
            ids_file: Optional[Path] = typer.Option(None, "--forget-ids", "--ids-file",
                                                    help="file of sample ids, same formats as `scrubnet forget`"),
            sigma: Optional[float] = typer.Option(None, help="noise std (default: the checkpoint's)"),
+           budget_nats: Optional[float] = typer.Option(None, "--budget-nats",
+                                                       help="certified request: stop CG once KL(scrubbed ‖ "
+                                                            "retrained) at σ is proven ≤ this many nats"),
            threads: int = THREADS_OPT,
            device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Forget a set of user samples: one request, applied exactly once, recorded in the store."""
@@ -186,9 +189,15 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
     _set_threads(threads)
     ckpt = _checkpoint(checkpoint, checkpoint_opt)
     id_list = parse_ids(ids, ids_file)
-    record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=_data_loader)
+    if budget_nats is not None and not (budget_nats > 0 and budget_nats < float("inf")):
+        raise ValueError(f"--budget-nats must be a finite number > 0, got {budget_nats}")
+    record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=_data_loader, budget_nats=budget_nats)
     if applied:
         info = record["solver"]
+        cert = info.get("certificate") or {}
+        if cert.get("budget_nats") is not None:
+            typer.echo(f"certificate: KL(scrubbed ‖ retrained) ≤ {cert['kl_bound_nats']:.3g} nats at σ = "
+                       f"{cert['sigma']:g} (‖w − w*‖ ≤ {cert['weight_error_bound']:.3g})")
         typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
                    f"{info.get('solver')} solver ({info.get('iterations')} iterations), residual "
                    f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")

@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-    0  scrubnet._config, scrubnet.atomic_io, scrubnet.device
+    0  scrubnet._config, scrubnet.atomic_io, scrubnet.integrity, scrubnet.device
     1  scrubnet.models, scrubnet.data
     2  scrubnet.training, scrubnet.training_pool, scrubnet.recipe, scrubnet.curvature, scrubnet.diagnostics
     3  scrubnet.methods, scrubnet.mlforget, scrubnet.readouts, scrubnet.audit.stats (with the statistics it
@@ -25,7 +25,7 @@ import pytest
 import scrubnet
 
 ROOT = Path(scrubnet.__file__).parent
-LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.device": 0,
+LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.integrity": 0, "scrubnet.device": 0,
           "scrubnet.models": 1, "scrubnet.data": 1,
           "scrubnet.training": 2, "scrubnet.training_pool": 2, "scrubnet.recipe": 2, "scrubnet.curvature": 2,
           "scrubnet.diagnostics": 2,

@@ -504,3 +504,49 @@ def test_a_store_of_the_previous_format_is_sealed_on_open(chained_ckpt, tmp_path
     code, out = _show_problems(bad)
     assert code == 2 and "cannot be sealed" in out and "request #1: sha256_before" in out
     assert static_of(bad)["format"] == store.FORMAT_UNSEALED
+
+def test_primal_factor_is_saved_verified_loaded_and_exact(tmp_path):
+    """A head-linearised checkpoint trains in the primal, saves primal.safetensors (content-hashed), and its
+    requests load it; a corrupted file is ignored (rebuilt) with the same weights."""
+    ck = tmp_path / "primal"
+    code, out = cli_inprocess("train", "--out", ck, "--data-options", DATA, "--train-options", TRAIN,
+                              "--model-options", '{"hidden": 16}',
+                              "--ml-options", '{"linearize": ["head"], "solver": "primal"}')
+    assert code == 0, out
+    assert (ck / store.PRIMAL).is_file() and not (ck / store.FACTOR).exists()
+    assert store.requests(ck)[0]["solver"]["train_solver"] == "primal"
+    bad = tmp_path / "bad"
+    shutil.copytree(ck, bad)
+    data = bytearray((bad / store.PRIMAL).read_bytes())
+    data[-3] ^= 0x01  # one flipped bit in the tensors: the content hash no longer matches
+    (bad / store.PRIMAL).write_bytes(bytes(data))
+    ids = deletable(ck, 3)
+    rec, _ = store.forget(ck, ids, sigma=0.0, data_loader=_data_loader)
+    assert (rec["solver"]["solver"], rec["solver"]["primal_file"], rec["solver"]["factor_source"]) == \
+        ("primal", "loaded", "file")
+    assert rec["solver"]["certificate"]["weight_error_bound"] < 1e-8
+    rec_bad, _ = store.forget(bad, ids, sigma=0.0, data_loader=_data_loader)
+    assert (rec_bad["solver"]["primal_file"], rec_bad["solver"]["factor_rebuilt"]) == ("unreadable", "missing")
+    state = store.load(ck)[0]
+    x, y = _data_loader(static_of(ck))
+    w_hat = retrain_user_weights(state, x, y)
+    w = state.model.delta_flat()
+    torch.testing.assert_close(w.double(), w_hat.double(), rtol=0, atol=1e-5 * float(w_hat.abs().max()))
+    torch.testing.assert_close(store.load(bad)[0].model.delta_flat(), w, rtol=0, atol=1e-6 * float(w.abs().max()))
+
+
+def test_certified_request_through_the_cli_records_its_certificate(base_ckpt, tmp_path):
+    """--budget-nats on a CG checkpoint: the request stops at a proven KL bound and the store keeps it."""
+    ck = tmp_path / "cg"
+    code, out = cli_inprocess("train", "--out", ck, "--data-options", DATA, "--train-options", TRAIN,
+                              "--model-options", '{"hidden": 16}',
+                              "--ml-options", '{"solver": "cg", "sigma": 0.01, "precond": "none"}')
+    assert code == 0, out
+    ids = deletable(ck, 2)
+    code, out = cli_inprocess("forget", ck, "--ids", ",".join(map(str, ids)), "--budget-nats", "0.1")
+    assert code == 0, out
+    assert "certificate: KL(scrubbed ‖ retrained) ≤" in out
+    cert = store.requests(ck)[-1]["solver"]["certificate"]
+    assert cert["within_budget"] and cert["kl_bound_nats"] <= 0.1 and cert["sigma"] == 0.01
+    code, out = cli_inprocess("forget", ck, "--ids", str(deletable(ck, 1, skip=5)[0]), "--budget-nats", "-1")
+    assert code == 2 and "error: --budget-nats" in out

@@ -45,7 +45,8 @@ from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_modul
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.solve import SolverConfig
 
-_SOLVER_KEYS = {"solver", "cg_tol", "cg_max_iter", "precond", "precond_rank", "dual_max_rows", "weight_tol"}
+_SOLVER_KEYS = {"solver", "cg_tol", "cg_max_iter", "precond", "precond_rank", "dual_max_rows", "weight_tol",
+                "primal_max_rows", "primal_ratio", "budget_nats"}
 
 
 def ml_config_from_options(options: dict) -> MLConfig:

@@ -27,6 +27,7 @@ and its only trainable parameters are w_u.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -37,6 +38,8 @@ from torch import Tensor, nn
 from scrubnet._config import strict_from_dict
 from scrubnet.mlforget.dual import DualFactor, dual_fit
 from scrubnet.mlforget.objective import UserObjective
+from scrubnet.mlforget.prefix import PrefixSplit
+from scrubnet.mlforget.primal import PrimalFactor, primal_fit, primal_size
 from scrubnet.mlforget.solve import (
     NystromPreconditioner,
     SGDTrainConfig,
@@ -119,6 +122,9 @@ class MLState:
     train_info: dict = field(default_factory=dict)
     precond: object = None  # a preconditioner of H built once (Nyström) and reused by later requests
     factor: DualFactor | None = None  # the user-data Gram, eigendecomposed once, used by every dual request
+    primal: PrimalFactor | None = None  # the p×p user-weight system, eigendecomposed once (primal requests)
+    prefix: PrefixSplit | None = None  # the frozen prefix and its features cache (:meth:`space`)
+    prefix_checked: bool = False
 
     def remaining_ids(self) -> Tensor:
         """User ids not yet forgotten (sorted)."""
@@ -130,18 +136,39 @@ class MLState:
         rem = self.remaining_ids()
         return rem[~torch.isin(rem, self.core_ids)]
 
-    def objective(self, x: Tensor, y: Tensor) -> UserObjective:
-        return UserObjective(self.model, x, y, self.num_classes, self.config.mu, self.config.target_scale,
-                             self.config.chunk)
+    def space(self, x_all: Tensor) -> tuple[LinearizedModel, Tensor]:
+        """(ML module, inputs) the solvers run on: the linearised suffix and the cached features h(x_all) when
+        the network splits after a frozen prefix (:mod:`scrubnet.mlforget.prefix`), else (``model``,
+        ``x_all``). Both give the same J, residuals and user weights (same names and order)."""
+        if not self.prefix_checked:
+            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8])
+            self.prefix_checked = True
+        if self.prefix is None:
+            return self.model, x_all
+        return self.prefix.suffix_model, self.prefix.features(x_all)
 
-    def objective64(self, x: Tensor, y: Tensor) -> UserObjective:
-        """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
-        return UserObjective(copy.deepcopy(self.model).double(), x.double(), y, self.num_classes, self.config.mu,
+    def objective(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
+        return UserObjective(self.model if model is None else model, x, y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
+    def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
+        """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
+        m = self.model if model is None else model
+        return UserObjective(copy.deepcopy(m).double(), x.double(), y, self.num_classes, self.config.mu,
+                             self.config.target_scale, self.config.chunk)
+
+    def primal_shape(self) -> tuple[int, bool]:
+        """(q, block): the side of the primal system and whether the head's per-output block structure applies
+        (known once :meth:`space` has looked for a prefix)."""
+        block = self.prefix is not None and self.prefix.head_linear
+        model = self.prefix.suffix_model if block else self.model
+        return primal_size(model, block), block
+
     def exact_solver(self, n_samples: int) -> str:
-        """'dual' or 'cg' for ``n_samples`` samples (N·c rows of the Gram), see :class:`SolverConfig`."""
-        return self.config.solver.exact_solver(n_samples * self.num_classes)
+        """'primal', 'dual' or 'cg' for ``n_samples`` samples (N·c rows of the Gram), see :class:`SolverConfig`."""
+        q, block = self.primal_shape()
+        return self.config.solver.exact_solver(n_samples * self.num_classes, q,
+                                               n_samples if block else n_samples * self.num_classes)
 
     def copy(self) -> "MLState":
         return copy.deepcopy(self)
@@ -190,20 +217,29 @@ def _precond_for(state: MLState, obj: UserObjective, generator: torch.Generator 
     return state.precond
 
 
-def fit_user_weights(state: MLState, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, dict]:
-    """Train w_u from 0 on (x, y) with ``state.config.train_solver``; returns (w_u, info). Does not set it.
+def fit_user_weights(state: MLState, x: Tensor, y: Tensor, generator: torch.Generator, *,
+                     ids: Tensor | None = None) -> tuple[Tensor, dict]:
+    """Train w_u from 0 on (x, y) — or on (x[ids], y[ids]) when ``ids`` is given, so that the features of a
+    frozen prefix are those cached for all of x — with ``state.config.train_solver``; returns (w_u, info).
+    Does not set it.
 
     'newton' = the exact minimiser from scratch with the exact solver chosen by size: the dual
     (:func:`scrubnet.mlforget.dual.dual_fit`: Gram, Cholesky, one VJP) or float64 CG from zero to the
     absolute tolerance, with the state's Nyström preconditioner (built here if missing). This is also the
     retraining yardstick (:func:`retrain_user_weights`)."""
     cfg = state.config
+    lin, x = state.space(x)
+    if ids is not None:
+        x, y = x[ids], y[ids]
     if cfg.train_solver == "newton":
         t0 = time.perf_counter()
-        if state.exact_solver(len(y)) == "dual":
-            w, info = dual_fit(state.model, x, y, state.num_classes, cfg.mu, cfg.target_scale)
+        solver = state.exact_solver(len(y))
+        if solver == "primal":
+            w, info = primal_fit(lin, x, y, state.num_classes, cfg.mu, cfg.target_scale, state.primal_shape()[1])
+        elif solver == "dual":
+            w, info = dual_fit(lin, x, y, state.num_classes, cfg.mu, cfg.target_scale)
         else:
-            obj = state.objective64(x, y)
+            obj = state.objective64(x, y, lin)
             zero = torch.zeros(state.model.num_linearized, dtype=torch.float64)
             t1 = time.perf_counter()
             precond = _precond_for(state, obj, generator)
@@ -215,7 +251,7 @@ def fit_user_weights(state: MLState, x: Tensor, y: Tensor, generator: torch.Gene
             info["precond_build_s"] = t2 - t1
         info["seconds"] = time.perf_counter() - t0
         return w, {"train_" + k: v for k, v in info.items()}
-    obj = state.objective(x, y)
+    obj = state.objective(x, y, lin)
     w, info = fit_user_weights_sgd(obj, cfg.sgd_train, generator)
     return w, {"train_epochs": info["epochs"], "train_loss": info["loss"]}
 
@@ -223,7 +259,16 @@ def fit_user_weights(state: MLState, x: Tensor, y: Tensor, generator: torch.Gene
 def build_factor(state: MLState, x_all: Tensor, y_all: Tensor, ids: Tensor) -> DualFactor:
     """The user-data Gram of ``ids`` eigendecomposed (:class:`~scrubnet.mlforget.dual.DualFactor`)."""
     cfg = state.config
-    return DualFactor.build(state.model, x_all, y_all, ids, state.num_classes, cfg.mu, cfg.target_scale)
+    lin, h = state.space(x_all)
+    return DualFactor.build(lin, h, y_all, ids, state.num_classes, cfg.mu, cfg.target_scale)
+
+
+def build_primal(state: MLState, x_all: Tensor, y_all: Tensor, ids: Tensor) -> PrimalFactor:
+    """The user-weight system of ``ids`` eigendecomposed (:class:`~scrubnet.mlforget.primal.PrimalFactor`)."""
+    cfg = state.config
+    lin, h = state.space(x_all)
+    return PrimalFactor.build(lin, h, y_all, ids, state.num_classes, cfg.mu, cfg.target_scale,
+                              state.primal_shape()[1])
 
 
 def build_ml_model(start: nn.Module, split, cfg: MLConfig, train_cfg: TrainConfig, seed: int, *,
@@ -238,20 +283,40 @@ def build_ml_model(start: nn.Module, split, cfg: MLConfig, train_cfg: TrainConfi
     model = LinearizedModel(core_model, prefixes=cfg.linearize)
     state = MLState(model, core_ids, user_ids, torch.zeros(0, dtype=torch.long), cfg, split.num_classes, seed)
     g = torch.Generator().manual_seed(7919 * seed + 11)
-    if cfg.train_solver == "newton" and state.exact_solver(len(user_ids)) == "dual":
+    state.space(split.x)
+    train_exact_factored(state, split.x, split.y, g)
+    return state
+
+
+def train_exact_factored(state: MLState, x_all: Tensor, y_all: Tensor, g: torch.Generator) -> None:
+    """Fit w_u on ``state.user_ids`` and set it: the factor (primal or dual) built once and solved for
+    "remove nothing" when the exact solver chosen by size is one of them, else :func:`fit_user_weights`."""
+    cfg, model, user_ids = state.config, state.model, state.user_ids
+
+    solver = state.exact_solver(len(user_ids)) if cfg.train_solver == "newton" else ""
+    if solver == "primal":
+        t0 = time.perf_counter()
+        state.primal = build_primal(state, x_all, y_all, user_ids)
+        lin, h = state.space(x_all)
+        w, info = state.primal.fit(lin, h, y_all, torch.ones(len(user_ids), dtype=torch.bool))
+        info = {"train_solver": "primal", "train_seconds": time.perf_counter() - t0, "train_iterations": 0,
+                "train_gram_s": state.primal.seconds["gram_s"], "train_eig_s": state.primal.seconds["eig_s"],
+                "train_primal_rows": state.primal.rows, "train_primal_block": state.primal.block,
+                "train_relative_residual": info["relative_residual"]}
+    elif solver == "dual":
         # training is the request "remove nothing" on the factor every later request uses
         t0 = time.perf_counter()
-        state.factor = build_factor(state, split.x, split.y, user_ids)
-        w, info = state.factor.fit(model, split.x, torch.ones(len(user_ids), dtype=torch.bool))
+        state.factor = build_factor(state, x_all, y_all, user_ids)
+        lin, h = state.space(x_all)
+        w, info = state.factor.fit(lin, h, torch.ones(len(user_ids), dtype=torch.bool))
         info = {"train_solver": "dual", "train_seconds": time.perf_counter() - t0, "train_iterations": 0,
                 "train_gram_s": state.factor.seconds["gram_s"], "train_eig_s": state.factor.seconds["eig_s"],
                 "train_dual_rows": state.factor.rows,
                 "train_relative_residual": info["relative_residual"]}
     else:
-        w, info = fit_user_weights(state, split.x[user_ids], split.y[user_ids], g)
+        w, info = fit_user_weights(state, x_all, y_all, g, ids=user_ids)
     model.set_delta_flat(w)
     state.train_info = info
-    return state
 
 
 def check_forget_ids(state: MLState, ids) -> Tensor:
@@ -302,7 +367,7 @@ def reference_noise(cfg: MLConfig, out: ForgetOutcome, seed: int) -> Tensor:
 
 
 def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: float | None = None,
-                   noise_seed: int = 0, apply: bool = True) -> ForgetOutcome:
+                   noise_seed: int = 0, apply: bool = True, budget_nats: float | None = None) -> ForgetOutcome:
     """ML-Forgetting of one request: on the remaining data D_r (user ids minus the forgotten ones minus
     ``ids``), the exact step w' = w_u − H_{D_r}⁻¹ g_{D_r}(w_u) = argmin L_{D_r}; then w_u ← w' + σ·ε,
     ε ~ N(0, I) drawn from ``torch.Generator().manual_seed(noise_seed)``. ``x_all, y_all`` = all of D.
@@ -312,6 +377,13 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     the state has none, e.g. a checkpoint just loaded; rebuilt on the remaining data once more than half of its
     rows are removed); 'cg' — float64 CG warm-started at w_u with the state's Nyström preconditioner, to the
     absolute tolerance; 'sgd' — the papers' inexact SGD on the auxiliary quadratic.
+    'primal' — the Woodbury downdate on the state's eigendecomposed p×p system
+    (:mod:`scrubnet.mlforget.primal`; built or rebuilt like the dual's factor).
+    A frozen prefix (:mod:`scrubnet.mlforget.prefix`) is run once: every solver works on its features.
+    ``budget_nats`` (default ``config.solver.budget_nats``): a certified request — CG stops as soon as the
+    proven bound on KL(scrubbed ‖ retrained) at σ is ≤ the budget (:func:`~scrubnet.mlforget.solve.certified_cg`)
+    and refuses (``ValueError``) when it cannot; every request's ``info.extra['certificate']`` holds the bound
+    (:func:`certificate`).
     With ``apply`` the state is updated (weights and forgotten ids)."""
     ids = check_forget_ids(state, ids)
     sigma = state.config.sigma if sigma is None else float(sigma)
@@ -323,22 +395,36 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     w = state.model.delta_flat()
     gen = torch.Generator().manual_seed(int(noise_seed))
     solver = state.config.solver
+    budget = solver.budget_nats if budget_nats is None else float(budget_nats)
+    if budget is not None and not (budget > 0 and math.isfinite(budget)):
+        raise ValueError(f"budget_nats must be a finite number > 0, got {budget}")
+    lin, h = state.space(x_all)
+    exact = state.exact_solver(len(state.remaining_ids()))
     if solver.solver == "sgd":
-        delta, info = newton_step(state.objective(x_all[remaining], y_all[remaining]), w, solver, generator=gen)
+        delta, info = newton_step(state.objective(h[remaining], y_all[remaining], lin), w, solver, generator=gen)
         w_prime = w - delta
-    elif state.exact_solver(len(state.remaining_ids())) == "dual":
+    elif exact == "primal":
+        w_prime, info = _primal_step(state, x_all, y_all, remaining)
+    elif exact == "dual":
         w_prime, info = _dual_step(state, x_all, y_all, remaining)
     else:
-        obj = state.objective64(x_all[remaining], y_all[remaining])
+        obj = state.objective64(h[remaining], y_all[remaining], lin)
         t1 = time.perf_counter()
         built = state.precond is None
-        precond = _precond_for(state, state.objective64(x_all[state.remaining_ids()], y_all[state.remaining_ids()])
-                               if built else obj, gen)
+        rem_all = state.remaining_ids()
+        precond = _precond_for(state, state.objective64(h[rem_all], y_all[rem_all], lin) if built else obj, gen)
         t2 = time.perf_counter()
+        # certified: the proven weight error that keeps KL(N(w', σ²I) ‖ N(w*, σ²I)) = ‖w' − w*‖²/(2σ²) ≤ budget
+        target = sigma * math.sqrt(2.0 * budget) if budget is not None and sigma > 0 else None
         delta, info = newton_step(obj, w.double(), SolverConfig(**{**asdict(solver), "solver": "cg"}),
-                                  generator=gen, precond=precond)
+                                  generator=gen, precond=precond, target_error=target)
         w_prime = (w.double() - delta).to(w.dtype)
         info.extra["precond_build_s"] = (t2 - t1) if built else 0.0
+        if target is not None and not info.extra["converged"]:
+            raise ValueError(f"the certified request did not reach its budget of {budget} nats within "
+                             f"{solver.cg_max_iter} CG iterations (proven weight error "
+                             f"{info.extra['weight_error_bound']:.3g} > {target:.3g}); nothing was applied")
+    info.extra["certificate"] = certificate(info.extra.get("weight_error_bound"), sigma, budget, info)
     eps = torch.randn(w.shape, generator=gen, dtype=w.dtype)
     w_new = w_prime + sigma * eps if sigma > 0 else w_prime.clone()
     info.seconds = time.perf_counter() - t0
@@ -349,6 +435,43 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
         state.model.set_delta_flat(w_new)
         state.forgotten_ids = torch.sort(torch.cat([state.forgotten_ids, ids])).values
     return ForgetOutcome(w_prime, w_new, info)
+
+
+def certificate(weight_error_bound: float | None, sigma: float, budget: float | None, info: StepInfo) -> dict:
+    """The request's certificate: a proven bound ε ≥ ‖w' − w*‖ (w' scrubbed before noise, w* the exact
+    retrained weights) and KL(N(w', σ²I) ‖ N(w*, σ²I)) ≤ ε²/(2σ²) nats (``inf`` at σ = 0 unless ε = 0)."""
+    eps = float("nan") if weight_error_bound is None else float(weight_error_bound)
+    if eps != eps:
+        kl = float("nan")  # the SGD step proves nothing
+    elif sigma > 0:
+        kl = eps * eps / (2.0 * sigma * sigma)
+    else:
+        kl = 0.0 if eps == 0 else float("inf")
+    return {"kl_bound_nats": kl, "sigma": float(sigma), "weight_error_bound": eps,
+            "residual": float(info.relative_residual), "budget_nats": budget, "solver": info.solver,
+            "within_budget": None if budget is None else bool(kl <= budget)}
+
+
+def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
+    """w' = argmin L_{remaining} by the Woodbury downdate on the state's primal factor (built or rebuilt)."""
+    t0 = time.perf_counter()
+    fac = state.primal
+    rebuilt = ""
+    if fac is None or not bool(torch.isin(remaining, fac.ids).all()):
+        rebuilt = "missing"
+    elif 2 * (len(fac.ids) - len(remaining)) > len(fac.ids):
+        rebuilt = "over half removed"
+    if rebuilt:
+        base = state.remaining_ids() if rebuilt == "missing" else remaining
+        state.primal = fac = build_primal(state, x_all, y_all, base)
+    t1 = time.perf_counter()
+    lin, h = state.space(x_all)
+    w_prime, d = fac.fit(lin, h, y_all, torch.isin(fac.ids, remaining))
+    extra = {"primal_rows": d["primal_rows"], "primal_block": d["primal_block"], "removed_rows": d["removed_rows"],
+             "solve_s": d["solve_s"], "weight_error_bound": d["weight_error_bound"],
+             "factor_build_s": t1 - t0 if rebuilt else 0.0, "factor_rebuilt": rebuilt or "no",
+             "factor_source": "rebuilt" if rebuilt else fac.source}
+    return w_prime, StepInfo("primal", 0, d["relative_residual"], None, None, 0.0, extra)
 
 
 def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
@@ -364,8 +487,15 @@ def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) 
         base = state.remaining_ids() if rebuilt == "missing" else remaining
         state.factor = fac = build_factor(state, x_all, y_all, base)
     t1 = time.perf_counter()
-    w_prime, d = fac.fit(state.model, x_all, torch.isin(fac.ids, remaining))
+    lin, h = state.space(x_all)
+    keep = torch.isin(fac.ids, remaining)
+    w_prime, d = fac.fit(lin, h, keep)
+    # ‖w − w*‖ = ‖J_Rᵀ δa‖ ≤ √λ_max(K) · ‖dual residual‖/λ_R (λ_min(K_RR + λ_R I) ≥ λ_R = n_R µ)
+    n_r = int(keep.sum())
+    r_norm = float(torch.linalg.vector_norm(fac.residuals[keep]))
+    bound = float(fac.eigvals.max().clamp_min(0.0)) ** 0.5 * d["relative_residual"] * r_norm / (n_r * fac.mu)
     extra = {"dual_rows": d["dual_rows"], "removed_rows": d["removed_rows"], "solve_s": d["solve_s"],
+             "weight_error_bound": bound,
              "vjp_s": d["vjp_s"], "factor_build_s": t1 - t0 if rebuilt else 0.0,
              "factor_rebuilt": rebuilt or "no", "factor_source": "rebuilt" if rebuilt else fac.source}
     return w_prime, StepInfo("dual", 0, d["relative_residual"], None, None, 0.0, extra)
@@ -383,7 +513,7 @@ def retrain_user_weights(state: MLState, x_all: Tensor, y_all: Tensor, *, return
     ``state``. Never uses the state's factor. With ``return_info``: (ŵ_u, info)."""
     rem = state.remaining_ids()
     g = torch.Generator().manual_seed(7919 * state.seed + 11)
-    w, info = fit_user_weights(state, x_all[rem], y_all[rem], g)
+    w, info = fit_user_weights(state, x_all, y_all, g, ids=rem)
     return (w, info) if return_info else w
 
 

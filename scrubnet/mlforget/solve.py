@@ -50,6 +50,9 @@ class SolverConfig:
 
     solver: str = "auto"
     dual_max_rows: int = 5000      # N·c up to which the dual (Gram + eigendecomposition) is used
+    primal_max_rows: int = 4096    # side q of the p×p (or head-block) system up to which the primal is used
+    primal_ratio: float = 2.0      # the primal when q·primal_ratio ≤ the dual's rows (N·c, or N for the head block)
+    budget_nats: float | None = None  # certified requests: stop at a proven KL(scrubbed ‖ retrained) ≤ budget
     weight_tol: float = 1e-6       # CG: absolute bound on ‖w' − w*‖ (stop at ‖HΔ − g‖ ≤ µ·weight_tol)
     cg_tol: float = 0.0            # CG: optional relative residual ‖HΔ − g‖/‖g‖ that also stops it
     cg_max_iter: int = 5000
@@ -64,16 +67,25 @@ class SolverConfig:
     sgd_batch_size: int = 128
 
     def __post_init__(self):
-        if self.solver not in ("auto", "dual", "cg", "sgd"):
-            raise ValueError(f"solver must be 'auto', 'dual', 'cg' or 'sgd', got {self.solver!r}")
+        if self.solver not in ("auto", "dual", "cg", "sgd", "primal"):
+            raise ValueError(f"solver must be 'auto', 'dual', 'primal', 'cg' or 'sgd', got {self.solver!r}")
+        if self.budget_nats is not None and not (self.budget_nats > 0 and self.budget_nats < float("inf")):
+            raise ValueError(f"budget_nats must be a finite number > 0, got {self.budget_nats}")
         if not self.weight_tol > 0 or not self.cg_tol >= 0:
             raise ValueError("weight_tol must be positive and cg_tol ≥ 0")
 
-    def exact_solver(self, rows: int) -> str:
-        """The exact solver, 'dual' or 'cg', for a Gram of ``rows`` = N·c rows: the one forced by ``solver``,
-        else (for 'auto', and for training and retraining when the requests use 'sgd') chosen by size."""
-        if self.solver in ("dual", "cg"):
+    def exact_solver(self, rows: int, primal_rows: int | None = None, primal_against: int | None = None) -> str:
+        """The exact solver, 'primal', 'dual' or 'cg', for a Gram of ``rows`` = N·c rows: the one forced by
+        ``solver``, else (for 'auto', and for training and retraining when the requests use 'sgd') chosen by
+        size and memory: the primal when its side q = ``primal_rows`` is at most ``primal_max_rows`` and
+        q·``primal_ratio`` ≤ ``primal_against`` (the dual's rows, or N for the head block: the smaller of
+        the two systems, when well below), else the dual when ``rows`` ≤ ``dual_max_rows``, else CG."""
+        if self.solver in ("dual", "cg", "primal"):
             return self.solver
+        against = rows if primal_against is None else primal_against
+        if primal_rows is not None and primal_rows <= self.primal_max_rows and \
+                primal_rows * self.primal_ratio <= against:
+            return "primal"
         return "dual" if rows <= self.dual_max_rows else "cg"
         if self.precond not in ("kfac", "none", "nystrom"):
             raise ValueError(f"precond must be 'none', 'kfac' or 'nystrom', got {self.precond!r}")
@@ -139,20 +151,104 @@ class NystromPreconditioner:
         self.mu = obj.mu
         self.rank = rank
 
+    def inverse_lam_min(self) -> float:
+        """λ_min(P⁻¹) = (λ_ℓ + µ)/(λ_1 + µ): P⁻¹ is (λ_ℓ + µ)/(λ_i + µ) on the sketch, 1 on its complement."""
+        return float((self.lam[-1] + self.mu) / (self.lam[0] + self.mu)) if self.rank else 1.0
+
     def __call__(self, v: Tensor) -> Tensor:
         c = self.u.T @ v
         return (self.lam[-1] + self.mu) * (self.u @ (c / (self.lam + self.mu))) + v - self.u @ c
 
 
+def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: int, precond=None,
+                 precond_lam_min: float = 1.0) -> tuple[Tensor, dict]:
+    """Preconditioned CG on A x = b (A ⪰ ``lam_min``·I) from 0 that stops as soon as a proven bound on the
+    error ‖x_k − A⁻¹b‖₂ of the current iterate is ≤ ``target``.
+
+    The bound: ‖e_k‖₂² ≤ ‖e_k‖²_A/λ_min(A), and ‖e_k‖²_A ≤ γ_k^{(ν)} r_kᵀz_k, the Gauss–Radau upper bound of
+    CG (Golub & Meurant; the recursion of Meurant & Tichý):
+
+        γ_0^{(ν)} = 1/ν,   γ_{k+1}^{(ν)} = (γ_k^{(ν)} − α_k) / (ν(γ_k^{(ν)} − α_k) + β_{k+1}),
+
+    α_k, β_{k+1} the CG coefficients, valid for any 0 < ν ≤ λ_min(P⁻¹A) (P the preconditioner;
+    ``precond_lam_min`` = a lower bound of λ_min(P⁻¹), 1 without one: ν = lam_min·precond_lam_min). It is the
+    quadrature bound of rᵀA⁻¹r with a node prescribed at ν, always ≤ ‖r‖²/ν — so never looser than the plain
+    ‖r_k‖/λ_min, and typically several times tighter (it uses the Ritz values CG has already found instead of
+    assuming the whole residual sits at the smallest eigenvalue). The recursive residual drifts from the true
+    one in finite precision: when a bound is accepted the true residual b − A x_k is formed (one product) and
+    ‖r_true − r_k‖/λ_min is added (A⁻¹ of the gap). Returns (x, info with ``iterations``,
+    ``weight_error_bound``, ``residual_bound`` (the plain ‖b − A x‖/λ_min of the returned x), ``converged``,
+    ``matvecs``)."""
+    nu = lam_min * precond_lam_min
+    x = torch.zeros_like(b)
+    r = b.clone()
+    z = precond(r) if precond is not None else r
+    p = z.clone()
+    rz = float(torch.sum(r * z))
+    plain = float(torch.linalg.vector_norm(r)) / lam_min
+    if plain <= target or rz == 0.0:
+        return x, {"iterations": 0, "weight_error_bound": plain, "residual_bound": plain, "converged": True,
+                   "matvecs": 0}
+    gam_nu = 1.0 / nu
+    it, matvecs = 0, 0
+    bound = plain
+    while it < max_iter:
+        ap = matvec(p)
+        matvecs += 1
+        pap = float(torch.sum(p * ap))
+        if pap <= 0:
+            break
+        alpha = rz / pap
+        x = x + alpha * p
+        r = r - alpha * ap
+        it += 1
+        z = precond(r) if precond is not None else r
+        rz_new = float(torch.sum(r * z))
+        beta = rz_new / rz
+        gam_nu = (gam_nu - alpha) / (nu * (gam_nu - alpha) + beta)
+        energy = max(gam_nu, 0.0) * rz_new                 # ≥ ‖e_k‖²_A
+        bound = min((energy / lam_min) ** 0.5, float(torch.linalg.vector_norm(r)) / lam_min)
+        if bound <= target:
+            r_true = b - matvec(x)
+            matvecs += 1
+            plain = float(torch.linalg.vector_norm(r_true)) / lam_min
+            bound = min(bound + float(torch.linalg.vector_norm(r_true - r)) / lam_min, plain)
+            if bound <= target:
+                break
+        p = z + beta * p
+        rz = rz_new
+    else:
+        plain = float(torch.linalg.vector_norm(b - matvec(x))) / lam_min
+        matvecs += 1
+    return x, {"iterations": it, "weight_error_bound": bound, "residual_bound": plain, "converged": bound <= target,
+               "matvecs": matvecs}
+
+
 def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: torch.Generator | None = None,
-                precond=None) -> tuple[Tensor, StepInfo]:
+                precond=None, target_error: float | None = None) -> tuple[Tensor, StepInfo]:
     """Δ ≈ H⁻¹ g(w) on the objective's data; returns (Δ, info). The new weights are w − Δ.
 
     CG (any ``cfg.solver`` but 'sgd') stops at ‖HΔ − g‖ ≤ max(µ·weight_tol, cg_tol·‖g‖); the info records
-    the absolute residual and the bound ``weight_error_bound`` = ‖HΔ − g‖/µ on ‖w − Δ − w*‖."""
+    the absolute residual and the bound ``weight_error_bound`` = ‖HΔ − g‖/µ on ‖w − Δ − w*‖.
+    With ``target_error`` (certified requests): :func:`certified_cg` to a proven ‖w − Δ − w*‖ ≤ target."""
     t0 = time.perf_counter()
     g, loss = obj.gradient(w)
     gnorm = float(torch.linalg.vector_norm(g))
+    if cfg.solver != "sgd" and target_error is not None:
+        if precond is None and cfg.precond == "nystrom":
+            precond = NystromPreconditioner(obj, cfg.precond_rank, generator)
+        plm = precond.inverse_lam_min() if isinstance(precond, NystromPreconditioner) else 1.0
+        if precond is not None and not isinstance(precond, NystromPreconditioner):
+            precond = None  # only the Nyström preconditioner has a known spectrum bound
+        delta, ci = certified_cg(obj.hvp, g, lam_min=obj.mu, target=target_error, max_iter=cfg.cg_max_iter,
+                                 precond=precond, precond_lam_min=plm)
+        info = StepInfo("cg-certified", ci["iterations"], ci["residual_bound"] * obj.mu / max(gnorm, 1e-300),
+                        gnorm, loss, 0.0,
+                        {"converged": bool(ci["converged"]), "preconditioner": "nystrom" if precond is not None
+                         else "none", "weight_error_bound": ci["weight_error_bound"],
+                         "residual_bound": ci["residual_bound"], "hvp_products": ci["matvecs"]})
+        info.seconds = time.perf_counter() - t0
+        return delta, info
     if cfg.solver != "sgd":
         if precond is None and cfg.precond == "kfac":
             precond = kfac_preconditioner(obj, cfg.precond_samples, generator)

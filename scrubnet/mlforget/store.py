@@ -8,6 +8,10 @@ A checkpoint is a directory::
     factor.safetensors                the dual factor built at training (eigendecomposed user-data Gram,
                                       :class:`~scrubnet.mlforget.dual.DualFactor`), when training used the
                                       dual; its metadata ``key`` (:func:`factor_key`) says what it was built from
+    primal.safetensors                the primal factor (eigendecomposed p×p user-weight system,
+                                      :class:`~scrubnet.mlforget.primal.PrimalFactor`) when training used the
+                                      primal; written and read with :mod:`scrubnet.integrity` (content hash),
+                                      keyed like the dual factor; unreadable or mismatched: ignored and rebuilt
 
 Tables:
 
@@ -85,7 +89,9 @@ import torch
 from torch import Tensor
 from safetensors.torch import load as st_load, save
 
+from scrubnet.integrity import ArtifactError, load_verified, save_verified
 from scrubnet.mlforget.dual import DualFactor
+from scrubnet.mlforget.primal import PrimalFactor
 from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_all, forget_request
 from scrubnet.models import build_model
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
@@ -99,6 +105,8 @@ DB = "store.sqlite"
 WEIGHTS = "weights"
 FACTOR = "factor.safetensors"
 FACTOR_FORMAT = "scrubnet-dual-factor/1"
+PRIMAL = "primal.safetensors"
+PRIMAL_FORMAT = "scrubnet-primal-factor/1"
 LEGACY_STATE = "state.json"
 LEGACY_LEDGER = "ledger.jsonl"
 PAUSE_ENV = "SCRUBNET_MLFORGET_PAUSE_AT"
@@ -258,12 +266,12 @@ def _write_weights(path: Path, data: bytes, sha: str) -> None:
         raise
 
 
-def factor_key(model: LinearizedModel, static: dict, factor_ids: Tensor) -> str:
+def factor_key(model: LinearizedModel, static: dict, factor_ids: Tensor, fmt: str = FACTOR_FORMAT) -> str:
     """sha256 identifying a dual factor: the core network's weights (the Jacobian's linearisation point), the
     data fingerprint, the factor's sample ids and the settings the Gram and residuals depend on (architecture
     and its options, input shape, classes, µ, target scale, linearised prefixes, leaky slope)."""
     cfg = static["ml_config"]
-    settings = {"format": FACTOR_FORMAT, "arch": static["arch"], "arch_options": static["arch_options"],
+    settings = {"format": fmt, "arch": static["arch"], "arch_options": static["arch_options"],
                 "in_shape": list(static["in_shape"]), "num_classes": int(static["num_classes"]),
                 "mu": cfg["mu"], "target_scale": cfg["target_scale"], "linearize": cfg["linearize"],
                 "leaky_slope": cfg["leaky_slope"], "data_fingerprint": static.get("data_fingerprint")}
@@ -293,6 +301,32 @@ def _write_factor(path: Path, factor: DualFactor, key: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _write_primal(path: Path, factor: PrimalFactor, key: str) -> None:
+    """``primal.safetensors``: the primal factor (:class:`~scrubnet.mlforget.primal.PrimalFactor`) with its
+    content hash (:func:`scrubnet.integrity.save_verified`: atomic, verified on load) and metadata key,
+    µ, classes, target scale and block structure."""
+    save_verified(path / PRIMAL, factor.to_tensors(), {
+        "key": key, "format": PRIMAL_FORMAT, "mu": repr(factor.mu), "num_classes": str(factor.num_classes),
+        "target_scale": repr(factor.target_scale), "block": str(int(factor.block))})
+
+
+def _read_primal(path: Path) -> tuple[PrimalFactor | None, str, str | None]:
+    """(factor, status, key) from ``path/primal.safetensors``: ``read``, ``absent`` or ``unreadable`` (any
+    :class:`~scrubnet.integrity.ArtifactError` — truncated, hash mismatch, … — or inconsistent tensors)."""
+    f = path / PRIMAL
+    if not f.is_file():
+        return None, "absent", None
+    try:
+        tensors, meta = load_verified(f)
+        if meta.get("format") != PRIMAL_FORMAT:
+            return None, "unreadable", None
+        factor = PrimalFactor.from_tensors(tensors, float(meta["mu"]), int(meta["num_classes"]),
+                                           float(meta["target_scale"]), meta["block"] == "1")
+        return factor, "read", meta.get("key")
+    except (ArtifactError, ValueError, KeyError, TypeError, OSError):
+        return None, "unreadable", None
 
 
 def _read_factor(path: Path) -> tuple[DualFactor | None, str, str | None]:
@@ -492,6 +526,11 @@ def save_new(path: str | Path, state: MLState, *, arch: str, in_shape, arch_opti
                 "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
                 "num_classes": int(state.num_classes), "ml_config": state.config.to_dict(),
                 "data_fingerprint": data_fingerprint}, state.factor.ids))
+        if state.primal is not None:
+            _write_primal(tmp, state.primal, factor_key(state.model, {
+                "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
+                "num_classes": int(state.num_classes), "ml_config": state.config.to_dict(),
+                "data_fingerprint": data_fingerprint}, state.primal.ids, PRIMAL_FORMAT))
         static = {"format": FORMAT, "arch": arch, "arch_options": arch_options or {}, "in_shape": list(in_shape),
                   "num_classes": int(state.num_classes), "seed": int(state.seed), "ml_config": state.config.to_dict(),
                   "data": data, "data_fingerprint": data_fingerprint, "core_ids": state.core_ids.tolist(),
@@ -786,7 +825,8 @@ def _collect_garbage(path: Path, con: sqlite3.Connection) -> None:
 
 
 def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_all=None,
-           data_loader=None, on_commit=None, on_duplicate=None) -> tuple[dict, bool]:
+           data_loader=None, on_commit=None, on_duplicate=None, budget_nats: float | None = None
+           ) -> tuple[dict, bool]:
     """Apply one forgetting request to the checkpoint at ``path``; returns (request record, applied_now).
 
     The data D come from ``x_all, y_all`` or from ``data_loader(static) -> (x, y)`` (called before the lock).
@@ -807,11 +847,16 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
             raise StoreError("no data given for the forgetting request")
         else:
             data = data_loader(static)
-        return data, _read_factor(Path(path))
+        return data, _read_factor(Path(path)), _read_primal(Path(path))
 
     def compute(state, st, prepared):
         check_forget_ids(state, ids)
-        (x, y), (factor, factor_status, key) = prepared
+        (x, y), (factor, factor_status, key), (primal, primal_status, pkey) = prepared
+        if primal is not None:
+            if pkey == factor_key(state.model, static, primal.ids, PRIMAL_FORMAT):
+                state.primal, primal_status = primal, "loaded"
+            else:
+                primal_status = "key mismatch"
         if x.is_floating_point() and not bool(torch.isfinite(x).all()):
             raise StoreError("the data D contain non-finite values (NaN or inf); nothing was changed")
         if factor is not None:
@@ -819,10 +864,10 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
                 state.factor, factor_status = factor, "loaded"
             else:
                 factor_status = "key mismatch"
-        out = forget_request(state, x, y, ids, sigma=sig,
+        out = forget_request(state, x, y, ids, sigma=sig, budget_nats=budget_nats,
                              noise_seed=1_000_003 * state.seed + st["request_id"] + 1)
         return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
-                "solver": {**out.info.as_dict(), "factor_file": factor_status}}
+                "solver": {**out.info.as_dict(), "factor_file": factor_status, "primal_file": primal_status}}
 
     return _apply(path, "forget", key, compute, prepare, on_commit, on_duplicate)
 

@@ -1,0 +1,220 @@
+"""Exact ML-Forgetting in the primal: the p×p user-weight system factored once, each request a downdate in p-space.
+
+Same quadratic as :mod:`scrubnet.mlforget.dual` (mean MSE to s·onehot + (µ/2)‖w‖²). For a retained set R
+of n_R samples, with J_i ∈ R^{c×p} the Jacobian of sample i and r_i = f_{w_c}(x_i) − s·onehot(y_i):
+
+    (A_R + λ_R I) w*(R) = −B_R,    A_R = Σ_{i∈R} J_iᵀ J_i,   B_R = Σ_{i∈R} J_iᵀ r_i,   λ_R = n_R µ.
+
+The dual solves an N·c × N·c system; this one is p × p — the better one when p ≪ N·c (a head or a last
+block linearised on many samples).
+
+**Per checkpoint (once).** A_U and B_U over all user data U, and the eigendecomposition A_U = V Λ Vᵀ (the
+ridge λ_R = n_R µ changes with every request, the eigenbasis serves every ridge; a Cholesky would be tied
+to one ridge, as in the dual).
+
+**Per request.** R = U \\ F with F every sample removed so far: A_R = A_U − Φ_Fᵀ Φ_F (Φ_F the m rows of the
+removed samples), B_R = B_U − Φ_Fᵀ r_F, and with G = (A_U + λ_R I)⁻¹ = V diag(1/(Λ + λ_R)) Vᵀ the Woodbury
+identity gives
+
+    (A_R + λ_R I)⁻¹ = G + G Φ_Fᵀ (I_m − Φ_F G Φ_Fᵀ)⁻¹ Φ_F G,
+
+so with Z = Vᵀ Φ_Fᵀ (p × m), D = diag(1/(Λ + λ_R)), y = D Vᵀ B_R: w* = −V (y + D Z S⁻¹ Zᵀ y), S = I − Zᵀ D Z
+(m × m, SPD because A_R + λ_R I is). Cost: p²m + pm² + m³ per request, no pass over the retained data
+(the removed samples' rows only). S's eigenvalues are ≥ λ_R/(λ_R + ‖Φ_F‖²): well conditioned by the ridge.
+
+**Per output block.** When the linearised part is a single ``nn.Linear`` applied last (the head), J_i =
+I_c ⊗ φ_iᵀ with φ_i = [h_i; 1] (features of the frozen prefix, :mod:`scrubnet.mlforget.prefix`), so A =
+I_c ⊗ ΦᵀΦ: one (d+1)×(d+1) block shared by the c outputs, B a (d+1)×c matrix (c right-hand sides), and
+m = |F| rows — the 513×513 ridge regression of a ResNet-18 head.
+
+Everything in float64; the returned weights are cast to the model's dtype. The reported residual is of
+the primal system, ‖(A_R + λ_R I) w + B_R‖/‖B_R‖.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call, jacrev, vmap
+
+from scrubnet.models.linearized import LinearizedModel
+
+
+def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, target_scale: float,
+                block: bool, chunk: int = 256):
+    """Yields (Φ, r) per chunk of samples, float64: block → Φ (B, d+1) = [h, 1] and r (B, c); generic →
+    Φ (B·c, p) = the stacked per-sample Jacobians (sample-major) and r (B·c, 1)."""
+    net = model.base
+    params = {n: p.detach().double() for n, p in net.named_parameters()}
+    buffers = {n: b.double() if b.is_floating_point() else b for n, b in net.named_buffers()}
+    if block:
+        for i in range(0, len(x), chunk):
+            xb = x[i:i + chunk].double()
+            with torch.no_grad():
+                f0 = functional_call(net, (params, buffers), (xb,))
+            r = f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()
+            phi = xb.reshape(len(xb), -1)
+            if len(model.linearized_names) == 2:
+                phi = torch.cat([phi, torch.ones(len(xb), 1, dtype=phi.dtype, device=phi.device)], 1)
+            yield phi, r
+        return
+    lin = list(model.linearized_names)
+    frozen = {n: p for n, p in params.items() if n not in set(lin)}
+
+    def f(w, xi):
+        out = functional_call(net, ({**frozen, **w}, buffers), (xi.unsqueeze(0),))
+        return out.squeeze(0)
+
+    for i in range(0, len(x), chunk):
+        xb = x[i:i + chunk].double()
+        jac = vmap(jacrev(f), in_dims=(None, 0))({n: params[n] for n in lin}, xb)
+        j = torch.cat([jac[n].reshape(len(xb), num_classes, -1) for n in lin], 2).reshape(len(xb) * num_classes, -1)
+        with torch.no_grad():
+            f0 = functional_call(net, (params, buffers), (xb,))
+        r = (f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()).reshape(-1, 1)
+        yield j, r
+
+
+def weights_from_block(model: LinearizedModel, w: Tensor, block: bool) -> Tensor:
+    """The flat user-weight vector (``linearized_names`` order) of the primal solution: block → W (d+1, c)
+    to [weight (c, d), bias (c)]; generic → w (p, 1) flattened."""
+    if not block:
+        return w.reshape(-1)
+    parts = [w[:-1].T.reshape(-1)] if len(model.linearized_names) == 2 else [w.T.reshape(-1)]
+    if len(model.linearized_names) == 2:
+        parts.append(w[-1].reshape(-1))
+    return torch.cat(parts)
+
+
+def primal_size(model: LinearizedModel, block: bool) -> int:
+    """q: the side of the factored system (d+1 for the head block, p otherwise)."""
+    if block:
+        return int(model.delta[0].shape[1]) + (1 if len(model.linearized_names) == 2 else 0)
+    return int(model.num_linearized)
+
+
+@dataclass
+class PrimalFactor:
+    """A_U = V diag(Λ) Vᵀ and B_U of the user data (module docstring).
+
+    ids (N,), eigvecs V (q, q) float64, eigvals Λ (q,) float64 clamped at 0, rhs B_U (q, k) float64 (k = c for
+    the head block, 1 otherwise), block: the per-output block structure, seconds: build times.
+    """
+
+    ids: Tensor
+    eigvecs: Tensor
+    eigvals: Tensor
+    rhs: Tensor
+    mu: float
+    num_classes: int
+    target_scale: float
+    block: bool
+    seconds: dict = field(default_factory=dict)
+    source: str = "built"
+
+    TENSOR_NAMES = ("ids", "eigvecs", "eigvals", "rhs")
+
+    def to_tensors(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name).detach().cpu().contiguous() for name in self.TENSOR_NAMES}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor], mu: float, num_classes: int, target_scale: float,
+                     block: bool) -> "PrimalFactor":
+        """The factor held by :meth:`to_tensors`' tensors; ``ValueError`` when they are inconsistent."""
+        if set(tensors) != set(cls.TENSOR_NAMES):
+            raise ValueError(f"primal factor tensors {sorted(tensors)} are not {sorted(cls.TENSOR_NAMES)}")
+        ids, v, lam, b = (tensors[k] for k in cls.TENSOR_NAMES)
+        q = int(lam.numel())
+        k = int(num_classes) if block else 1
+        if (ids.dtype != torch.long or ids.dim() != 1 or v.dtype != torch.float64 or v.shape != (q, q)
+                or lam.dtype != torch.float64 or lam.dim() != 1 or b.dtype != torch.float64 or b.shape != (q, k)):
+            raise ValueError("primal factor tensors have inconsistent dtypes or shapes")
+        return cls(ids, v, lam, b, float(mu), int(num_classes), float(target_scale), bool(block),
+                   {"gram_s": 0.0, "eig_s": 0.0}, "file")
+
+    @classmethod
+    def build(cls, model: LinearizedModel, x: Tensor, y: Tensor, ids: Tensor, num_classes: int, mu: float,
+              target_scale: float, block: bool, chunk: int = 256) -> "PrimalFactor":
+        """A_U, B_U over ``x[ids]`` (``x, y`` = all samples, in the solve space) and the eigendecomposition."""
+        t0 = time.perf_counter()
+        q = primal_size(model, block)
+        dev = x.device
+        a = torch.zeros(q, q, dtype=torch.float64, device=dev)
+        b = torch.zeros(q, num_classes if block else 1, dtype=torch.float64, device=dev)
+        for phi, r in sample_rows(model, x[ids], y[ids], num_classes, target_scale, block, chunk):
+            a.addmm_(phi.T, phi)
+            b.addmm_(phi.T, r)
+        a = 0.5 * (a + a.T)
+        t1 = time.perf_counter()
+        lam, v = torch.linalg.eigh(a)
+        t2 = time.perf_counter()
+        return cls(ids.clone(), v, lam.clamp_min(0.0), b, float(mu), int(num_classes), float(target_scale),
+                   bool(block), {"gram_s": t1 - t0, "eig_s": t2 - t1})
+
+    @property
+    def rows(self) -> int:
+        return int(self.eigvecs.shape[0])
+
+    def fit(self, model: LinearizedModel, x: Tensor, y: Tensor, keep: Tensor, chunk: int = 256
+            ) -> tuple[Tensor, dict]:
+        """w*(ids[keep]) by the Woodbury downdate (module docstring): (w in the model's dtype, info with
+        ``relative_residual``, ``removed_rows``, ``primal_rows``, ``solve_s``, ``weight_error_bound`` =
+        ‖residual‖/λ_R ≥ ‖w − w*‖ because λ_min(A_R + λ_R I) ≥ λ_R). ``x, y`` = all samples (solve space)."""
+        t0 = time.perf_counter()
+        n_r = int(keep.sum())
+        if n_r == 0:
+            raise ValueError("no sample left to fit")
+        lam_r = n_r * self.mu
+        v, ev = self.eigvecs, self.eigvals
+        d = (1.0 / (ev + lam_r)).unsqueeze(1)
+        removed = self.ids[~keep]
+        b_r = self.rhs.clone()
+        if removed.numel():
+            rows = list(sample_rows(model, x[removed], y[removed], self.num_classes, self.target_scale,
+                                    self.block, chunk))
+            phi_f = torch.cat([p for p, _ in rows])
+            r_f = torch.cat([r for _, r in rows])
+            b_r -= phi_f.T @ r_f
+        y_e = d * (v.T @ b_r)                                   # D Vᵀ B_R, (q, k)
+        if removed.numel():
+            z = v.T @ phi_f.T                                   # (q, m)
+            s = torch.eye(z.shape[1], dtype=z.dtype, device=z.device) - z.T @ (d * z)
+            s = 0.5 * (s + s.T)
+            t = torch.cholesky_solve(z.T @ y_e, torch.linalg.cholesky(s))
+            y_e = y_e + d * (z @ t)
+        w = -(v @ y_e)
+        # residual of the primal system on R: (A_U − Φ_FᵀΦ_F + λ_R I) w + B_R
+        res = v @ (ev.unsqueeze(1) * (v.T @ w)) + lam_r * w + b_r
+        if removed.numel():
+            res -= phi_f.T @ (phi_f @ w)
+        res_norm = float(torch.linalg.vector_norm(res))
+        rel = res_norm / float(torch.linalg.vector_norm(b_r).clamp_min(1e-300))
+        # the objective is the primal system / n_R: ‖w − w*‖ ≤ ‖res‖/λ_min(A_R + λ_R I) ≤ ‖res‖/λ_R
+        info = {"relative_residual": rel, "removed_rows": int(removed.numel()) * (1 if self.block else
+                                                                                   self.num_classes),
+                "primal_rows": self.rows, "primal_block": self.block, "solve_s": time.perf_counter() - t0,
+                "weight_error_bound": res_norm / lam_r}
+        return weights_from_block(model, w, self.block).to(model.delta[0].dtype), info
+
+
+def primal_fit(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, mu: float, target_scale: float,
+               block: bool, chunk: int = 256) -> tuple[Tensor, dict]:
+    """w*(x, y) from scratch in the primal: A, B of (x, y), Cholesky of A + nµI, solve (the retraining yardstick
+    of the primal family; never uses a factor)."""
+    t0 = time.perf_counter()
+    q = primal_size(model, block)
+    a = torch.zeros(q, q, dtype=torch.float64, device=x.device)
+    b = torch.zeros(q, num_classes if block else 1, dtype=torch.float64, device=x.device)
+    for phi, r in sample_rows(model, x, y, num_classes, target_scale, block, chunk):
+        a.addmm_(phi.T, phi)
+        b.addmm_(phi.T, r)
+    t1 = time.perf_counter()
+    m = 0.5 * (a + a.T) + len(y) * mu * torch.eye(q, dtype=a.dtype, device=a.device)
+    w = -torch.cholesky_solve(b, torch.linalg.cholesky(m))
+    res = float(torch.linalg.vector_norm(m @ w + b) / torch.linalg.vector_norm(b).clamp_min(1e-300))
+    info = {"solver": "primal", "primal_rows": q, "gram_s": t1 - t0, "factor_s": time.perf_counter() - t1,
+            "relative_residual": res, "iterations": 0}
+    return weights_from_block(model, w, block).to(model.delta[0].dtype), info
