@@ -148,7 +148,7 @@ def test_fisher_bad_input():
     m = build_model("mlp", (10,), 4, seed=0, hidden=8)
     x = torch.randn(5, 10)
     with pytest.raises(ValueError, match="kind"):
-        fisher_diag(m, x, kind="mc")
+        fisher_diag(m, x, kind="bogus")
     with pytest.raises(ValueError, match="method"):
         fisher_diag(m, x, method="hooks")
     with pytest.raises(ValueError, match="labels"):
