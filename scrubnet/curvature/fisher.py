@@ -238,6 +238,8 @@ class FisherPlan:
                   captured output gradients of one column chunk, one layer's per-sample temporaries, the
                   float64 accumulators);
     layer_budget: bytes allowed to one layer's per-sample temporaries;
+    activation_elements: n·(columns + 1)·Σ leaf activations per sample: the memory-bound elementwise work
+                  (BatchNorm, ReLU, additions forward and backward) that FLOPs do not count;
     fallback:     parameters that go through the torch.func fallback (memory ≈ B·K·p of them)."""
 
     batch: int
@@ -247,6 +249,7 @@ class FisherPlan:
     peak_bytes: int
     layer_budget: int
     fallback: list[str] = field(default_factory=list)
+    activation_elements: float = 0.0   # Σ over backward passes of the activations they touch (elementwise work)
 
 
 def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[int, int, int, int, float, float, int]:
@@ -342,7 +345,8 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
     # per-sample gradients per column; the fallback: a VJP (≈ 3 forwards) per column
     flops = n * (fwd * (2 if kind == "mc" else 1) + cols * fwd + sq + (3.0 * cols * fwd if rest else 0.0))
     return FisherPlan(batch=batch_size, class_chunk=kc, passes=cols, flops=flops, peak_bytes=int(peak),
-                      layer_budget=layer_budget, fallback=rest)
+                      layer_budget=layer_budget, fallback=rest,
+                      activation_elements=float(n) * (cols + 1) * leaf_total)
 
 
 def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: str = "true",

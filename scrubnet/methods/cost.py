@@ -36,7 +36,10 @@ from scrubnet.models import eval_mode
 from scrubnet.training import TrainConfig
 
 # achieved FLOP rate / float32 GEMM rate, one thread (measured: "Cost model" in docs/decisions.md)
-EFFICIENCY = {"fisher": 0.35, "ntk": 0.35, "train": 0.30, "newton": 0.30}
+EFFICIENCY = {"fisher": 0.7, "ntk": 0.35, "train": 0.30, "newton": 0.30}
+# memory-bound elementwise work (BatchNorm, ReLU, sums, forward and backward) per activation element touched,
+# in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md)
+ELEMENTWISE_FLOP_EQUIV = 800.0
 
 
 @dataclass
@@ -171,7 +174,8 @@ def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_byt
 
 def _fisher_cost(model, x1, n_r, kind="true", batch_size=None, budget_bytes=FISHER_BUDGET) -> CostEstimate:
     plan = plan_fisher(model, x1, n_r, kind=kind, budget_bytes=budget_bytes, batch_size=batch_size)
-    return CostEstimate("fisher", plan.flops, _seconds(plan.flops, "fisher"), plan.peak_bytes, float(plan.passes),
+    seconds = _seconds(plan.flops, "fisher") + ELEMENTWISE_FLOP_EQUIV * plan.activation_elements / matmul_rate()
+    return CostEstimate("fisher", plan.flops, seconds, plan.peak_bytes, float(plan.passes),
                         {"batch": plan.batch, "budget_bytes": budget_bytes})
 
 
