@@ -289,8 +289,8 @@ def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[i
                 ghost_numel += d_out * t * t
                 per_layer = max(per_layer, int(pairs * (d_in + d_out) * 2))
                 sq_flops += cols * 2.0 * t * t * d_out + 2.0 * pairs * (d_in * d_out + d_in)
-            elif kern.kind == "linear" and len(ins) == 1:   # (Σ_k g²)ᵀ a²
-                per_layer = max(per_layer, 2 * d_in + 2 * numel)
+            elif kern.kind == "linear" and len(ins) == 1:   # (Σ_k g²)ᵀ a²: no per-sample gradients
+                per_layer = max(per_layer, 2 * d_in + 2 * d_out)
                 sq_flops += 2.0 * d_in * d_out + 2.0 * cols * d_out
             else:                                          # per-sample gradients per column, squared
                 per_layer = max(per_layer, t * d_in + numel + t * d_out)
