@@ -143,9 +143,9 @@ def load_backpack():
         return None
 
 
-def backpack_fisher(backpack_mod, model: nn.Module):
+def backpack_fisher(backpack_mod, model: nn.Module, batch: int = 256):
     """A function x → {name: true-Fisher diagonal} by BackPACK's DiagGGNExact on a converted copy of ``model``
-    (eval mode). The GGN of Σ_i CE equals Σ_i Jᵀ(diag p − p pᵀ)J, so the mean true Fisher is it / N; the labels
+    (eval mode), ``batch`` samples per backward (float64 sums across batches). The GGN of Σ_i CE equals Σ_i Jᵀ(diag p − p pᵀ)J, so the mean true Fisher is it / N; the labels
     do not enter the GGN (any label gives the same diagonal)."""
     diag_ggn_exact = importlib.import_module("backpack.extensions").DiagGGNExact  # optional dependency
     ext = backpack_mod.extend(copy.deepcopy(model).eval(), use_converter=True)
@@ -153,12 +153,17 @@ def backpack_fisher(backpack_mod, model: nn.Module):
     names = [k for k, _ in model.named_parameters()]
 
     def run(x):
-        ext.zero_grad()
-        y = torch.zeros(len(x), dtype=torch.long)
-        with backpack_mod.backpack(diag_ggn_exact()), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")  # BackPACK's own hooks
-            loss_fn(ext(x), y).backward()
-        return {k: p.diag_ggn_exact.detach() / len(x) for k, p in zip(names, ext.parameters())}
+        acc = None
+        for s in range(0, len(x), batch):   # BackPACK holds c columns × batch × activations: mini-batches
+            ext.zero_grad()
+            xb = x[s:s + batch]
+            y = torch.zeros(len(xb), dtype=torch.long)
+            with backpack_mod.backpack(diag_ggn_exact()), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")  # BackPACK's own hooks
+                loss_fn(ext(xb), y).backward()
+            part = [p.diag_ggn_exact.detach().double() for p in ext.parameters()]
+            acc = part if acc is None else [a + b for a, b in zip(acc, part)]
+        return {k: (a / len(x)).to(p.dtype) for k, a, p in zip(names, acc, ext.parameters())}
     return run
 
 
@@ -196,7 +201,8 @@ def bench(model_name: str, dtype: torch.dtype, n: int | None, reps: int, backpac
     if loop:   # the pure torch.func path holds B·K·p per-sample gradients: batch 1 on a ResNet (hours)
         contenders["scrubnet (vmap only)"] = lambda: fisher_diag(model, x, method="vmap")
     if backpack_mod is not None:
-        bp = backpack_fisher(backpack_mod, model)
+        # BackPACK's mini-batch: the same working set as scrubnet's plan (its batch), at most 256
+        bp = backpack_fisher(backpack_mod, model, batch=plan_fisher(model, x[:1], len(x)).batch)
         contenders["BackPACK DiagGGNExact"] = lambda: bp(x)
     if loop:
         contenders["loop (batch 1, K backwards)"] = lambda: fisher_diag_loop(model, x)

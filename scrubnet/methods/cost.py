@@ -7,7 +7,7 @@ through :class:`torch.utils.flop_counter.FlopCounterMode`), N and c and the meth
 
 * ``flops``       — FLOPs (FLOP = 2 multiply-adds) of the passes and contractions the method runs;
 * ``seconds``     — flops / (measured float32 GEMM rate of this process × the method's calibrated efficiency):
-                    the rate is timed once per process (:func:`matmul_rate`, process CPU time, median of 3
+                    the rate is timed once per process and device (:func:`matmul_rate`; CPU: process CPU time; median of 3
                     1024³ products); the efficiencies (:data:`EFFICIENCY`) are measured ratios of achieved to
                     GEMM rate ("Cost model" in docs/decisions.md);
 * ``peak_bytes``  — working memory above the model and the data (the method's buffers under its budget);
@@ -80,22 +80,32 @@ def format_bytes(b: float) -> str:
     return f"{int(b)} B"
 
 
-_RATE: list[float] = []
+_RATE: dict[str, float] = {}
 
 
-def matmul_rate(size: int = 1024, reps: int = 3) -> float:
-    """This process's float32 GEMM rate in FLOP/s on the current thread count (process CPU time, median of
-    ``reps`` size³ products; measured once per process)."""
-    if not _RATE:
-        a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int = 3) -> float:
+    """The float32 GEMM rate in FLOP/s on ``device`` (CPU: this process's CPU time on the current thread count;
+    CUDA: wall time after a synchronise), median of ``reps`` size³ products; measured once per process and
+    device."""
+    dev = torch.device(device)
+    key = str(dev)
+    if key not in _RATE:
+        a = torch.randn(size, size, device=dev)
+        b = torch.randn(size, size, device=dev)
+        cuda = dev.type == "cuda"
+        clock = time.perf_counter if cuda else time.process_time
         a @ b
         times = []
         for _ in range(reps):
-            t0 = time.process_time()
+            if cuda:
+                torch.cuda.synchronize(dev)
+            t0 = clock()
             a @ b
-            times.append(max(time.process_time() - t0, 1e-6))
-        _RATE.append(2.0 * size ** 3 / statistics.median(times))
-    return _RATE[0]
+            if cuda:
+                torch.cuda.synchronize(dev)
+            times.append(max(clock() - t0, 1e-9))
+        _RATE[key] = 2.0 * size ** 3 / statistics.median(times)
+    return _RATE[key]
 
 
 CostFn = Callable[..., CostEstimate]
@@ -122,8 +132,11 @@ def forward_flops(model: nn.Module, x1: Tensor) -> float:
     return float(counter.get_total_flops())
 
 
+_DEVICE: list[torch.device] = [torch.device("cpu")]   # the device of the model being estimated
+
+
 def _seconds(flops: float, kind: str) -> float:
-    return flops / (matmul_rate() * EFFICIENCY[kind])
+    return flops / (matmul_rate(_DEVICE[0]) * EFFICIENCY[kind])
 
 
 def _params(model: nn.Module) -> int:
@@ -152,6 +165,7 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     if num_classes is None:
         with eval_mode(model), torch.no_grad():
             num_classes = int(model(x1).shape[-1])
+    _DEVICE[0] = x1.device
     est = _COSTS[method](model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(),
                          **options)
     est.method = method
@@ -174,7 +188,7 @@ def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_byt
 
 def _fisher_cost(model, x1, n_r, kind="true", batch_size=None, budget_bytes=FISHER_BUDGET) -> CostEstimate:
     plan = plan_fisher(model, x1, n_r, kind=kind, budget_bytes=budget_bytes, batch_size=batch_size)
-    seconds = _seconds(plan.flops, "fisher") + ELEMENTWISE_FLOP_EQUIV * plan.activation_elements / matmul_rate()
+    seconds = _seconds(plan.flops, "fisher") + ELEMENTWISE_FLOP_EQUIV * plan.activation_elements / matmul_rate(_DEVICE[0])
     return CostEstimate("fisher", plan.flops, seconds, plan.peak_bytes, float(plan.passes),
                         {"batch": plan.batch, "budget_bytes": budget_bytes})
 
