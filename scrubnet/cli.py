@@ -6,6 +6,7 @@ and writes its outputs atomically, so nothing half-written is left at ``--out``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,6 +18,7 @@ from typing import Optional
 import torch
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
@@ -37,7 +39,9 @@ from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
+from scrubnet.curvature.progress import progress_reporter
 from scrubnet.methods.base import ForgetContext, available_methods, get_method, method_class, protocol_method
+from scrubnet.methods.cost import check_budget, estimate
 from scrubnet.models import MODELS
 from scrubnet.models.user import USER_ARCH
 
@@ -412,7 +416,12 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
            recipe: Optional[Path] = typer.Option(None, help=RECIPE_HELP),
            force: bool = typer.Option(False, help="run a curvature method even when the recipe check finds the "
                                                   "model far from a minimum of the recipe's objective"),
-           threads: int = THREADS_OPTION, device: str = DEVICE_OPTION):
+           threads: int = THREADS_OPTION, device: str = DEVICE_OPTION,
+           dry_run: bool = typer.Option(False, "--dry-run", help="print the cost estimate and do nothing else"),
+           max_seconds: Optional[float] = typer.Option(None, help="refuse (exit 2) when the estimated time on this "
+                                                        "machine exceeds it"),
+           memory: Optional[str] = typer.Option(None, help="refuse (exit 2) when the estimated peak memory exceeds "
+                                                 "it (e.g. 2GiB, 500MB, bytes)")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
@@ -429,19 +438,41 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
         raise UserError(f"--method {method} trains its own mixed-linear model, which is not a checkpoint of "
                         f"this architecture; use `scrubnet mlforget train` and `scrubnet mlforget forget` for "
                         "ML-Forgetting on checkpoints")
+    max_bytes = parse_bytes(memory) if memory is not None else None
+    if max_seconds is not None and not max_seconds > 0:
+        raise UserError(f"--max-seconds must be > 0, got {max_seconds}")
+    opts = _parse_options(option)
+
+    def budget(net, retain, forget_set, num_classes, config=None) -> bool:
+        """The cost estimate: printed for --dry-run (then True: stop), checked against the budgets."""
+        if not (dry_run or max_seconds is not None or max_bytes is not None):
+            return False
+        est = estimate(net, len(retain[1]), len(forget_set[1]), method=method, num_classes=num_classes,
+                       x_probe=retain[0], config=config, **opts)
+        if dry_run:
+            console.print(f"estimate: {est.summary()}", highlight=False, soft_wrap=True)
+            console.print_json(json.dumps({k: v for k, v in est.as_dict().items()}))
+            return True
+        check_budget(est, max_seconds=max_seconds, max_bytes=max_bytes)
+        return False
+
     if own:
-        meta = forget_own(spec=model, options=_parse_options(model_option, "--model-option"), weights=weights,
-                          data=data, forget_ids=forget_ids, method=method, method_options=_parse_options(option),
-                          recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
-                          device=resolve_device(device))
-        console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
+        with _progress_with_eta():
+            meta = forget_own(spec=model, options=_parse_options(model_option, "--model-option"), weights=weights,
+                              data=data, forget_ids=forget_ids, method=method, method_options=opts,
+                              recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
+                              device=resolve_device(device), before_scrub=budget)
+        if meta is not None:
+            console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
         return
     model, meta, split, ctx, cfg = _load_for_forgetting(checkpoint, forget_ids, resolve_device(device))
-    opts = _parse_options(option)
     m = protocol_method(method, **opts)
     if seed is not None:
         ctx.seed = seed
-    res = m(model, split.retain, split.forget, ctx)
+    if budget(model, split.retain, split.forget, ctx.num_classes, ctx.config):
+        return
+    with _progress_with_eta():
+        res = m(model, split.retain, split.forget, ctx)
     if not res.ok:  # nothing is written for a scrub that did not do what it claims
         raise UserError(f"method {method!r} failed: " + "; ".join(res.reasons))
     extra = {"role": "scrubbed", "method": method, "method_options": opts, "forget_ids": split.forget_idx.tolist(),
@@ -461,6 +492,43 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                     arch_options=meta.get("arch_options"), config=meta.get("config"),
                     data_fingerprint=meta.get("data_fingerprint"), seed=meta.get("seed"), extra=extra)
     console.print(f"wrote {out} ({method}, |D_f| = {len(split.forget_idx)})")
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '500MB', '1.5gb', '123456' → bytes (> 0)."""
+    t = str(text).strip().lower().replace(" ", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise UserError(f"--memory: cannot read {text!r} as a size (e.g. 2GiB, 500MB, 1048576)") from None
+    if not value > 0:
+        raise UserError(f"--memory must be > 0, got {text!r}")
+    return int(value)
+
+
+@contextlib.contextmanager
+def _progress_with_eta():
+    """A rich progress bar with the time remaining for every long pass the curvature code reports."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def report(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done, total=total)
+
+        with progress_reporter(report):
+            yield
 
 
 def _same_data(checkpoint: Path, meta: dict, other: Path, other_meta: dict) -> None:

@@ -94,9 +94,11 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
 
 def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: Path, method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
-               device: torch.device) -> dict:
+               device: torch.device, before_scrub=None) -> dict | None:
     """Scrub D_f (``forget_ids``) from the user's model and write ``out`` (+ sidecar); returns the sidecar.
-    A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written."""
+    A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
+    ``before_scrub(model, retain, forget, num_classes)`` runs once the inputs are loaded and checked (the CLI's
+    cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
     model, _, ud, c = _load_all(spec, options, weights, data, device)
     idx = read_ids(forget_ids, len(ud.y))
@@ -104,6 +106,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     keep[idx] = False
     retain = (ud.x[keep].to(device), ud.y[keep].to(device))
     forget_set = (ud.x[idx].to(device), ud.y[idx].to(device))
+    if before_scrub is not None and before_scrub(model, retain, forget_set, c):
+        return None
     try:
         scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
                                        on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),

@@ -148,7 +148,7 @@ def test_fisher_bad_input():
     m = build_model("mlp", (10,), 4, seed=0, hidden=8)
     x = torch.randn(5, 10)
     with pytest.raises(ValueError, match="kind"):
-        fisher_diag(m, x, kind="mc")
+        fisher_diag(m, x, kind="bogus")
     with pytest.raises(ValueError, match="method"):
         fisher_diag(m, x, method="hooks")
     with pytest.raises(ValueError, match="labels"):
@@ -193,3 +193,42 @@ def test_mean_loss_and_grad_matches_autograd():
     ref_g = torch.autograd.grad(ref, list(m.parameters()))
     assert abs(loss - float(ref.detach())) < 1e-12
     assert torch.allclose(g, torch.cat([t.reshape(-1) for t in ref_g]), rtol=1e-10, atol=1e-14)
+
+
+def test_monte_carlo_fisher_is_seeded_and_unbiased():
+    m = _bn_cnn(2)
+    x = torch.randn(12, 1, 6, 6, dtype=torch.float64)
+    true = flatten(fisher_diag(m, x))
+    a, b = fisher_diag(m, x, kind="mc", seed=3), fisher_diag(m, x, kind="mc", seed=3)
+    assert all(torch.equal(a[k], b[k]) for k in a)                        # same seed, same numbers
+    draws = torch.stack([flatten(fisher_diag(m, x, kind="mc", seed=s)) for s in range(100)])
+    assert not torch.equal(draws[0], draws[1])
+    # E[mc] = true Fisher: the mean of 100 draws is within a few standard errors of it, entry by entry
+    se = draws.std(0) / 100 ** 0.5
+    z = ((draws.mean(0) - true).abs() / se.clamp_min(1e-12))[true > 1e-8 * true.max()]
+    assert float(z.median()) < 1.5 and float((z < 5).double().mean()) > 0.99
+
+
+def test_budget_sets_the_batch_and_keeps_the_values():
+    from scrubnet.curvature.fisher import plan_fisher
+    m = build_model("cnn2d", (1, 8, 8), 4, seed=0, channels=8).double()
+    x = torch.randn(20, 1, 8, 8, dtype=torch.float64)
+    ref = fisher_diag_loop(m, x)
+    small = plan_fisher(m, x[:1], 20, budget_bytes=2 * 2**20)
+    big = plan_fisher(m, x[:1], 20, budget_bytes=2**30)
+    assert small.batch < big.batch and small.peak_bytes <= 2 * 2**20
+    assert _max_rel(fisher_diag(m, x, budget_bytes=2 * 2**20), ref) < 1e-10
+    assert _max_rel(fisher_diag(m, x), ref) < 1e-10
+
+
+def test_position_gram_squared_sums_equal_per_sample_gradients():
+    from scrubnet.curvature.kernels import ConvKernel
+    torch.manual_seed(6)
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1).double()
+    a = torch.randn(5, 3, 7, 7, dtype=torch.float64)
+    g = torch.randn(6, 5, 4, 4, 4, dtype=torch.float64)                   # (K, B, C_out, H, W)
+    k = ConvKernel()
+    want = k.squared_sums(conv, a, g)
+    got = k.squared_sums_from_position_gram(conv, a, k.position_gram(conv, g), max_bytes=1)  # 1 sample/chunk
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-10, atol=1e-12), name

@@ -33,19 +33,25 @@ per sample, as in the authors' code. Tests and ``benchmarks/fisher_diag.py`` com
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.kernels import LayerKernel, func_per_sample_grads, kernel_for
+from scrubnet.curvature.progress import ProgressFn, current_progress
 from scrubnet.curvature.params import trainable_params
 from scrubnet.models import eval_mode
 
-FISHER_KINDS = ("true", "empirical")
+FISHER_KINDS = ("true", "mc", "empirical")
 
-# default budget for the per-batch per-sample-gradient tensor (B·K·p numbers)
-_DEFAULT_BUDGET_BYTES = 32 * 2**20
+# default working-memory budget of one Fisher computation (activations, output gradients, per-layer temporaries)
+DEFAULT_BUDGET_BYTES = 1 << 30
+_DEFAULT_BUDGET_BYTES = 32 * 2**20   # the vmap path's per-batch B·K·p tensor (auto_batch_size)
 
 
 
@@ -136,11 +142,20 @@ def _sq_sum0(t: Tensor) -> Tensor:
 
 
 def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str, LayerKernel]], xb: Tensor,
-                          yb: Tensor | None, kind: str) -> dict[str, Tensor]:
-    """Squared per-sample gradient sums for the parameters in ``plan``: one batched forward, then one
-    backward per class k of Σ_i √p_k(x_i)·log p_k(x_i) to the layer outputs (samples do not interact in eval
-    mode, so the output gradient of sample i is that sample's own), and per-layer per-sample gradients from
-    (input, output gradient) by the layer's closed form (outer product, unfold + bmm, x̂·g)."""
+                          yb: Tensor | None, kind: str, class_chunk: int, layer_budget_bytes: int
+                          ) -> dict[str, Tensor]:
+    """Squared per-sample gradient sums for the parameters in ``plan``: one batched forward, then backward
+    passes of the columns of the output-Hessian square root to the layer outputs (samples do not interact
+    in eval mode, so the output gradient of sample i is that sample's own), ``class_chunk`` columns per
+    batched backward, and per-layer squared per-sample gradients from (input, output gradient) by the
+    layer's closed form ((g²)ᵀa², unfold + bmm, x̂·g), chunked over samples so that no layer's temporary
+    exceeds ``layer_budget_bytes``. Never more than one chunk of columns of one layer's per-sample
+    gradients exists at a time.
+
+    Columns: true   — √p_k(x_i)·e_k on log p(x_i), k = 1..K (backprop through log-softmax gives
+                      √p_k (e_k − p), the k-th column of (diag p − p pᵀ)^{1/2}; Σ_k of the squares is the
+                      true Fisher);
+             empirical — one column e_{y_i} (the Monte-Carlo Fisher passes its drawn labels ŷ_i here)."""
     modules = list({id(m): m for m, _, _ in plan.values()}.values())
     kernels = {m: k for m, _, k in plan.values()}
     inputs: dict[nn.Module, Tensor] = {}
@@ -158,78 +173,245 @@ def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str
             h.remove()
     outs = [outputs[m] for m in modules]
     b, k = log_p.shape
-    if kind == "true":  # cotangent k: √p_k(x_i) on column k of log p — all K backward passes in one batched call
+    if kind == "true":  # cotangent k: √p_k(x_i) on column k of log p
         w = log_p.detach().exp().sqrt()                                        # (B, K)
-        cot = w.T.unsqueeze(-1) * torch.eye(k, dtype=w.dtype, device=w.device).unsqueeze(1)  # [k,i,j]=w_ik δ_kj
+        eye = torch.eye(k, dtype=w.dtype, device=w.device)
+        chunks = [w.T[s:s + class_chunk].unsqueeze(-1) * eye[s:s + class_chunk].unsqueeze(1)  # [k,i,j]=w_ik δ_kj
+                  for s in range(0, k, class_chunk)]
     else:
         cot = torch.zeros(1, b, k, dtype=log_p.dtype, device=log_p.device)
-        cot[0, torch.arange(b), yb] = 1.0
-    grads = torch.autograd.grad(log_p, outs, grad_outputs=cot, is_grads_batched=True, allow_unused=True)
+        cot[0, torch.arange(b, device=log_p.device), yb.to(log_p.device)] = 1.0
+        chunks = [cot]
     acc: dict[str, Tensor] = {}
-    for idx, m in enumerate(modules):
-        g = grads[idx].detach() if grads[idx] is not None else \
-            torch.zeros((cot.shape[0], *outs[idx].shape), dtype=outs[idx].dtype, device=outs[idx].device)
-        sq = kernels[m].squared_sums(m, inputs[m], g)                          # g: (K, B, ...)
+
+    def add(name_sq: dict[str, Tensor], m: nn.Module) -> None:
         for name, (mm, pname, _) in plan.items():
             if mm is m:
-                acc[name] = sq[pname]
+                acc[name] = name_sq[pname] if name not in acc else acc[name] + name_sq[pname]
+
+    columns = sum(c.shape[0] for c in chunks)
+    # factored layers with few positions: accumulate the per-sample position Gram over the columns, then one
+    # GEMM ((T+1)/2 < K: cheaper than K per-sample gradients per sample; "Fisher at scale" in decisions.md)
+    ghost = {m for m in modules if kernels[m].factored and inputs[m].ndim > 2
+             and (_positions(kernels[m], m, inputs[m], outs[modules.index(m)]) + 1) / 2 < columns}
+    pos_gram: dict[nn.Module, Tensor] = {}
+    for c_idx, cot in enumerate(chunks):
+        last = c_idx == len(chunks) - 1
+        if cot.shape[0] == 1:   # one column: a plain backward (faster than a batched one on CPU)
+            grads = [None if g is None else g.unsqueeze(0) for g in
+                     torch.autograd.grad(log_p, outs, grad_outputs=cot[0], allow_unused=True, retain_graph=not last)]
+        else:
+            grads = torch.autograd.grad(log_p, outs, grad_outputs=cot, is_grads_batched=True, allow_unused=True,
+                                        retain_graph=not last)
+        for idx, m in enumerate(modules):
+            if grads[idx] is None:
+                continue
+            g = grads[idx].detach()                                            # (K', B, ...)
+            if m in ghost:
+                mg = kernels[m].position_gram(m, g)
+                pos_gram[m] = mg if m not in pos_gram else pos_gram[m] + mg
+            else:
+                add(kernels[m].squared_sums(m, inputs[m], g, max_bytes=layer_budget_bytes), m)
+        del grads
+    for m, mg in pos_gram.items():
+        add(kernels[m].squared_sums_from_position_gram(m, inputs[m], mg, max_bytes=layer_budget_bytes), m)
+    for name, (m, pname, _) in plan.items():   # no gradient reached the layer: zero
+        if name not in acc:
+            acc[name] = torch.zeros_like(getattr(m, pname), dtype=log_p.dtype)
     return acc
+
+
+def _positions(kernel: LayerKernel, module: nn.Module, a: Tensor, out: Tensor) -> int:
+    """T, the output positions per sample of a factored layer."""
+    return kernel.shape(module, tuple(a.shape[1:]), tuple(out.shape[1:]))[2]
+
+
+@dataclass
+class FisherPlan:
+    """How :func:`fisher_diag` will run, and what it costs (the cost model's Fisher entry).
+
+    batch:        samples per forward; class_chunk: output-Hessian columns per batched backward;
+    passes:       backward passes per sample (K for the true Fisher, 1 for "mc" and "empirical");
+    flops:        total FLOPs (FLOP = 2 multiply-adds) over n samples: forward + backward-to-layer-outputs
+                  per column (≈ the forward's FLOPs each) + per-layer squared per-sample gradients;
+    peak_bytes:   working memory above the model and the data (autograd activations of one batch, the
+                  captured output gradients of one column chunk, one layer's per-sample temporaries, the
+                  float64 accumulators);
+    layer_budget: bytes allowed to one layer's per-sample temporaries;
+    activation_elements: n·(columns + 1)·Σ leaf activations per sample: the memory-bound elementwise work
+                  (BatchNorm, ReLU, additions forward and backward) that FLOPs do not count;
+    fallback:     parameters that go through the torch.func fallback (memory ≈ B·K·p of them)."""
+
+    batch: int
+    class_chunk: int
+    passes: int
+    flops: float
+    peak_bytes: int
+    layer_budget: int
+    fallback: list[str] = field(default_factory=list)
+    activation_elements: float = 0.0   # Σ over backward passes of the activations they touch (elementwise work)
+
+
+def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[int, int, int, int, float, float, int]:
+    """One-sample probe: (Σ leaf outputs, Σ captured outputs, largest leaf output, largest per-sample layer
+    temporary, forward FLOPs, squared-gradient FLOPs over all ``cols`` columns, position-Gram numbers)."""
+    leaf_total, leaf_max = [0], [0]
+    captured: dict[nn.Module, tuple[tuple, tuple]] = {}
+    modules = {m for m, _, _ in plan.values()}
+
+    def leaf_hook(mod, inp, out):
+        if isinstance(out, Tensor):
+            n = out[0].numel() if out.ndim else 1
+            leaf_total[0] += n
+            leaf_max[0] = max(leaf_max[0], n)
+        if mod in modules:
+            captured[mod] = (tuple(inp[0].shape[1:]), tuple(out.shape[1:]))
+
+    handles = [m.register_forward_hook(leaf_hook) for m in model.modules()
+               if not list(m.children()) or m in modules]
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x1[:1])
+    finally:
+        for h in handles:
+            h.remove()
+    fwd = float(counter.get_total_flops())
+    cap_total, per_layer, sq_flops, ghost_numel = 0, 0, 0.0, 0
+    for mod, (ins, outs) in captured.items():
+        out_numel = int(math.prod(outs))
+        cap_total += out_numel
+        kern = kernel_for(mod)
+        numel = sum(t.numel() for t in (getattr(mod, "weight", None), getattr(mod, "bias", None)) if t is not None)
+        if kern.factored:
+            d_in, d_out, t = kern.shape(mod, ins, outs)
+            if len(ins) > 1 and (t + 1) / 2 < cols:   # position Gram (as _layerwise_batch_sums decides)
+                pairs = t * (t + 1) / 2
+                ghost_numel += d_out * t * t
+                per_layer = max(per_layer, int(pairs * (d_in + d_out) * 2))
+                sq_flops += cols * 2.0 * t * t * d_out + 2.0 * pairs * (d_in * d_out + d_in)
+            elif kern.kind == "linear" and len(ins) == 1:   # (Σ_k g²)ᵀ a²: no per-sample gradients
+                per_layer = max(per_layer, 2 * d_in + 2 * d_out)
+                sq_flops += 2.0 * d_in * d_out + 2.0 * cols * d_out
+            else:                                          # per-sample gradients per column, squared
+                per_layer = max(per_layer, t * d_in + numel + t * d_out)
+                sq_flops += cols * (2.0 * t * d_in * d_out + 2.0 * numel)
+        else:
+            per_layer = max(per_layer, 2 * int(math.prod(ins)) + 2 * numel)
+            sq_flops += cols * 4.0 * out_numel
+    return leaf_total[0], cap_total, leaf_max[0], per_layer, fwd, sq_flops, ghost_numel
+
+
+def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", method: str = "auto",
+                budget_bytes: int = DEFAULT_BUDGET_BYTES, batch_size: int | None = None) -> FisherPlan:
+    """The batch size, class chunk, FLOPs and working memory of :func:`fisher_diag` on ``n`` samples shaped
+    like ``x1`` (one sample is run through the model as a probe). The working set
+    B·(3·Σ activations + K'·Σ captured output gradients + 2·largest activation·K') + one layer's temporaries
+    (≤ budget/4) + float64 accumulators (8·p) is kept within ``budget_bytes`` by choosing B, then K'."""
+    params = trainable_params(model)
+    p_count = sum(t.numel() for t in params.values())
+    isz = next(iter(params.values())).element_size()
+    with eval_mode(model):
+        plan = _layerwise_plan(model, params, x1[:1]) if method != "vmap" else {}
+        rest = [k for k in params if k not in plan]
+        with torch.no_grad():
+            classes = int(model(x1[:1]).shape[-1])
+        cols = classes if kind == "true" else 1
+        leaf_total, cap_total, leaf_max, per_layer, fwd, sq, ghost_numel = _layer_stats(model, plan, x1[:1], cols)
+    p_rest = sum(params[k].numel() for k in rest)
+    acc_bytes = 8 * p_count
+    layer_budget = max(1, budget_bytes // 4)
+    work = max(1, budget_bytes - layer_budget - acc_bytes)
+
+    def per_sample(kc: int) -> int:
+        return isz * (3 * leaf_total + kc * (cap_total + 2 * leaf_max) + ghost_numel + cols * p_rest)
+
+    # Linear/BN-only nets keep the earlier releases' single batched backward over all columns and their batch
+    # (B·p ≤ 8 Mi terms per float32 partial sum) within the budget: the default experiment's Fisher stays
+    # bit-identical. Other nets: one column per plain backward (faster on CPU than a batched one, and the
+    # output gradients of one column only are alive).
+    linear_only = not rest and all(k.kind in ("linear", "bn") for _, _, k in plan.values())
+    kc = cols if linear_only else 1
+    if batch_size is None:
+        batch_size = work // per_sample(kc)
+        if linear_only:
+            batch_size = min(batch_size, max(1, min(256, (32 * 2**20) // max(1, p_count * isz))))
+        batch_size = max(1, min(256, batch_size, n))
+    batch_size = int(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+    per_layer_bytes = min(layer_budget, isz * per_layer * batch_size * kc)
+    peak = batch_size * per_sample(kc) + per_layer_bytes + acc_bytes
+    # FLOPs per sample: forward, one backward to the layer inputs per column (≈ a forward each), squared
+    # per-sample gradients per column; the fallback: a VJP (≈ 3 forwards) per column
+    flops = n * (fwd * (2 if kind == "mc" else 1) + cols * fwd + sq + (3.0 * cols * fwd if rest else 0.0))
+    return FisherPlan(batch=batch_size, class_chunk=kc, passes=cols, flops=flops, peak_bytes=int(peak),
+                      layer_budget=layer_budget, fallback=rest,
+                      activation_elements=float(n) * (cols + 1) * leaf_total)
 
 
 def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: str = "true",
                 batch_size: int | None = None, method: str = "auto",
-                budget_bytes: int = _DEFAULT_BUDGET_BYTES) -> dict[str, Tensor]:
+                budget_bytes: int = DEFAULT_BUDGET_BYTES, seed: int = 0,
+                progress: ProgressFn | None = None) -> dict[str, Tensor]:
     """Diagonal Fisher ``{name: F}`` (F shaped like the parameter) of ``model`` on inputs ``x`` (N, ...).
 
     kind="true":      F_j = mean_i Σ_k p(k|x_i) (∂_j log p(k|x_i))²  (``y`` ignored).
+    kind="mc":        F_j = mean_i (∂_j log p(ŷ_i|x_i))², ŷ_i ~ p(·|x_i) drawn with ``seed``: an unbiased
+                      Monte-Carlo estimate of the true Fisher with one backward pass instead of K (variance
+                      per sample Σ_k p_k g_k⁴ − (Σ_k p_k g_k²)², g_k = ∂_j log p(k|x_i); see the module
+                      docstring).
     kind="empirical": F_j = mean_i (∂_j log p(y_i|x_i))²              (``y`` (N,) int64 required).
 
     method="vmap":      per-sample gradients by ``torch.func`` (vmap over samples of a VJP vmapped over the K
                         √p_k-weighted class cotangents); works for any module.
-    method="layerwise": one batched forward and K backward passes to the layer outputs, per-sample gradients
-                        of Linear / Conv1d / Conv2d / BatchNorm parameters in closed form; parameters of
-                        other modules still go through vmap.
+    method="layerwise": one batched forward and backward passes of the output-Hessian square-root columns
+                        to the layer outputs, squared per-sample gradients of Linear / Conv1d / Conv2d /
+                        BatchNorm parameters in closed form, layer by layer; parameters of other modules
+                        still go through vmap.
     method="auto":      "layerwise" (it falls back to vmap per parameter by itself).
-    All are exact (same number as :func:`fisher_diag_loop` up to rounding).
+    All are exact (same number as :func:`fisher_diag_loop` up to rounding; "mc" is exact for its draws).
 
     Only parameters with ``requires_grad`` are included. Evaluated in eval mode (the model's modes are
-    restored). ``batch_size`` samples are processed at once (default: as many as keep the B·K·p per-sample
-    gradient tensor under ``budget_bytes``). Returns tensors in the parameters' dtype.
+    restored). Memory: the batch size and the columns per backward are chosen by :func:`plan_fisher` so the
+    working set stays within ``budget_bytes`` (``batch_size`` overrides the batch). ``progress(what, done, total)``
+    is called after every batch. Returns tensors in the parameters' dtype.
     """
     _check_inputs(model, x, y, kind)
     if method not in FISHER_METHODS:
         raise ValueError(f"unknown Fisher method {method!r}; choose one of {', '.join(FISHER_METHODS)}")
+    if budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
     params = trainable_params(model)
     buffers = {k: v.detach() for k, v in model.named_buffers()}
-    p_count = sum(t.numel() for t in params.values())
-    itemsize = next(iter(params.values())).element_size()
     acc = {k: torch.zeros(v.shape, dtype=torch.float64, device=v.device) for k, v in params.items()}
+    n = len(x)
+    fplan = plan_fisher(model, x[:1], n, kind=kind, method=method, budget_bytes=budget_bytes,
+                        batch_size=batch_size)
+    batch_size = fplan.batch
+    generator = torch.Generator(device=x.device).manual_seed(int(seed)) if kind == "mc" else None
+    report = progress or current_progress()
     with eval_mode(model), torch.enable_grad():
         plan = _layerwise_plan(model, params, x[:1]) if method != "vmap" else {}
         rest = [k for k in params if k not in plan]
-        if batch_size is None:
-            with torch.no_grad():
-                probe = model(x[:1])
-            classes = probe.shape[-1] if kind == "true" else 1
-            if rest:  # vmap holds B·K·p per-sample gradients at once
-                batch_size = auto_batch_size(p_count, classes, itemsize, budget_bytes)
-            else:     # layerwise materialises B·K per-sample gradients of convolutions only
-                p_conv = sum(params[n].numel() for n, (_, _, k) in plan.items() if k.kind == "conv")
-                batch_size = max(1, min(256, budget_bytes // max(1, (classes * p_conv + p_count) * itemsize)))
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-        n = len(x)
         for i in range(0, n, batch_size):
             xb = x[i:i + batch_size]
             yb = y[i:i + batch_size] if y is not None else None
             parts = []
+            if kind == "mc":  # the draw is shared by both paths: one label per sample
+                with torch.no_grad():
+                    probs = torch.softmax(model(xb), dim=-1).to(torch.float64)
+                yb = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            sum_kind = "empirical" if kind == "mc" else kind
             if plan:
-                parts.append(_layerwise_batch_sums(model, plan, xb, yb, kind))
+                parts.append(_layerwise_batch_sums(model, plan, xb, yb, sum_kind, fplan.class_chunk,
+                                                   fplan.layer_budget))
             if rest:
-                parts.append(_vmap_batch_sums(model, params, rest, buffers, xb, yb, kind))
+                parts.append(_vmap_batch_sums(model, params, rest, buffers, xb, yb, sum_kind))
             for part in parts:
                 for k, t in part.items():
                     acc[k] += t.detach().to(torch.float64)
+            if report is not None:
+                report("Fisher diagonal", min(n, i + batch_size), n)
     return {k: (acc[k] / n).to(params[k].dtype) for k in params}
 
 

@@ -72,13 +72,63 @@ class LayerKernel:
             out["bias"] = go.sum(2).permute(1, 0, 2)                   # (B, K, d_out)
         return out
 
-    def squared_sums(self, module: nn.Module, a: Tensor, g: Tensor) -> dict[str, Tensor]:
-        """{"weight"/"bias": param-shaped} Σ_k Σ_i (per-sample gradient)²."""
-        out = {}
-        for name, rows in self.per_sample_grads(module, a, g).items():
-            flat = rows.reshape(-1, rows.shape[-1])
-            out[name] = (flat * flat).sum(0).reshape(getattr(module, name).shape)
+    def squared_sums(self, module: nn.Module, a: Tensor, g: Tensor, max_bytes: int | None = None
+                     ) -> dict[str, Tensor]:
+        """{"weight"/"bias": param-shaped} Σ_k Σ_i (per-sample gradient)².
+
+        ``max_bytes`` bounds the per-sample temporaries (unfolded patches, output rows, per-sample gradients
+        of one sample chunk): the samples are processed in chunks that fit (at least one sample)."""
+        b, k = a.shape[0], g.shape[0]
+        step = b
+        if max_bytes is not None and b > 1:
+            numel = sum(t.numel() for t in (getattr(module, "weight", None), getattr(module, "bias", None))
+                        if t is not None)
+            per_sample = a.element_size() * (k * numel + 2 * a[0].numel() * self.unfold_factor(module)
+                                             + 2 * g[0, 0].numel() * k)
+            step = max(1, min(b, int(max_bytes // max(per_sample, 1))))
+        out: dict[str, Tensor] = {}
+        for s in range(0, b, step):
+            for name, rows in self.per_sample_grads(module, a[s:s + step], g[:, s:s + step]).items():
+                flat = rows.reshape(-1, rows.shape[-1])
+                sq = (flat * flat).sum(0).reshape(getattr(module, name).shape)
+                out[name] = sq if name not in out else out[name] + sq
         return out
+
+    def position_gram(self, module: nn.Module, g: Tensor) -> Tensor:
+        """M (B, d_out, T, T) = Σ_k go_k go_kᵀ per sample and output channel, from g (K, B, ...) of a factored
+        layer (go = output rows): accumulated over the output-Hessian columns, it gives the squared sums of
+        every column at once (:meth:`squared_sums_from_position_gram`)."""
+        go = self.output_rows(module, g)                                # (K, B, T, d_out)
+        gt = go.permute(1, 3, 0, 2)                                     # (B, d_out, K, T)
+        return torch.matmul(gt.transpose(-1, -2), gt)                   # (B, d_out, T, T)
+
+    def squared_sums_from_position_gram(self, module: nn.Module, a: Tensor, m: Tensor,
+                                        max_bytes: int | None = None) -> dict[str, Tensor]:
+        """{"weight"/"bias"} Σ_i Σ_k (Σ_t g_kot a_tj)² = Σ_i Σ_{t,t'} M_i[o,t,t'] a_it·j a_it'·j from the
+        position Gram M (B, d_out, T, T) and the layer input a: the pairs t ≤ t' (off-diagonal ones twice)
+        as one GEMM over samples and pairs (d_out × B·P)(B·P × d_in); chunked over samples to ``max_bytes``."""
+        pa = self.patches(module, a)                                    # (B, T, d_in)
+        b, t, d_in = pa.shape
+        d_out = m.shape[1]
+        iu = torch.triu_indices(t, t, device=a.device)
+        pair_w = torch.where(iu[0] == iu[1], 1.0, 2.0).to(m.dtype)      # (P,)
+        per_sample = a.element_size() * iu.shape[1] * (d_in + d_out) * 2
+        step = b if max_bytes is None else max(1, min(b, int(max_bytes // max(per_sample, 1))))
+        out: dict[str, Tensor] = {}
+        if getattr(module, "weight", None) is not None:
+            w = torch.zeros(d_out, d_in, dtype=m.dtype, device=m.device)
+            for s in range(0, b, step):
+                mu = (m[s:s + step][:, :, iu[0], iu[1]] * pair_w)       # (b', d_out, P)
+                au = pa[s:s + step][:, iu[0]] * pa[s:s + step][:, iu[1]]  # (b', P, d_in)
+                w.addmm_(mu.permute(1, 0, 2).reshape(d_out, -1), au.reshape(-1, d_in))
+            out["weight"] = w.reshape(module.weight.shape)
+        if getattr(module, "bias", None) is not None:
+            out["bias"] = m.sum(dim=(0, 2, 3))
+        return out
+
+    def unfold_factor(self, module: nn.Module) -> int:
+        """How many times larger a sample's unfolded input is than its input (conv: the kernel size)."""
+        return 1
 
 
 _REGISTRY: list[tuple[tuple[type, ...], LayerKernel]] = []
@@ -123,9 +173,9 @@ class LinearKernel(LayerKernel):
     def shape(self, module, in_shape, out_shape):
         return module.in_features, module.out_features, int(math.prod(in_shape[:-1]))
 
-    def squared_sums(self, module, a, g):
+    def squared_sums(self, module, a, g, max_bytes=None):
         if a.ndim != 2:
-            return super().squared_sums(module, a, g)
+            return super().squared_sums(module, a, g, max_bytes)
         g2 = (g * g).sum(0)                     # Σ_k (g_ki a_iᵀ)² summed over i = (Σ_k g_k²)ᵀ a²: no outer products
         out = {"weight": g2.T @ (a * a)}
         if module.bias is not None:
@@ -163,6 +213,9 @@ class ConvKernel(LayerKernel):
     def shape(self, module, in_shape, out_shape):
         return (module.in_channels * int(math.prod(module.kernel_size)), module.out_channels,
                 int(math.prod(out_shape[1:])))
+
+    def unfold_factor(self, module):
+        return int(math.prod(module.kernel_size))
 
 
 @register_kernel(nn.modules.batchnorm._BatchNorm)
