@@ -121,9 +121,11 @@ class LayerKernel:
                 mu = (m[s:s + step][:, :, iu[0], iu[1]] * pair_w)       # (b', d_out, P)
                 au = pa[s:s + step][:, iu[0]] * pa[s:s + step][:, iu[1]]  # (b', P, d_in)
                 w.addmm_(mu.permute(1, 0, 2).reshape(d_out, -1), au.reshape(-1, d_in))
-            out["weight"] = w.reshape(module.weight.shape)
+            out["weight"] = w.reshape(module.weight.shape).clamp_(min=0)
         if getattr(module, "bias", None) is not None:
-            out["bias"] = m.sum(dim=(0, 2, 3))
+            out["bias"] = m.sum(dim=(0, 2, 3)).clamp_(min=0)
+        # sums of squares written as Gram contractions: where the true value is 0 (e.g. the key bias of an
+        # attention layer, which softmax cancels) rounding can leave −1e-12; clamping restores the sign
         return out
 
     def unfold_factor(self, module: nn.Module) -> int:
