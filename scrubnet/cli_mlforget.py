@@ -189,6 +189,9 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
     record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=_data_loader)
     if applied:
         info = record["solver"]
+        if info.get("factor_file_problem"):
+            typer.echo(f"warning: {info['factor_file_problem']}; the factor was rebuilt from the data"
+                       + (" and the file rewritten" if info.get("factor_file_rewritten") else ""), err=True)
         typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
                    f"{info.get('solver')} solver ({info.get('iterations')} iterations), residual "
                    f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")

@@ -126,3 +126,35 @@ def test_cli_audit_writes_outputs(tmp_path):
     j = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert list(j["methods"]) == ["original", "retrain", "finetune"]
     assert j["config"]["audit"]["plan"]["splits"] == 4
+
+
+def test_damaged_cache_entries_are_named_and_recomputed(local_run, tmp_path, capfd):
+    """A bit-flipped, a truncated and a 0x7f-filled cache file: each is named on stderr, recomputed, and the
+    audit's numbers are those of the intact cache."""
+    import shutil
+
+    import corrupt
+    out, res = local_run
+    work = tmp_path / "audit"
+    shutil.copytree(out, work)
+    a = Audit(tiny_config(), METHODS, _plan(), work / "cache")
+    damaged = {a.cache.path("original/1"): lambda p: corrupt.flip_exponent_bits(p, 2000),
+               a.cache.path("retrain/0/0"): lambda p: corrupt.truncate(p, min(5000, p.stat().st_size // 2)),
+               a.cache.path("scrub/finetune/0/0", a.options("finetune")): corrupt.fill_7f}
+    for p, damage in damaged.items():  # (the tiny pool's logits files hold < 5000 bytes: cut to half)
+        damage(p)
+    capfd.readouterr()
+    computed = []
+
+    class Counting(LocalEngine):
+        def map(self, fn, shared, payloads):
+            for k, r in super().map(fn, shared, payloads):
+                computed.extend(mid for mid, _, _ in (r if isinstance(r, list) else []))
+                yield k, r
+
+    again = run_audit(tiny_config(), METHODS, work, plan=_plan(), engine=Counting(), progress=False)
+    err = capfd.readouterr().err
+    for p, reason in zip(damaged, ["hash mismatch", "truncated", "hash mismatch"]):
+        assert f"warning: audit cache entry {p}: {reason}" in err
+    assert sorted(computed) == ["original/1", "retrain/0/0", "scrub/finetune/0/0"]
+    assert _numbers(again) == _numbers(res)
