@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
@@ -55,7 +56,7 @@ class UserError(Exception):
 
 
 def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)  # "[nan]" is no markup
     raise typer.Exit(2)
 
 

@@ -126,6 +126,15 @@ def test_cli_audit_writes_outputs(tmp_path):
     j = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert list(j["methods"]) == ["original", "retrain", "finetune"]
     assert j["config"]["audit"]["plan"]["splits"] == 4
+    # an earlier audit's results are replaced only with --overwrite (the cache is kept: nothing retrains)
+    args = ["audit", "--config", str(toml), "--pool", "4", "--eps-models", "3", "--quiet", "--out", str(tmp_path / "a")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "--overwrite" in r.output, r.output
+    (tmp_path / "a" / "roc.png").write_text("stale")
+    r = CliRunner().invoke(app, args + ["--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a" / "roc.png").read_bytes()[:4] == b"\x89PNG"
+    assert _numbers(json.loads((tmp_path / "a" / "audit.json").read_text())) == _numbers(j)
 
 
 def test_damaged_cache_entries_are_named_and_recomputed(local_run, tmp_path, capfd):
@@ -158,3 +167,26 @@ def test_damaged_cache_entries_are_named_and_recomputed(local_run, tmp_path, cap
         assert f"warning: audit cache entry {p}: {reason}" in err
     assert sorted(computed) == ["original/1", "retrain/0/0", "scrub/finetune/0/0"]
     assert _numbers(again) == _numbers(res)
+
+
+def test_cli_audit_ranges_and_unwritable_out_refused_before_any_work(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import scrubnet.cli_audit as cli_audit
+    from scrubnet.cli import app
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the audit ran")
+    monkeypatch.setattr(cli_audit, "run_audit", must_not_run)
+    monkeypatch.setattr(cli_audit, "get_split", must_not_run)
+    for args, needle in [(["--pool", "1000000"], "--pool must lie in [4, 512]"),
+                         (["--pool", "2"], "--pool must lie in [4, 512]"),
+                         (["--eps-models", "2"], "--eps-models must lie in [3, 512]"),
+                         (["--eps-models", "100000"], "--eps-models must lie in [3, 512]")]:
+        r = CliRunner().invoke(app, ["audit", *args, "--out", str(tmp_path / "a")])
+        assert r.exit_code == 2 and needle in r.output, (args, r.output)
+        assert not (tmp_path / "a").exists()
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    r = CliRunner().invoke(app, ["audit", "--out", str(blocker / "audit")])
+    assert r.exit_code == 2 and f"{blocker} is not a directory" in r.output, r.output
