@@ -31,7 +31,7 @@ from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
 from scrubnet.experiments.config import ExperimentConfig, dump_toml, load_config, read_toml
 from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
-from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_warnings
+from scrubnet.experiments.report import format_readout, mia_degenerate, readout_unit, report_from_dir, report_warnings
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
@@ -454,11 +454,12 @@ def evaluate(checkpoint: Path = typer.Option(..., help="model to evaluate"),
         orig = model  # the checkpoint is itself the original (no scrub recorded in its sidecar)
     sr = SeedRun(ctx.seed, split, ctx.start or model, orig, ref, ctx, cfg)
     r = eval_fn(model, sr, original=orig, reference=ref)
-    t = Table(title=f"readouts of {checkpoint.name}")
+    t = Table(title=f"readouts of {checkpoint.name} (--json keeps fractions, nats and 0/1 flags)")
     t.add_column("readout")
     t.add_column("value")
+    t.add_column("unit")
     for k, v in r.items():
-        t.add_row(k, f"{v:.4f}")
+        t.add_row(k, format_readout(k, v), readout_unit(k))
     console.print(t)
     if json_out:
         atomic_write_json(json_out, r)
@@ -531,7 +532,7 @@ def config_cmd(dump: bool = typer.Option(False, "--dump", help="print every conf
     _set_threads(threads)
     if not dump and config is None:
         raise UserError("give --dump (print every key) and/or --config FILE (check it)")
-    cfg = load_config(config) if config is not None else ExperimentConfig()
+    cfg = load_config(config) if config is not None else ExperimentConfig.from_dict({})
     if dump:
         typer.echo(dump_toml(cfg), nl=False)
     else:

@@ -61,7 +61,7 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
         raise ValueError("--threads must be at least 1")
     torch.set_num_threads(threads)
     resolve_device(device)  # validate here; Ray workers resolve "auto" on their own machine
-    cfg = load_config(config) if config else ExperimentConfig()
+    cfg = load_config(config) if config else ExperimentConfig.from_dict({})
     if methods is not None:
         cfg.methods = [m.strip() for m in methods.split(",") if m.strip()]
         if not cfg.methods:
@@ -83,11 +83,11 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
                             device=device, progress=not quiet, console=console)
     finally:
         eng.close()
-    t = Table(title="per-example audit (U-LiRA 0.5 and ε-score 1 are ideal)")
-    for c in ("method", "U-LiRA bal. acc.", "TPR@1%FPR", "ε forget score", "ε score"):
+    t = Table(title="per-example audit (U-LiRA 50 % and ε-score 1 are ideal)")
+    for c in ("method", "U-LiRA bal. acc. %", "TPR @1% FPR %", "ε forget score (0–1)", "ε score (0–1)"):
         t.add_column(c, no_wrap=True)
     for m, d in results["methods"].items():
-        t.add_row(m, f"{d['ulira_balanced_accuracy']:.3f}", f"{d['ulira_tpr_at_1pct_fpr']:.3f}",
+        t.add_row(m, f"{100 * d['ulira_balanced_accuracy']:.1f}", f"{100 * d['ulira_tpr_at_1pct_fpr']:.1f}",
                   f"{d['epsilon_forget_score']:.3f}", f"{d['epsilon_score']:.3f}")
     console.print(t)
     console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}, roc.png, epsilon_hist.png "

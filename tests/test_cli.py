@@ -69,6 +69,12 @@ def test_forget_then_evaluate(trained, tmp_path):
     assert r.exit_code == 0, r.output
     ev = json.loads(j.read_text())
     assert set(ev) >= {"error_forget", "mia_forget", "relearn_epochs", "activation_l1_forget"}
+    # the table speaks to people: errors in %, flags as yes/no, the unit in its own column; JSON keeps fractions
+    rows = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:4]] for ln in r.output.splitlines()
+            if ln.count("│") >= 4}
+    assert rows["error_forget"] == [f"{100 * ev['error_forget']:.1f}", "%"]
+    assert rows["mia_degenerate"] == ["yes" if ev["mia_degenerate"] else "no", "yes/no"]
+    assert rows["loss_forget"][1] == "nats" and 0 <= ev["error_forget"] <= 1
 
 
 def test_unknown_method_and_missing_or_corrupt_checkpoint(trained, tmp_path):

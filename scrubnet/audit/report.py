@@ -21,23 +21,28 @@ def render_markdown(results: dict) -> str:
              f"{results.get('seconds', float('nan')):.0f} s.", "",
              "**U-LiRA** (Hayes et al. 2024): per-example Gaussians of the logit-scaled confidence for models that "
              "unlearned x (IN) and models that never trained on x (OUT), fitted on the shadow splits, a "
-             "likelihood-ratio test on the target splits. Balanced accuracy 0.5 = indistinguishable from "
+             "likelihood-ratio test on the target splits. Balanced accuracy 50 % = indistinguishable from "
              "never having trained on x (the ideal); the original model gives plain LiRA membership.",
              "**ε-score** (NeurIPS-2023 unlearning challenge): per forget example of one original, ε from U "
              "unlearned vs R retrained models over single and two-sided thresholds (δ = 1e-5, cap 50), "
              "bucketed (width 0.5, points 1, ½, ¼, … up to ceil(ln(U−1))); the final score multiplies by "
              "retain and test accuracy relative to retraining. Higher is better; U is given per row, the "
              "buckets depend on it.", "",
-             "| method | U-LiRA bal. acc. | (fixed var.) | AUC | TPR @1% FPR | TPR @0.1% FPR | per-example acc. "
-             "p10–p90 | IN/OUT models | ε forget score | ε score | median ε | U / R |",
+             "Units: balanced accuracies and true-positive rates in %, AUC and the ε scores from 0 to 1, ε in "
+             "nats of the privacy-loss bound (audit.json keeps every rate as a fraction).", "",
+             "| method | U-LiRA bal. acc. % | (fixed var.) % | AUC (0–1) | TPR @1% FPR % | TPR @0.1% FPR % | "
+             "per-example acc. p10–p90 % | IN/OUT models | ε forget score (0–1) | ε score (0–1) | median ε | U / R |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, d in ms.items():
         sp = d["ulira_spread"]
         um = d["ulira_models"]
         em = d["epsilon_models"]
-        lines.append(f"| {m} | {d['ulira_balanced_accuracy']:.3f} | {d['ulira_fixed_variance']['balanced_accuracy']:.3f} "
-                     f"| {d['ulira_auc']:.3f} | {d['ulira_tpr_at_1pct_fpr']:.3f} | {d['ulira_tpr_at_01pct_fpr']:.3f} "
-                     f"| {sp['p10']:.2f}–{sp['p90']:.2f} | {um['in']}/{um['out']} | {d['epsilon_forget_score']:.3f} "
+        pc = 100.0  # rates in %, as the header says
+        lines.append(f"| {m} | {pc * d['ulira_balanced_accuracy']:.1f} "
+                     f"| {pc * d['ulira_fixed_variance']['balanced_accuracy']:.1f} "
+                     f"| {d['ulira_auc']:.3f} | {pc * d['ulira_tpr_at_1pct_fpr']:.1f} "
+                     f"| {pc * d['ulira_tpr_at_01pct_fpr']:.1f} "
+                     f"| {pc * sp['p10']:.0f}–{pc * sp['p90']:.0f} | {um['in']}/{um['out']} | {d['epsilon_forget_score']:.3f} "
                      f"| {d['epsilon_score']:.3f} | {d['epsilon_median']:.2f} | {em['unlearned']} / {em['retrained']} |")
     slow = sorted(m for m, p in plan["pairs"].items() if p < plan["forget_sets"])
     lines += ["", "Pool size per method: every method runs on "

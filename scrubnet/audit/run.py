@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scrubnet._config import tiny_mode
 from scrubnet.audit import pool as P
 from scrubnet.audit.engine import LocalEngine
 from scrubnet.audit.report import write_audit
@@ -44,12 +45,12 @@ def default_plan(methods: list[str], pool: int | None = None, eps_models: int | 
     (≈ 2 s on the embedded experiment, one thread, against ≤ 0.25 s for every other method without the
     information readouts), so it runs on 1 forget set per split and U/2 ε-models; the default audit then
     takes a few minutes on 2 cores (README)."""
-    S = 32 if pool is None else int(pool)
+    S = (4 if tiny_mode() else 32) if pool is None else int(pool)
     if not POOL_RANGE[0] <= S <= POOL_RANGE[1]:
         raise ValueError(f"--pool must lie in [{POOL_RANGE[0]}, {POOL_RANGE[1]}] (U-LiRA needs ≥ 3 shadow splits "
                          f"and a target split; each split trains 5+ models), got {S}")
     slow = {"mlforget", "mlforget-retrain"}
-    U = 32 if eps_models is None else int(eps_models)
+    U = (3 if tiny_mode() else 32) if eps_models is None else int(eps_models)
     if not EPS_MODELS_RANGE[0] <= U <= EPS_MODELS_RANGE[1]:
         raise ValueError(f"--eps-models must lie in [{EPS_MODELS_RANGE[0]}, {EPS_MODELS_RANGE[1]}] (the ε-score "
                          f"needs at least 3 models per side), got {U}")

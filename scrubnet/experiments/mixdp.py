@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scrubnet._config import strict_from_dict
+from scrubnet._config import strict_from_dict, tiny_mode, under_defaults
 from scrubnet.audit.stats import auc_score
 from scrubnet.data import DataConfig, load_split
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
@@ -54,6 +54,9 @@ RANGES = {"epsilons (--eps)": (0.0, 64.0), "delta (--delta)": (1e-12, 0.1), "sig
           "seeds (--seeds)": (1, 100), "public_per_class": (1, 10_000), "private_per_class": (1, 10_000),
           "val_per_class": (1, 10_000), "test_per_class": (1, 10_000), "num_samples": (100, 1_000_000),
           "pretrain_epochs": (0, 1000), "public_fit_iters": (1, 100_000), "paragon_iters": (1, 100_000)}
+#: the defaults under ``SCRUBNET_TINY=1``: one seed, two pre-training epochs, 30 private samples per class
+TINY_DP = {"seeds": [0], "pretrain_epochs": 2, "num_samples": 2000, "private_per_class": 30, "val_per_class": 10,
+           "test_per_class": 30, "lr_grid": [8.0], "subspace_dim": 8, "public_fit_iters": 50, "paragon_iters": 50}
 #: the most full-batch noisy steps T_max(ε, δ, σ) a run may take (ε = 8 at the default σ = 20 takes 1110)
 MAX_STEPS = 50_000
 
@@ -113,7 +116,9 @@ class MixDPConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MixDPConfig":
-        return strict_from_dict(cls, d, "dp").validate()
+        """The configuration ``d`` describes, validated (with ``SCRUBNET_TINY=1`` missing keys take the defaults
+        of :data:`TINY_DP`)."""
+        return strict_from_dict(cls, under_defaults(TINY_DP, d) if tiny_mode() else d, "dp").validate()
 
     def validate(self) -> "MixDPConfig":
         """Every knob in its documented range (:data:`RANGES`; the key is named), and T_max(ε, δ, σ) ≤
