@@ -77,8 +77,9 @@ def render(kind: str, path: Path) -> list[str]:
         raise ValueError(f"{path} not found: run the README's command that writes it first") from None
 
 
-def replace_tables(readme: str, root: Path) -> tuple[str, list[str]]:
-    """(README text with every marked table re-rendered, list of the markers whose table changed)."""
+def replace_tables(readme: str, root: Path, missing: list[str] | None = None) -> tuple[str, list[str]]:
+    """(README text with every marked table re-rendered, list of the markers whose table changed). A table
+    whose results file does not exist is kept as it is and its marker appended to ``missing``."""
     lines, out, changed, i = readme.split("\n"), [], [], 0
     while i < len(lines):
         out.append(lines[i])
@@ -89,7 +90,11 @@ def replace_tables(readme: str, root: Path) -> tuple[str, list[str]]:
         j = i
         while j < len(lines) and lines[j].startswith("|"):
             j += 1
-        new = render(m.group(1), root / m.group(2))
+        if not (root / m.group(2)).is_file() and missing is not None:
+            missing.append(f"{m.group(1)} {m.group(2)}")
+            new = lines[i:j]
+        else:
+            new = render(m.group(1), root / m.group(2))
         if lines[i:j] != new:
             changed.append(f"{m.group(1)} {m.group(2)}")
         out.extend(new)
@@ -107,7 +112,10 @@ def main(argv=None) -> int:
     try:
         if a.check or a.update:
             readme = a.check or a.update
-            text, changed = replace_tables(readme.read_text(), a.root)
+            missing: list[str] = []
+            text, changed = replace_tables(readme.read_text(), a.root, missing)
+            for m in missing:
+                print(f"{readme}: the table of {m} was not checked: its results file does not exist", file=sys.stderr)
             if a.update:
                 readme.write_text(text)
                 print(f"updated {len(changed)} table(s) of {readme}: {', '.join(changed) or 'none changed'}")
