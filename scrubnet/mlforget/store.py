@@ -294,14 +294,14 @@ def solver_result_problem(info: dict) -> str | None:
     """Why a request's solver result must not be committed, or None: the dual's relative residual above
     :data:`DUAL_RESIDUAL_TOL`, or CG stopped before its tolerance. The papers' SGD is inexact by design
     (no tolerance) and is accepted."""
-    res = info.get("relative_residual")
+    raw = info.get("relative_residual")
+    res = float(raw) if isinstance(raw, (int, float)) else float("nan")
     if info.get("solver") == "dual":
-        if res is None or not math.isfinite(float(res)) or float(res) > DUAL_RESIDUAL_TOL:
-            return (f"the dual solver's relative residual {float(res if res is not None else 'nan'):.3g} exceeds "
-                    f"its tolerance {DUAL_RESIDUAL_TOL:g}")
+        if not math.isfinite(res) or res > DUAL_RESIDUAL_TOL:
+            return f"the dual solver's relative residual {res:.3g} exceeds its tolerance {DUAL_RESIDUAL_TOL:g}"
     elif info.get("solver") == "cg":
-        if not info.get("converged", False) or res is None or not math.isfinite(float(res)):
-            return (f"CG stopped after {info.get('iterations')} iterations at relative residual {float(res):.3g} "
+        if not info.get("converged", False) or not math.isfinite(res):
+            return (f"CG stopped after {info.get('iterations')} iterations at relative residual {res:.3g} "
                     "without reaching its tolerance")
     return None
 
