@@ -1,15 +1,15 @@
 """The default experiment reproduces: seed 0 of ``scrubnet run`` (a reduced method list, to stay within the
 test budget) gives the readouts stored in ``tests/fixtures/default_seed0.json``.
 
-Tolerance (docs/decisions.md, "Numbers that reproduce"): on the machine that wrote the fixture the readouts are
-identical to the last bit; across BLAS kernels (MKL code paths, measured with ``MKL_CBWR``) and torch thread
-counts, fine-tuning sums in another order and the readouts move by float rounding: losses and distances by
-< 1e-3 relative, while a count-based readout (error, attack, re-learn epochs) may move by one sample or one
-epoch where a borderline prediction flips. The test allows exactly that:
-
-* relative 2e-3 (absolute 1e-6) on continuous readouts;
-* one D_f sample (1/|D_f|) on ``error_forget`` and ``mia_forget``, one sample of D_r / D_test on their errors,
-  one epoch on ``relearn_epochs``.
+Machine dependence (measured, docs/decisions.md "Numbers that reproduce"): fine-tuning amplifies rounding, so
+the readouts depend on the BLAS kernels. On one machine the same command gives the same bits; switching MKL's
+code path on the same machine (``MKL_CBWR=COMPATIBLE`` instead of the CPU's own AVX2 kernels) moves seed 0's
+Fisher error on D_f from 4 % to 12 % and its loss on D_f from 0.228 to 0.385 nats. So the test runs the
+experiment in a child process pinned to MKL's conditional-numerical-reproducibility path
+(``MKL_CBWR=COMPATIBLE``, one MKL/OpenMP/torch thread), which gives the same bits on every x86-64 CPU MKL
+supports, and the fixture was written that way. The tolerance covers float noise only: relative 2e-3
+(absolute 1e-6) on continuous readouts, one sample of D_f / D_r / D_test on the count-based errors and the
+attack, one epoch on ``relearn_epochs``. A torch build without MKL (e.g. ARM) takes other kernels: skipped.
 
 Regenerate the fixture (only when a change of the numbers is intended, and say so in the commit):
 ``python tests/test_reproduce.py --write``.
@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import run_experiment
@@ -79,9 +82,25 @@ def test_difference_rule_catches_a_changed_readout():
     assert len(differences(off, want)) == 3
 
 
+PINNED_ENV = {"MKL_CBWR": "COMPATIBLE", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def readouts_in_pinned_child() -> dict:
+    """:func:`readouts_seed0` in a child process whose MKL is pinned to its compatible code path (the
+    variable is read when MKL loads, so it cannot be set in this process)."""
+    env = {**os.environ, **PINNED_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "PYTHONWARNINGS": "ignore"}
+    env.pop("SCRUBNET_TINY", None)
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--print"], env=env, capture_output=True,
+                       text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the fixture was made with MKL's kernels")
 def test_default_experiment_seed0_matches_the_stored_results():
     want = json.loads(FIXTURE.read_text())
-    got = readouts_seed0()
+    got = readouts_in_pinned_child()
     assert got["sizes"] == want["sizes"]
     assert set(got["methods"]) == set(want["methods"])
     bad = differences(got, want)
@@ -89,10 +108,15 @@ def test_default_experiment_seed0_matches_the_stored_results():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
+    if sys.argv[1:] not in (["--write"], ["--print"]):
         sys.exit("usage: python tests/test_reproduce.py --write   (rewrites the fixture)")
-    import torch
+    if os.environ.get("MKL_CBWR") != PINNED_ENV["MKL_CBWR"]:  # re-run pinned (MKL reads it at load time)
+        sys.exit(subprocess.call([sys.executable, *sys.argv], env={**os.environ, **PINNED_ENV}))
     torch.set_num_threads(1)
-    FIXTURE.parent.mkdir(exist_ok=True)
-    FIXTURE.write_text(json.dumps(readouts_seed0(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {FIXTURE}")
+    got = readouts_seed0()
+    if sys.argv[1] == "--print":
+        print(json.dumps(got))
+    else:
+        got["environment"] = {**PINNED_ENV, "torch_threads": 1}
+        FIXTURE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {FIXTURE}")
