@@ -250,7 +250,7 @@ def _set_threads(threads: Optional[int]) -> None:
 
 def _print_summary(results: dict) -> None:
     cols = [("error_retain", "err D_r %"), ("error_forget", "err D_f %"), ("error_test", "err test %"),
-            ("loss_forget", "loss D_f"), ("mia_forget", "MIA D_f %"), ("relearn_epochs", "relearn")]
+            ("loss_forget", "loss D_f (nats)"), ("mia_forget", "MIA D_f %"), ("relearn_epochs", "relearn (epochs)")]
     t = Table(title="readouts (mean ± std over seeds; retrain is the target)")
     t.add_column("method", no_wrap=True)
     for _, title in cols:

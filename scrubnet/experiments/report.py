@@ -166,7 +166,8 @@ def render_report(results: dict) -> str:
         return _fmt(c, summary[c])
 
     def table(cols: list[str]) -> list[str]:
-        out = ["| method | time (s) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+        heads = [f"{c} ({readout_unit(c)})" if readout_unit(c) else c for c in cols]  # the unit in every header
+        out = ["| method | time (s) | " + " | ".join(heads) + " |", "|---" * (len(cols) + 2) + "|"]
         for m, d in ms.items():
             name = f"**{m}** (target)" if m == "retrain" else m
             t = sum(r["time_s"] for r in d["runs"]) / max(len(d["runs"]), 1)
