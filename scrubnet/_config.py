@@ -10,6 +10,7 @@ key as it is written in the TOML file (``train.lr``) and the expected type or ra
 from __future__ import annotations
 
 import math
+import os
 import types
 import typing
 from dataclasses import fields, is_dataclass
@@ -122,3 +123,22 @@ def strict_from_dict(cls, d: dict, what: str, prefix: str = "", ranges: dict[str
             continue
         checked[k] = check_value(prefix + k, v, tp, ranges.get(k))
     return cls(**checked)
+
+
+#: environment variable that shrinks every command's default sizes (the README test runs the README with it)
+TINY_ENV = "SCRUBNET_TINY"
+
+
+def tiny_mode() -> bool:
+    """Whether ``SCRUBNET_TINY=1`` asks for the tiny configuration: the experiment, the MixDP protocol, the
+    audit pool and ``scrubnet mlforget train`` then default to sizes that run in seconds (values given in a
+    TOML file or on the command line still win). For tests and smoke runs; the numbers mean nothing."""
+    return os.environ.get(TINY_ENV, "").strip() not in ("", "0")
+
+
+def under_defaults(defaults: dict, d: dict) -> dict:
+    """``d`` with ``defaults`` filled in where ``d`` has no value (tables merged recursively)."""
+    out = dict(defaults)
+    for k, v in d.items():
+        out[k] = under_defaults(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

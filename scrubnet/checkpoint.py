@@ -7,7 +7,8 @@
   "data_fingerprint", "seed", "sha256", "tensors": {name: shape}, ...extra}``.
 
 Both are written to temporary files and renamed, weights first; the sidecar carries the sha256 of the
-weights file, so a torn pair is detected at load. Loading rebuilds the architecture from the sidecar and
+weights file, so a torn pair is detected at load (:func:`scrubnet.integrity.check_file_sha256`: the error names
+the file and says whether it is truncated, not safetensors or modified). Loading rebuilds the architecture from the sidecar and
 validates the hash, the tensor names and the shapes, failing with :class:`CheckpointError` on mismatch.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from safetensors.torch import load, save
 from torch import nn
 
 from scrubnet.atomic_io import atomic_write_bytes, atomic_write_json
+from scrubnet.integrity import ArtifactError, check_file_sha256
 from scrubnet.models import build_model
 
 FORMAT = "scrubnet-checkpoint/1"
@@ -96,9 +98,11 @@ def load_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict, sidecar) after checking the file's sha256 against the sidecar."""
 
     meta = read_meta(path)
-    data = Path(path).read_bytes()
-    if state_sha256(data) != meta.get("sha256"):
-        raise CheckpointError(f"checkpoint {path} is corrupt or was modified: its sha256 does not match the sidecar")
+    try:
+        data = check_file_sha256(path, str(meta.get("sha256")))
+    except ArtifactError as e:
+        raise CheckpointError(f"checkpoint {e.path}: {e.reason} ({e.detail}); the file is corrupt or was modified, "
+                              "refusing to use it") from None
     try:
         state = load(data)
     except (SafetensorError, Exception) as e:  # noqa: BLE001 - any parse failure is a corrupt file

@@ -19,6 +19,7 @@ import torch
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
 
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
@@ -35,7 +36,7 @@ from scrubnet.device import resolve_device
 from scrubnet.data.splits import SplitError
 from scrubnet.experiments.config import ExperimentConfig, dump_toml, load_config, read_toml
 from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
-from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_warnings
+from scrubnet.experiments.report import format_readout, mia_degenerate, readout_unit, report_from_dir, report_warnings
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split, prepare_seed, resolve_methods, \
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
@@ -73,7 +74,7 @@ class UserError(Exception):
 
 
 def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)  # "[nan]" is no markup
     raise typer.Exit(2)
 
 
@@ -267,7 +268,7 @@ def _set_threads(threads: Optional[int]) -> None:
 
 def _print_summary(results: dict) -> None:
     cols = [("error_retain", "err D_r %"), ("error_forget", "err D_f %"), ("error_test", "err test %"),
-            ("loss_forget", "loss D_f"), ("mia_forget", "MIA D_f %"), ("relearn_epochs", "relearn")]
+            ("loss_forget", "loss D_f (nats)"), ("mia_forget", "MIA D_f %"), ("relearn_epochs", "relearn (epochs)")]
     t = Table(title="readouts (mean ± std over seeds; retrain is the target)")
     t.add_column("method", no_wrap=True)
     for _, title in cols:
@@ -612,11 +613,12 @@ def evaluate(checkpoint: Optional[Path] = typer.Option(None, help="checkpoint to
 
 
 def _print_readouts(title: str, r: dict, json_out: Optional[Path]) -> None:
-    t = Table(title=title)
+    t = Table(title=f"{title} (--json keeps fractions, nats and 0/1 flags)")
     t.add_column("readout")
     t.add_column("value")
+    t.add_column("unit")
     for k, v in r.items():
-        t.add_row(k, f"{v:.4f}")
+        t.add_row(k, format_readout(k, v), readout_unit(k))
     console.print(t)
     if json_out:
         atomic_write_json(json_out, r)
@@ -689,7 +691,7 @@ def config_cmd(dump: bool = typer.Option(False, "--dump", help="print every conf
     _set_threads(threads)
     if not dump and config is None:
         raise UserError("give --dump (print every key) and/or --config FILE (check it)")
-    cfg = load_config(config) if config is not None else ExperimentConfig()
+    cfg = load_config(config) if config is not None else ExperimentConfig.from_dict({})
     if dump:
         typer.echo(dump_toml(cfg), nl=False)
     else:

@@ -22,10 +22,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from scrubnet.atomic_io import prepare_output_dir, require_writable
 from scrubnet.audit.engine import make_engine
 from scrubnet.audit.logits_file import audit_logits_files
 from scrubnet.audit.report import write_logits_audit
-from scrubnet.audit.run import default_plan, run_audit
+from scrubnet.audit.run import EPS_MODELS_RANGE, POOL_RANGE, default_plan, run_audit
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig, load_config
 from scrubnet.experiments.runner import get_split, resolve_methods
@@ -34,12 +35,17 @@ from scrubnet.methods.user_methods import load_user_method
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 
+#: the files `scrubnet audit` writes into --out (``--overwrite`` deletes these; the model cache stays)
+AUDIT_OUTPUTS = ("audit.json", "audit.md", "roc.png", "epsilon_hist.png")
+
 
 def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.json, audit.md, figures, cache/)"),
           methods: Optional[str] = typer.Option(None, help="comma-separated methods (default: those of `run`)"),
-          pool: Optional[int] = typer.Option(None, help="originals on random halves (default 32, ¾ of them shadows)"),
+          pool: Optional[int] = typer.Option(None, help=f"originals trained on random halves of the data, "
+                                             f"{POOL_RANGE[0]} to {POOL_RANGE[1]} (default 32, ¾ of them shadows)"),
           eps_models: Optional[int] = typer.Option(None, "--eps-models",
-                                                   help="U = R models for the ε-score (default 32; half for mlforget)"),
+                                                   help=f"models per side for the ε-score, {EPS_MODELS_RANGE[0]} "
+                                                   f"to {EPS_MODELS_RANGE[1]} (default 32; half for mlforget)"),
           engine: str = typer.Option("local", help="local | ray"),
           address: Optional[str] = typer.Option(None, help="HOST:PORT of a running Ray cluster (with --engine ray)"),
           ray_cpus: Optional[int] = typer.Option(None, "--ray-cpus", help="CPUs of a local Ray (default: all)"),
@@ -49,6 +55,8 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
           threads: int = typer.Option(1, help="torch threads per task"),
           device: str = typer.Option("auto", "--device", help="auto | cpu | cuda, resolved where each task runs "
                                                                "(auto: CUDA when the worker has a GPU)"),
+          overwrite: bool = typer.Option(False, help="replace the results of an earlier audit in --out (its "
+                                         "model cache is kept and reused)"),
           quiet: bool = typer.Option(False, help="no progress bar"),
           method: Optional[list[str]] = typer.Option(
               None, "--method", help="your own method as module:Class (a ForgettingMethod subclass), audited with "
@@ -58,8 +66,9 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
                                      "method (README, 'Per-example audits'); repeatable; no pool is trained")):
     """Per-example audit of forgetting methods: U-LiRA and the NeurIPS-2023 ε-score over a pool of models.
 
-    Input errors are raised as ``ValueError`` (the command is registered through ``scrubnet.cli``'s
-    ``handle_errors``: one line ``error: …``, exit code 2)."""
+    --out must be new, empty, or hold only the model cache of an interrupted audit (which resumes); an
+    earlier audit's results are replaced only with --overwrite."""
+    # input errors are ValueErrors: scrubnet.cli registers this command through handle_errors (exit 2)
     if threads < 1:
         raise ValueError("--threads must be at least 1")
     torch.set_num_threads(threads)
@@ -69,13 +78,15 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     if logits:
         if method or methods is not None or config is not None or pool is not None or eps_models is not None:
             raise ValueError("--logits audits the given files only: drop --method/--methods/--config/--pool/--eps-models")
+        require_writable(out)
         res = audit_logits_files(list(logits), seed=0 if seed is None else seed)
+        prepare_output_dir(out, overwrite, AUDIT_OUTPUTS, resumable=("cache",))
         res = {"config": {"logits_files": [str(p) for p in logits]}, **res}
         write_logits_audit(res, out)
         console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}")
         return
     user = [load_user_method(spec) for spec in (method or [])]
-    cfg = load_config(config) if config else ExperimentConfig()
+    cfg = load_config(config) if config else ExperimentConfig.from_dict({})
     if user and (methods is not None or cfg.methods is not None):
         # an explicit list gets the user's methods added; without one, they are registered like the built-ins
         base = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else cfg.methods
@@ -84,18 +95,15 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
         cfg.methods = [m.strip() for m in methods.split(",") if m.strip()]
         if not cfg.methods:
             raise ValueError("--methods: empty list")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    if pool is not None and pool < 2:
-        raise ValueError("--pool must be at least 2")
-    if eps_models is not None and eps_models < 3:
-        raise ValueError("--eps-models must be at least 3")
+    default_plan(["original"], pool=pool, eps_models=eps_models)  # ranges, before the data are built
+    require_writable(out)
     split = get_split(cfg)
     # class-only methods (hiding) need a whole forgotten class; the pool's forget sets are per-example subsets
     chosen = [m for m in resolve_methods(cfg, split) if not method_class(m).class_only]
     if not chosen:
         raise ValueError("no method to audit (class-only methods cannot be audited on per-example forget sets)")
     plan = default_plan(chosen, pool=pool, eps_models=eps_models)
+    prepare_output_dir(out, overwrite, AUDIT_OUTPUTS, resumable=("cache",))  # every input checked: now clean
     eng = make_engine(engine, address=address, num_cpus=ray_cpus, max_retries=max_retries)
     try:
         results = run_audit(cfg, chosen, out, plan=plan, engine=eng, audit_seed=seed, threads=threads,

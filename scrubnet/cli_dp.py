@@ -6,8 +6,9 @@
 
 Writes results.json (``{"config", "results": [{"method", "eps", "seed", "test_error", "mia_auc", "mu", "steps",
 ...}], "summary", "pdp"}``), report.md, error_vs_eps.png, pdp_hist.png and the seed-0 AdaMix classifiers as
-checkpoints (``checkpoints/``). Bad input gives one line ``error: …`` and exit code 2 before any work, and
-nothing is written.
+checkpoints (``checkpoints/``). Bad input (a value outside its range: ε ∈ (0, 64], δ ∈ [1e-12, 0.1],
+σ ∈ [0.1, 1000], T_max(ε, δ, σ) ≤ 50000 steps, 1–100 seeds; a non-writable or non-empty --out without
+``--overwrite``) gives one line ``error: …`` and exit code 2 before any work, and nothing is written.
 """
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ from typing import Optional
 import torch
 import typer
 
+from scrubnet.atomic_io import prepare_output_dir
 from scrubnet.experiments.config import read_toml
 from scrubnet.experiments.mixdp import MixDPConfig, run_mixdp
+
+#: the files `scrubnet dp` writes into --out (``--overwrite`` deletes these and nothing else)
+DP_OUTPUTS = ("results.json", "report.md", "error_vs_eps.png", "pdp_hist.png")
+DP_OUTPUT_PATTERNS = ("checkpoints/adamix-*.safetensors", "checkpoints/adamix-*.safetensors.json")
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -47,8 +53,8 @@ def build_dp_config(config: Optional[Path], eps: Optional[str], delta: Optional[
     if sigma is not None:
         d["sigma"] = sigma
     if seeds is not None:
-        if seeds < 1:
-            raise ValueError("--seeds must be at least 1")
+        if not 1 <= seeds <= 100:
+            raise ValueError(f"--seeds must lie in [1, 100], got {seeds}")
         d["seeds"] = list(range(seeds))
     try:
         return MixDPConfig.from_dict(d)
@@ -57,19 +63,23 @@ def build_dp_config(config: Optional[Path], eps: Optional[str], delta: Optional[
 
 
 def dp(out: Path = typer.Option(..., "--out", help="output directory (results.json, report.md, figures)"),
-       eps: Optional[str] = typer.Option(None, "--eps", help="comma-separated target ε (default 1,2,3,8)"),
-       delta: Optional[float] = typer.Option(None, help="target δ (default 1e-5)"),
-       sigma: Optional[float] = typer.Option(None, help="noise multiplier σ (default 20); T = T_max(ε, δ, σ)"),
+       eps: Optional[str] = typer.Option(None, "--eps", help="comma-separated target ε, each in (0, 64] "
+                                         "(default 1,2,3,8)"),
+       delta: Optional[float] = typer.Option(None, help="target δ in [1e-12, 0.1] (default 1e-5)"),
+       sigma: Optional[float] = typer.Option(None, help="noise multiplier σ in [0.1, 1000] (default 20); the run "
+                                             "takes T = T_max(ε, δ, σ) ≤ 50000 noisy steps"),
        config: Optional[Path] = typer.Option(None, help="TOML file with any MixDP configuration field"),
-       seeds: Optional[int] = typer.Option(None, help="number of seeds (default 3)"),
+       seeds: Optional[int] = typer.Option(None, help="number of seeds, 1 to 100 (default 3)"),
+       overwrite: bool = typer.Option(False, help="replace the files of an earlier dp run in --out"),
        threads: int = typer.Option(1, help="torch CPU threads (1: reproducible across machines)"),
        quiet: bool = typer.Option(False, help="no per-seed progress lines")):
-    """Mixed differential privacy: AdaMix and its baselines over ε and seeds → results.json, report.md, figures."""
+    """Mixed differential privacy: AdaMix and its baselines over ε and seeds → results.json, report.md, figures.
+
+    --out must be new or empty; with --overwrite an earlier run's files there are deleted first."""
     if threads < 1:
         raise ValueError("--threads must be at least 1")
     cfg = build_dp_config(config, eps, delta, sigma, seeds)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+    prepare_output_dir(out, overwrite, DP_OUTPUTS, DP_OUTPUT_PATTERNS)
     torch.set_num_threads(threads)
     report = run_mixdp(cfg, out, log=None if quiet else (lambda m: print(m, file=sys.stderr)))
     s = report["summary"]

@@ -24,10 +24,12 @@ import numpy as np
 import torch
 import typer
 
+from scrubnet._config import tiny_mode
 from scrubnet.data import DataConfig, load_split
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.splits import SplitError
 from scrubnet.device import resolve_device
+from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, verify
@@ -151,11 +153,14 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
     if out.exists():
         raise ValueError(f"--out {out} already exists; choose a new checkpoint directory")
     _check_writable_parent(out)
-    dcfg = DataConfig.from_dict({"dataset": dataset, "data_dir": str(data_dir) if data_dir else None,
+    tiny = TINY_EXPERIMENT if tiny_mode() else {}  # SCRUBNET_TINY=1: the tiny experiment's sizes
+    dcfg = DataConfig.from_dict({**tiny.get("data", {}), "dataset": dataset,
+                                 "data_dir": str(data_dir) if data_dir else None,
                                  **_json_option(data_options, "--data-options")})
-    tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **_json_option(train_options, "--train-options")})
+    tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **tiny.get("train", {}),
+                                  **_json_option(train_options, "--train-options")})
     mcfg = ml_config_from_options(_json_option(ml_options, "--ml-options"))
-    mopts = _json_option(model_options, "--model-options")
+    mopts = {**tiny.get("model_options", {}), **_json_option(model_options, "--model-options")}
     split = load_split(dcfg)
     state = train_ml(split, mcfg, tcfg, seed, model_name=model, model_options=mopts)
     save_new(out, state, arch=model, in_shape=split.input_shape, arch_options=mopts, data=dcfg.to_dict(),
@@ -194,6 +199,9 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
     record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=_data_loader, budget_nats=budget_nats)
     if applied:
         info = record["solver"]
+        if info.get("factor_file_problem"):
+            typer.echo(f"warning: {info['factor_file_problem']}; the factor was rebuilt from the data"
+                       + (" and the file rewritten" if info.get("factor_file_rewritten") else ""), err=True)
         cert = info.get("certificate") or {}
         if cert.get("budget_nats") is not None:
             typer.echo(f"certificate: KL(scrubbed ‖ retrained) ≤ {cert['kl_bound_nats']:.3g} nats at σ = "

@@ -169,3 +169,68 @@ def test_cli_audit_user_method(tmp_path, monkeypatch):
     assert list(j["methods"]) == ["original", "retrain", "usermeth:Halve"]
     r = CliRunner().invoke(app, ["audit", "--method", "usermeth:Nope", "--out", str(tmp_path / "b")])
     assert r.exit_code == 2 and "not a ForgettingMethod" in r.output and not (tmp_path / "b").exists()
+
+    # an earlier audit's results are replaced only with --overwrite (the cache is kept: nothing retrains)
+    args = ["audit", "--config", str(toml), "--pool", "4", "--eps-models", "3", "--quiet", "--out", str(tmp_path / "a")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "--overwrite" in r.output, r.output
+    (tmp_path / "a" / "roc.png").write_text("stale")
+    r = CliRunner().invoke(app, args + ["--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a" / "roc.png").read_bytes()[:4] == b"\x89PNG"
+    assert _numbers(json.loads((tmp_path / "a" / "audit.json").read_text())) == _numbers(j)
+
+
+def test_damaged_cache_entries_are_named_and_recomputed(local_run, tmp_path, capfd):
+    """A bit-flipped, a truncated and a 0x7f-filled cache file: each is named on stderr, recomputed, and the
+    audit's numbers are those of the intact cache."""
+    import shutil
+
+    import corrupt
+    out, res = local_run
+    work = tmp_path / "audit"
+    shutil.copytree(out, work)
+    a = Audit(tiny_config(), METHODS, _plan(), work / "cache")
+    damaged = {a.cache.path("original/1"): lambda p: corrupt.flip_exponent_bits(p, 2000),
+               a.cache.path("retrain/0/0"): lambda p: corrupt.truncate(p, min(5000, p.stat().st_size // 2)),
+               a.cache.path("scrub/finetune/0/0", a.options("finetune")): corrupt.fill_7f}
+    for p, damage in damaged.items():  # (the tiny pool's logits files hold < 5000 bytes: cut to half)
+        damage(p)
+    capfd.readouterr()
+    computed = []
+
+    class Counting(LocalEngine):
+        def map(self, fn, shared, payloads):
+            for k, r in super().map(fn, shared, payloads):
+                computed.extend(mid for mid, _, _ in (r if isinstance(r, list) else []))
+                yield k, r
+
+    again = run_audit(tiny_config(), METHODS, work, plan=_plan(), engine=Counting(), progress=False)
+    err = capfd.readouterr().err
+    for p, reason in zip(damaged, ["hash mismatch", "truncated", "hash mismatch"]):
+        assert f"warning: audit cache entry {p}: {reason}" in err
+    assert sorted(computed) == ["original/1", "retrain/0/0", "scrub/finetune/0/0"]
+    assert _numbers(again) == _numbers(res)
+
+
+def test_cli_audit_ranges_and_unwritable_out_refused_before_any_work(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import scrubnet.cli_audit as cli_audit
+    from scrubnet.cli import app
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the audit ran")
+    monkeypatch.setattr(cli_audit, "run_audit", must_not_run)
+    monkeypatch.setattr(cli_audit, "get_split", must_not_run)
+    for args, needle in [(["--pool", "1000000"], "--pool must lie in [4, 512]"),
+                         (["--pool", "2"], "--pool must lie in [4, 512]"),
+                         (["--eps-models", "2"], "--eps-models must lie in [3, 512]"),
+                         (["--eps-models", "100000"], "--eps-models must lie in [3, 512]")]:
+        r = CliRunner().invoke(app, ["audit", *args, "--out", str(tmp_path / "a")])
+        assert r.exit_code == 2 and needle in r.output, (args, r.output)
+        assert not (tmp_path / "a").exists()
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    r = CliRunner().invoke(app, ["audit", "--out", str(blocker / "audit")])
+    assert r.exit_code == 2 and f"{blocker} is not a directory" in r.output, r.output

@@ -64,3 +64,17 @@ def test_other_architecture_and_shapes(tmp_path):
         load_checkpoint(p, model=build_model("mlp", (1, 8, 8), 3))
     with pytest.raises(CheckpointError, match="shape"):
         load_checkpoint(p, model=build_model("cnn2d", (1, 8, 8), 5))
+
+
+@pytest.mark.parametrize("damage,reason", [("flip", "hash mismatch"), ("truncate", "truncated"),
+                                           ("fill_7f", "hash mismatch")])
+def test_bit_flips_truncation_and_7f_bytes_are_named(tmp_path, damage, reason):
+    import corrupt
+    m = build_model("mlp", (40,), 10, seed=0, hidden=64)
+    p = tmp_path / "w.safetensors"
+    save_checkpoint(p, m, arch="mlp", in_shape=(40,), num_classes=10, arch_options={"hidden": 64})
+    assert p.stat().st_size > 5000
+    {"flip": lambda f: corrupt.flip_exponent_bits(f, 2000), "truncate": lambda f: corrupt.truncate(f, 5000),
+     "fill_7f": corrupt.fill_7f}[damage](p)
+    with pytest.raises(CheckpointError, match=f"checkpoint {p}: {reason}"):
+        load_checkpoint(p)

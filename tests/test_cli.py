@@ -69,6 +69,12 @@ def test_forget_then_evaluate(trained, tmp_path):
     assert r.exit_code == 0, r.output
     ev = json.loads(j.read_text())
     assert set(ev) >= {"error_forget", "mia_forget", "relearn_epochs", "activation_l1_forget"}
+    # the table speaks to people: errors in %, flags as yes/no, the unit in its own column; JSON keeps fractions
+    rows = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:4]] for ln in r.output.splitlines()
+            if ln.count("│") >= 4}
+    assert rows["error_forget"] == [f"{100 * ev['error_forget']:.1f}", "%"]
+    assert rows["mia_degenerate"] == ["yes" if ev["mia_degenerate"] else "no", "yes/no"]
+    assert rows["loss_forget"][1] == "nats" and 0 <= ev["error_forget"] <= 1
 
 
 def test_forget_with_cg_capped_at_3_iterations_exits_2_and_writes_nothing(trained, tmp_path):
@@ -157,3 +163,24 @@ def test_run_writes_results_report_and_figures(tmp_path):
     assert "(target)" in (out / "report.md").read_text()
     r = runner.invoke(app, ["report", str(out)])
     assert r.exit_code == 0 and "scrubnet report" in r.output
+
+
+@pytest.mark.parametrize("damage,reason", [("flip", "hash mismatch"), ("truncate", "truncated"),
+                                           ("fill_7f", "hash mismatch")])
+def test_damaged_weights_are_refused_naming_the_file(trained, tmp_path, damage, reason):
+    import shutil
+
+    import corrupt
+    src = trained / "model"
+    ck = tmp_path / "model"
+    shutil.copytree(src, ck)
+    w = ck / "original.safetensors"
+    size = w.stat().st_size
+    {"flip": lambda p: corrupt.flip_exponent_bits(p, 2000),
+     "truncate": lambda p: corrupt.truncate(p, min(5000, size // 2)), "fill_7f": corrupt.fill_7f}[damage](w)
+    out = tmp_path / "out.safetensors"
+    r = runner.invoke(app, ["forget", "--checkpoint", str(w), "--forget-ids", str(_ids(tmp_path, "0 3")),
+                            "--method", "finetune", "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert f"checkpoint {w}: {reason}" in r.output and "Traceback" not in r.output
+    assert not out.exists()

@@ -32,8 +32,18 @@ def test_dp_cli_tiny(tmp_path):
     cfg_file = tmp_path / "tiny.toml"
     cfg_file.write_text(TINY)
     out = tmp_path / "run"
+    # an earlier run's files (with a checkpoint at an ε this run does not have) and a file of the user's
+    (out / "checkpoints").mkdir(parents=True)
+    stale = [out / "results.json", out / "checkpoints" / "adamix-eps3-seed0.safetensors",
+             out / "checkpoints" / "adamix-eps3-seed0.safetensors.json"]
+    for f in stale + [out / "notes.txt"]:
+        f.write_text("earlier")
     res = CliRunner().invoke(app, ["dp", "--config", str(cfg_file), "--out", str(out), "--quiet"])
+    assert res.exit_code == 2 and "--overwrite" in res.output, res.output
+    assert all(f.read_text() == "earlier" for f in stale)
+    res = CliRunner().invoke(app, ["dp", "--config", str(cfg_file), "--out", str(out), "--quiet", "--overwrite"])
     assert res.exit_code == 0, res.output
+    assert not stale[1].exists() and not stale[2].exists() and (out / "notes.txt").read_text() == "earlier"
     data = json.loads((out / "results.json").read_text())
     assert set(data) >= {"config", "results"}
     rows = data["results"]
@@ -75,3 +85,27 @@ def test_dp_cli_bad_input_writes_nothing(tmp_path):
     bad.write_text("unknown_knob = 3\n")
     res = CliRunner().invoke(app, ["dp", "--config", str(bad), "--out", str(out)])
     assert res.exit_code == 2 and "unknown" in res.output and not out.exists()
+
+
+def test_dp_cli_out_of_range_and_unwritable_refused_before_any_work(tmp_path, monkeypatch):
+    import scrubnet.cli_dp as cli_dp
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the protocol ran")
+    monkeypatch.setattr(cli_dp, "run_mixdp", must_not_run)
+    out = tmp_path / "run"
+    cases = [(["--sigma", "1e300"], "sigma (--sigma) must lie in [0.1, 1000], got 1e+300"),
+             (["--eps", "1e300"], "epsilons (--eps) must lie in (0, 64], got 1e+300"),
+             (["--eps", "nan"], "got [nan]"),
+             (["--eps", "64", "--sigma", "100"], "allows T = 622804 noisy steps, more than the limit 50000"),
+             (["--delta", "0.5"], "delta (--delta) must lie in [1e-12, 0.1], got 0.5"),
+             (["--seeds", "1000"], "--seeds must lie in [1, 100], got 1000")]
+    for args, needle in cases:
+        res = CliRunner().invoke(app, ["dp", *args, "--out", str(out)])
+        assert res.exit_code == 2 and needle in res.output, (args, res.output)
+        assert "Traceback" not in res.output and not out.exists()
+    # a path under a regular file cannot be created, even by root: refused before any work
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    res = CliRunner().invoke(app, ["dp", "--out", str(blocker / "run")])
+    assert res.exit_code == 2 and f"{blocker} is not a directory" in res.output, res.output

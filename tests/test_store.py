@@ -330,12 +330,13 @@ def test_factor_file_with_a_foreign_key_is_ignored(base_ckpt, tmp_path):
     shutil.copytree(base_ckpt, ref)
     (ref / store.FACTOR).unlink()
     data = (ck / store.FACTOR).read_bytes()
-    factor, status, key = store._read_factor(ck)
-    assert status == "read" and len(key) == 64
+    factor, status, key, problem = store._read_factor(ck)
+    assert status == "read" and len(key) == 64 and problem is None
     store._write_factor(ck, factor, "0" * 64)  # same tensors, a key of other weights / data / settings
     ids = deletable(base_ckpt, 3)
     rec, _ = store.forget(ck, ids, sigma=0.0, data_loader=_data_loader)
     assert (rec["solver"]["factor_file"], rec["solver"]["factor_rebuilt"]) == ("key mismatch", "missing")
+    assert "key mismatch" in rec["solver"]["factor_file_problem"] and rec["solver"]["factor_file_rewritten"]
     rec_ref, _ = store.forget(ref, ids, sigma=0.0, data_loader=_data_loader)
     assert rec["sha256_after"] == rec_ref["sha256_after"]  # the same rebuild as with no file
     (ck / store.FACTOR).write_bytes(data[:100])  # a truncated file: ignored too
@@ -550,3 +551,59 @@ def test_certified_request_through_the_cli_records_its_certificate(base_ckpt, tm
     assert cert["within_budget"] and cert["kl_bound_nats"] <= 0.1 and cert["sigma"] == 0.01
     code, out = cli_inprocess("forget", ck, "--ids", str(deletable(ck, 1, skip=5)[0]), "--budget-nats", "-1")
     assert code == 2 and "error: --budget-nats" in out
+
+@pytest.mark.parametrize("damage,reason", [("flip", "hash mismatch"), ("truncate", "truncated"),
+                                           ("fill_7f", "hash mismatch")])
+def test_damaged_factor_file_is_named_rebuilt_and_rewritten(base_ckpt, tmp_path, damage, reason):
+    import corrupt
+    ck, ref = tmp_path / "ck", tmp_path / "ref"
+    shutil.copytree(base_ckpt, ck)
+    shutil.copytree(base_ckpt, ref)
+    (ref / store.FACTOR).unlink()
+    {"flip": lambda p: corrupt.flip_exponent_bits(p, 2000), "truncate": lambda p: corrupt.truncate(p, 5000),
+     "fill_7f": corrupt.fill_7f}[damage](ck / store.FACTOR)
+    ids = deletable(base_ckpt, 3)
+    code, out = cli_inprocess("forget", ck, "--ids", ",".join(map(str, ids)), "--sigma", "0")
+    assert code == 0, out
+    assert f"warning: {ck / store.FACTOR}: {reason}" in out and "rebuilt from the data and the file rewritten" in out
+    rec = store.requests(ck)[-1]
+    assert rec["solver"]["factor_file"] == "unreadable" and rec["solver"]["factor_file_rewritten"] is True
+    assert reason in rec["solver"]["factor_file_problem"]
+    rec_ref, _ = store.forget(ref, ids, sigma=0.0, data_loader=_data_loader)
+    assert rec["sha256_after"] == rec_ref["sha256_after"]  # exactly the rebuild with no file
+    assert store._read_factor(ck)[1] == "read"  # the rewritten file verifies, and the next request loads it
+    rec2, _ = store.forget(ck, deletable(base_ckpt, 2, skip=3), sigma=0.0, data_loader=_data_loader)
+    assert rec2["solver"]["factor_file"] == "loaded" and rec2["solver"]["relative_residual"] < 1e-10
+
+
+def test_a_verified_factor_that_solves_badly_is_rebuilt(base_ckpt, tmp_path):
+    """A factor file whose hash is intact but whose content is wrong (rewritten with a valid hash and key)
+    gives a residual above the tolerance: the request rebuilds it instead of committing the bad solve."""
+    ck, ref = tmp_path / "ck", tmp_path / "ref"
+    shutil.copytree(base_ckpt, ck)
+    shutil.copytree(base_ckpt, ref)
+    (ref / store.FACTOR).unlink()
+    factor, _, key, _ = store._read_factor(ck)
+    factor.eigvecs[:, :50] *= 1.5
+    store._write_factor(ck, factor, key)
+    ids = deletable(base_ckpt, 3)
+    rec, _ = store.forget(ck, ids, sigma=0.0, data_loader=_data_loader)
+    assert rec["solver"]["factor_file"] == "bad solve" and "exceeds its tolerance" in rec["solver"]["factor_file_problem"]
+    assert rec["solver"]["relative_residual"] < store.DUAL_RESIDUAL_TOL
+    assert rec["sha256_after"] == store.forget(ref, ids, sigma=0.0, data_loader=_data_loader)[0]["sha256_after"]
+
+
+def test_a_request_above_its_residual_tolerance_is_never_committed(base_ckpt, tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    shutil.copytree(base_ckpt, ck)
+    before = snapshot(ck)
+    monkeypatch.setattr(store, "DUAL_RESIDUAL_TOL", 0.0)  # no solve can meet it
+    with pytest.raises(store.StoreError, match="nothing was committed: the dual solver's relative residual"):
+        store.forget(ck, deletable(base_ckpt, 3), sigma=0.0, data_loader=_data_loader)
+    assert store.verify(ck)["valid"] and len(store.requests(ck)) == 1
+    after = snapshot(ck)
+    assert {k: v for k, v in after.items() if k != store.FACTOR} == {k: v for k, v in before.items()
+                                                                      if k != store.FACTOR}
+    assert store.solver_result_problem({"solver": "cg", "converged": False, "iterations": 9,
+                                        "relative_residual": 0.1})
+    assert store.solver_result_problem({"solver": "cg", "converged": True, "relative_residual": 1e-9}) is None

@@ -21,25 +21,26 @@ Every seed is derived from a model's id, so the pool is the same however its tas
 finished model is cached as ``<cache>/<id>-<key>.safetensors`` (logits; weights for originals and the
 backbone), ``key`` = sha256 of the experiment's data/model/training configuration, the audit seed, the
 model's id and the method options; writes are atomic (temporary file + rename), so an interrupted audit
-resumes and a second method reuses the originals and retrains.
+resumes and a second method reuses the originals and retrains. Each file carries a content hash checked
+before use; a damaged entry is named on stderr and recomputed (:class:`Cache`).
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
-import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from scrubnet.data import load_split
 from scrubnet.data.splits import Split
 from scrubnet.device import resolve_device
+from scrubnet.integrity import ArtifactError, load_verified, save_verified
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.methods.base import ForgetContext, protocol_method
@@ -122,12 +123,16 @@ def local_positions(half: np.ndarray, forget: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------- cache
 class Cache:
-    """Models' outputs on disk, one safetensors file per model (atomic writes)."""
+    """Models' outputs on disk, one verified safetensors file per model (:mod:`scrubnet.integrity`: content
+    hash in the metadata, atomic writes). An entry that is damaged (truncated, not safetensors, hash mismatch,
+    non-finite) or was written without a hash is reported on stderr by file name, deleted and counts as
+    absent, so the audit recomputes it; ``damaged`` lists the reports."""
 
     def __init__(self, root: Path, base_key: dict):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.base = json.dumps(base_key, sort_keys=True)
+        self.damaged: list[str] = []
 
     def key(self, model_id: str, options: dict | None = None) -> str:
         blob = json.dumps({"base": self.base, "id": model_id, "options": options or {}}, sort_keys=True)
@@ -137,18 +142,27 @@ class Cache:
         return self.root / f"{model_id.replace('/', '_')}-{self.key(model_id, options)}.safetensors"
 
     def has(self, model_id: str, options: dict | None = None) -> bool:
-        return self.path(model_id, options).is_file()
+        """Whether a sound entry is stored (a damaged one is reported, deleted and reported absent)."""
+        p = self.path(model_id, options)
+        if not p.is_file():
+            return False
+        try:
+            load_verified(p)
+        except ArtifactError as e:
+            self.damaged.append(str(e))
+            sys.stderr.write(f"warning: audit cache entry {e}; recomputing it\n")
+            p.unlink(missing_ok=True)
+            return False
+        return True
 
     def load(self, model_id: str, options: dict | None = None) -> dict[str, torch.Tensor]:
-        return load_file(str(self.path(model_id, options)))
+        """The entry's tensors, verified (:class:`~scrubnet.integrity.ArtifactError` naming the file)."""
+        return load_verified(self.path(model_id, options))[0]
 
     def save(self, model_id: str, tensors: dict[str, torch.Tensor], options: dict | None = None,
              meta: dict | None = None) -> None:
-        p = self.path(model_id, options)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
-                  metadata={"id": model_id, **{k: str(v) for k, v in (meta or {}).items()}})
-        os.replace(tmp, p)
+        save_verified(self.path(model_id, options), tensors,
+                      {"id": model_id, **{k: str(v) for k, v in (meta or {}).items()}})
 
 
 # ----------------------------------------------------------------------------------------------- tasks

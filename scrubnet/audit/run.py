@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scrubnet._config import tiny_mode
 from scrubnet.audit import pool as P
 from scrubnet.audit.engine import LocalEngine
 from scrubnet.audit.report import write_audit
@@ -35,6 +36,11 @@ from scrubnet.experiments.runner import band_reference, get_split
 ANCHORS = ("original", "retrain")
 
 
+#: documented ranges of the pool's size (splits) and of U = R (ε-score models per side), checked on entry
+POOL_RANGE = (4, 512)
+EPS_MODELS_RANGE = (3, 512)
+
+
 def default_plan(methods: list[str], pool: int | None = None, eps_models: int | None = None) -> P.PoolPlan:
     """The pool for ``methods``: ``pool`` splits (default 32, ¾ shadows), 2 forget sets per split, and
     U = R = ``eps_models`` (default 32) models for the ε-score.
@@ -43,13 +49,15 @@ def default_plan(methods: list[str], pool: int | None = None, eps_models: int | 
     (≈ 2 s on the embedded experiment, one thread, against ≤ 0.25 s for every other method without the
     information readouts), so it runs on 1 forget set per split and U/2 ε-models; the default audit then
     takes a few minutes on 2 cores (README)."""
-    S = 32 if pool is None else int(pool)
-    if S < 2:
-        raise ValueError("--pool must be at least 2 (shadow and target splits)")
+    S = (4 if tiny_mode() else 32) if pool is None else int(pool)
+    if not POOL_RANGE[0] <= S <= POOL_RANGE[1]:
+        raise ValueError(f"--pool must lie in [{POOL_RANGE[0]}, {POOL_RANGE[1]}] (U-LiRA needs ≥ 3 shadow splits "
+                         f"and a target split; each split trains 5+ models), got {S}")
     slow = {"mlforget", "mlforget-retrain"}
-    U = 32 if eps_models is None else int(eps_models)
-    if U < 3:
-        raise ValueError("the ε-score needs at least 3 models per side")
+    U = (3 if tiny_mode() else 32) if eps_models is None else int(eps_models)
+    if not EPS_MODELS_RANGE[0] <= U <= EPS_MODELS_RANGE[1]:
+        raise ValueError(f"--eps-models must lie in [{EPS_MODELS_RANGE[0]}, {EPS_MODELS_RANGE[1]}] (the ε-score "
+                         f"needs at least 3 models per side), got {U}")
     pairs = {m: (1 if m in slow else 2) for m in methods}
     eps = {m: (max(3, U // 2) if m in slow else U) for m in methods}
     return P.PoolPlan(splits=S, forget_sets=2, shadow_splits=max(1, (3 * S) // 4), pairs=pairs, eps_models=eps)

@@ -7,7 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scrubnet._config import ConfigValueError, check_value
+from scrubnet._config import ConfigValueError, check_value, tiny_mode, under_defaults
 from scrubnet.data.registry import DataConfig
 from scrubnet.readouts.relearn import RELEARN_MAX_EPOCHS
 from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, TrainConfig
@@ -44,7 +44,9 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExperimentConfig":
-        d = dict(d)
+        """The configuration ``d`` describes (missing keys take their defaults; with ``SCRUBNET_TINY=1`` the
+        defaults of :data:`TINY_EXPERIMENT`)."""
+        d = under_defaults(TINY_EXPERIMENT, d) if tiny_mode() else dict(d)
         known = {"data", "train", "model", "model_options", "methods", "method_options", "seeds", "retrain_mode",
                  "relearn_max_epochs"}
         unknown = sorted(set(d) - known)
@@ -70,6 +72,14 @@ class ExperimentConfig:
 
 
 _HINTS = typing.get_type_hints(ExperimentConfig)
+
+#: the defaults under ``SCRUBNET_TINY=1`` (:func:`scrubnet._config.tiny_mode`): one seed, 100 samples in D, 15
+#: epochs; every command then runs in seconds (the README test uses it). The architecture keeps its defaults
+#: (an option such as ``hidden`` would not fit every ``--model``).
+TINY_EXPERIMENT = {"seeds": [0], "relearn_max_epochs": 5,
+                   "data": {"n_train_per_class": 20, "n_test_per_class": 20, "core_per_class": 40, "forget_count": 5,
+                            "num_samples": 1500},
+                   "train": {"max_epochs": 15, "pretrain_epochs": 2, "batch_size": 32}}
 
 
 def read_toml(path: str | Path) -> dict:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scrubnet._config import strict_from_dict
+from scrubnet._config import strict_from_dict, tiny_mode, under_defaults
 from scrubnet.audit.stats import auc_score
 from scrubnet.data import DataConfig, load_split
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
@@ -47,6 +47,31 @@ from scrubnet.training import TrainConfig, pretrain
 
 PRIVATE_METHODS = ("adamix", "noisygd", "public-init-dp")
 METHODS = PRIVATE_METHODS + ("only-public", "paragon")
+
+
+#: documented ranges (inclusive; ε's lower end exclusive) of the MixDP knobs checked on entry, by key
+RANGES = {"epsilons (--eps)": (0.0, 64.0), "delta (--delta)": (1e-12, 0.1), "sigma (--sigma)": (0.1, 1000.0),
+          "seeds (--seeds)": (1, 100), "public_per_class": (1, 10_000), "private_per_class": (1, 10_000),
+          "val_per_class": (1, 10_000), "test_per_class": (1, 10_000), "num_samples": (100, 1_000_000),
+          "pretrain_epochs": (0, 1000), "public_fit_iters": (1, 100_000), "paragon_iters": (1, 100_000)}
+#: the defaults under ``SCRUBNET_TINY=1``: one seed, two pre-training epochs, 30 private samples per class
+TINY_DP = {"seeds": [0], "pretrain_epochs": 2, "num_samples": 2000, "private_per_class": 30, "val_per_class": 10,
+           "test_per_class": 30, "lr_grid": [8.0], "subspace_dim": 8, "public_fit_iters": 50, "paragon_iters": 50}
+#: the most full-batch noisy steps T_max(ε, δ, σ) a run may take (ε = 8 at the default σ = 20 takes 1110)
+MAX_STEPS = 50_000
+
+
+def _in_range(key: str, value, integer: bool = False) -> None:
+    """``ValueError`` naming ``key`` and its range unless ``value`` is a finite number in it (an integer when
+    ``integer``); ε's lower end is exclusive."""
+    lo, hi = RANGES[key]
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise ValueError(f"{key} must be {'an integer' if integer else 'a number'} in [{lo:g}, {hi:g}], "
+                         f"got {value!r}")
+    if not math.isfinite(value) or not (lo < value <= hi if key.startswith("epsilons") else lo <= value <= hi):
+        interval = f"({lo:g}, {hi:g}]" if key.startswith("epsilons") else f"[{lo:g}, {hi:g}]"
+        raise ValueError(f"{key} must lie in {interval}, got {value!r}")
 
 
 @dataclass
@@ -91,28 +116,43 @@ class MixDPConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MixDPConfig":
-        return strict_from_dict(cls, d, "dp").validate()
+        """The configuration ``d`` describes, validated (with ``SCRUBNET_TINY=1`` missing keys take the defaults
+        of :data:`TINY_DP`)."""
+        return strict_from_dict(cls, under_defaults(TINY_DP, d) if tiny_mode() else d, "dp").validate()
 
     def validate(self) -> "MixDPConfig":
-        if not self.epsilons or any(not (e > 0 and math.isfinite(e)) for e in self.epsilons):
-            raise ValueError("epsilons must be a non-empty list of positive numbers")
+        """Every knob in its documented range (:data:`RANGES`; the key is named), and T_max(ε, δ, σ) ≤
+        :data:`MAX_STEPS` for every ε, so a run is refused on entry instead of running for days."""
+        if not isinstance(self.epsilons, list) or not self.epsilons:
+            raise ValueError("epsilons (--eps) must be a non-empty list of numbers")
+        for e in self.epsilons:
+            _in_range("epsilons (--eps)", e)
         if len(set(self.epsilons)) != len(self.epsilons):
-            raise ValueError("epsilons must not repeat")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must lie in (0, 1), got {self.delta}")
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be positive, got {self.sigma}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
+            raise ValueError("epsilons (--eps) must not repeat")
+        _in_range("delta (--delta)", self.delta)
+        _in_range("sigma (--sigma)", self.sigma)
+        if (not isinstance(self.seeds, list) or not self.seeds or len(set(self.seeds)) != len(self.seeds)
+                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds)):
             raise ValueError("seeds must be distinct non-negative integers")
+        if len(self.seeds) > RANGES["seeds (--seeds)"][1]:
+            raise ValueError(f"seeds (--seeds): at most {RANGES['seeds (--seeds)'][1]}, got {len(self.seeds)}")
         if self.backbone not in MODELS:
             raise ValueError(f"unknown backbone {self.backbone!r}; choose one of {', '.join(MODELS)}")
-        for name in ("public_per_class", "private_per_class", "val_per_class", "test_per_class"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
-        if not self.lr_grid or any(not lr > 0 for lr in self.lr_grid):
-            raise ValueError("lr_grid must be a non-empty list of positive learning rates")
+        for name in ("public_per_class", "private_per_class", "val_per_class", "test_per_class", "num_samples",
+                     "pretrain_epochs", "public_fit_iters", "paragon_iters"):
+            _in_range(name, getattr(self, name), integer=True)
+        if not self.lr_grid or any(not (isinstance(lr, (int, float)) and 0 < lr < 1e6) for lr in self.lr_grid):
+            raise ValueError("lr_grid must be a non-empty list of learning rates in (0, 1e6)")
         NoisyGDConfig(sigma=self.sigma, subspace_dim=self.subspace_dim, clip_percentile=self.clip_percentile,
                       clip_threshold=self.clip_threshold, wd=self.wd, wd_center=self.wd_center).validate()
+        for e in self.epsilons:
+            t = max_steps(e, self.delta, self.sigma)
+            if t > MAX_STEPS:
+                raise ValueError(f"epsilons (--eps) {e:g} with delta {self.delta:g} and sigma {self.sigma:g} allows "
+                                 f"T = {t} noisy steps, more than the limit {MAX_STEPS}; lower ε or σ")
+            if t < 1:
+                raise ValueError(f"epsilons (--eps) {e:g} with delta {self.delta:g} and sigma {self.sigma:g} allows "
+                                 "no noisy step at all; raise ε or σ")
         return self
 
     def method_config(self, method: str, lr: float) -> NoisyGDConfig:

@@ -32,6 +32,7 @@ import torch
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.io import atomic_savefig, atomic_write_text, subplots
 from scrubnet.experiments.progress import make_progress
+from scrubnet.experiments.report import PERCENT, readout_unit
 from scrubnet.experiments.runner import CORE_READOUTS, SeedRun, evaluate, get_split
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.model import (MLState, build_ml_model, forget_request, ml_module_with_weights, reference_noise,
@@ -179,8 +180,9 @@ def _figures(results: dict, out_dir: Path) -> list[str]:
         for m, style in (("mlforget-retrain", None), ("original", "--"), ("mlforget", "-o")):
             if r not in s[m][0]:
                 continue
-            mean = np.array([row[r]["mean"] for row in s[m]])
-            std = np.array([row[r]["std"] for row in s[m]])
+            k = 100.0 if r in PERCENT else 1.0  # figures show errors and the attack in %
+            mean = k * np.array([row[r]["mean"] for row in s[m]])
+            std = k * np.array([row[r]["std"] for row in s[m]])
             if m == "mlforget-retrain":
                 ax.fill_between(xs, mean - std, mean + std, color="tab:green", alpha=0.3, label="retrain band")
                 ax.plot(xs, mean, color="tab:green", lw=1)
@@ -188,7 +190,7 @@ def _figures(results: dict, out_dir: Path) -> list[str]:
                 ax.errorbar(xs, mean, yerr=std, fmt=style, label="ML original" if m == "original" else m,
                             color="tab:gray" if m == "original" else "tab:blue", capsize=2, ms=3)
         ax.set_xlabel("request")
-        ax.set_ylabel(r)
+        ax.set_ylabel(f"{r} ({readout_unit(r)})" if readout_unit(r) else r)
         ax.set_title(f"{results['protocol']}: {r}")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -207,7 +209,8 @@ def render_ml_report(results: dict, figures: list[str]) -> str:
              f"σ = {results['ml_config']['sigma']}", "",
              "mean ± std over seeds after each request: mlforget | retrain (band) | ML original", ""]
     cols = ["error_forget", "error_test", "loss_forget", "mia_forget", "activation_l1_forget", "info_weights_nats"]
-    lines.append("| request | " + " | ".join(cols) + " |")
+    lines.append("| request | " + " | ".join(f"{c} ({readout_unit(c)})" if readout_unit(c) else c for c in cols)
+                 + " |")
     lines.append("|---" * (len(cols) + 1) + "|")
     for k in range(len(s["mlforget"])):
         cells = []
@@ -215,7 +218,8 @@ def render_ml_report(results: dict, figures: list[str]) -> str:
             parts = []
             for m in ("mlforget", "mlforget-retrain", "original"):
                 v = s[m][k].get(c)
-                parts.append(f"{v['mean']:.3g}±{v['std']:.2g}" if v else "–")
+                f = 100.0 if c in PERCENT else 1.0  # errors and the attack in %, as the header says
+                parts.append(f"{f * v['mean']:.3g}±{f * v['std']:.2g}" if v else "–")
             cells.append(" \\| ".join(parts))
         lines.append(f"| {k + 1} | " + " | ".join(cells) + " |")
     lines += ["", "## Inside the retrain band (|Δmean| ≤ std of the retrain over seeds)", ""]

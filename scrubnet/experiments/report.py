@@ -16,6 +16,37 @@ PANELS = [("error_retain", "error D_r (%)"), ("error_forget", "error D_f (%)"), 
           ("activation_l1_forget", "L1 to retrain, D_f"), ("activation_l1_test", "L1 to retrain, D_test")]
 
 PERCENT = {"error_retain", "error_forget", "error_test", "mia_forget"}
+#: readouts stored as 0.0 / 1.0 in results.json (yes/no for a reader)
+BOOLEAN = {"mia_degenerate"}
+
+
+def readout_unit(r: str) -> str:
+    """The unit a human-facing table or figure shows readout ``r`` in (the machine-readable files keep
+    fractions, nats, epochs): ``%`` for errors and the attack, ``yes/no`` for flags, else the stored unit."""
+    if r in PERCENT:
+        return "%"
+    if r in BOOLEAN:
+        return "yes/no"
+    if r.startswith(("loss_", "info_")) or r.endswith("_nats"):
+        return "nats"
+    if r == "relearn_epochs" or r.endswith("_epochs"):
+        return "epochs"
+    if r.endswith(("_s", "_seconds")) or r == "time_s":
+        return "s"
+    return ""
+
+
+def format_readout(r: str, v) -> str:
+    """One value for a human-facing table, in :func:`readout_unit`'s unit (no unit sign: the header has it)."""
+    if r in BOOLEAN or isinstance(v, bool):
+        return "yes" if v and v == v else "no"
+    if not isinstance(v, (int, float)):
+        return str(v)
+    if r in PERCENT:
+        return f"{100 * v:.1f}"
+    if v != 0 and (abs(v) >= 1000 or abs(v) < 1e-2):
+        return f"{v:.4g}"
+    return f"{v:.4f}"
 
 
 def _fmt(r: str, s: dict) -> str:
@@ -139,7 +170,8 @@ def render_report(results: dict) -> str:
         return _fmt(c, summary[c])
 
     def table(cols: list[str]) -> list[str]:
-        out = ["| method | time (s) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+        heads = [f"{c} ({readout_unit(c)})" if readout_unit(c) else c for c in cols]  # the unit in every header
+        out = ["| method | time (s) | " + " | ".join(heads) + " |", "|---" * (len(cols) + 2) + "|"]
         for m, d in ms.items():
             name = f"**{m}** (target)" if m == "retrain" else m
             t = sum(r["time_s"] for r in d["runs"]) / max(len(d["runs"]), 1)

@@ -55,12 +55,18 @@ uncommitted transaction; an unreferenced weights file at most, deleted at the ne
 it, the request is committed. Re-running the request then applies it exactly once: step 3 recognises it.
 A reader (``show``, ``load``) needs no lock: WAL gives it a consistent snapshot of the record.
 
-The factor file is read in step 1 (outside the lock) and used in step 5 when its key matches the checkpoint's
-core weights, data fingerprint and the settings the Gram depends on (``factor_file: loaded`` in the request's
-record); absent, unreadable or mismatched, it is ignored and the step rebuilds the factor as before
-(``factor_file: absent | unreadable | key mismatch``, ``factor_rebuilt: missing``). It never changes after
-training: the factor covers all user data and a request's Schur complement removes the forgotten rows, so it
-is the same for every state of the checkpoint.
+The factor file is read in step 1 (outside the lock), verified against the content hash in its metadata
+(:mod:`scrubnet.integrity`), and used in step 5 when its key matches the checkpoint's core weights, data
+fingerprint and the settings the Gram depends on (``factor_file: loaded`` in the request's record). Absent, it
+is rebuilt from the data as before (``factor_file: absent``, ``factor_rebuilt: missing``). Damaged (truncated,
+not safetensors, hash mismatch, non-finite), foreign (``key mismatch``) or giving a solve above the residual
+tolerance (``bad solve``), it is rebuilt from the data, the problem is recorded with the file's name
+(``factor_file_problem``) and the file is replaced by the rebuilt factor (``factor_file_rewritten``). It never
+changes otherwise: the factor covers all user data and a request's Schur complement removes the forgotten
+rows, so it is the same for every state of the checkpoint.
+
+A request is committed only when its solver reached its tolerance (:func:`solver_result_problem`: the dual's
+relative residual ≤ :data:`DUAL_RESIDUAL_TOL`, CG converged); otherwise it is refused and nothing is written.
 
 Checkpoints of the previous format (``state.json`` + ``ledger.jsonl`` + ``weights-<seq>.safetensors``) are
 migrated on first open: the database is built in a temporary file and linked into place (a concurrent
@@ -89,7 +95,7 @@ import torch
 from torch import Tensor
 from safetensors.torch import load as st_load, save
 
-from scrubnet.integrity import ArtifactError, load_verified, save_verified
+from scrubnet.integrity import ArtifactError, load_verified, save_verified, verified_bytes
 from scrubnet.mlforget.dual import DualFactor
 from scrubnet.mlforget.primal import PrimalFactor
 from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_all, forget_request
@@ -283,9 +289,10 @@ def factor_key(model: LinearizedModel, static: dict, factor_ids: Tensor, fmt: st
 
 
 def _write_factor(path: Path, factor: DualFactor, key: str) -> None:
-    """``factor.safetensors`` with metadata key, µ and classes; temp file, fsync, rename."""
-    data = save(factor.to_tensors(), metadata={"key": key, "format": FACTOR_FORMAT, "mu": repr(factor.mu),
-                                               "num_classes": str(factor.num_classes)})
+    """``factor.safetensors`` with metadata key, µ and classes and its content hash
+    (:func:`scrubnet.integrity.verified_bytes`); temp file, fsync, rename."""
+    data = verified_bytes(factor.to_tensors(), {"key": key, "format": FACTOR_FORMAT, "mu": repr(factor.mu),
+                                                "num_classes": str(factor.num_classes)}, path=path / FACTOR)
     fd, tmp = tempfile.mkstemp(dir=path, prefix=".factor.", suffix=".tmp")
     try:
         umask = os.umask(0)
@@ -329,22 +336,48 @@ def _read_primal(path: Path) -> tuple[PrimalFactor | None, str, str | None]:
         return None, "unreadable", None
 
 
-def _read_factor(path: Path) -> tuple[DualFactor | None, str, str | None]:
-    """(factor, status, key) from ``path/factor.safetensors``: status ``read``, ``absent`` or ``unreadable``
-    (not a safetensors file of a consistent factor). Only tensors and a JSON header are parsed."""
+def _read_factor(path: Path) -> tuple[DualFactor | None, str, str | None, str | None]:
+    """(factor, status, key, problem) from ``path/factor.safetensors``, verified against its content hash:
+    status ``read``, ``absent`` or ``unreadable``; ``problem`` names the file and the reason when unreadable
+    (truncated, not safetensors, no content hash, hash mismatch, non-finite, or not a consistent factor).
+    Only tensors and a JSON header are parsed."""
     f = path / FACTOR
     if not f.is_file():
-        return None, "absent", None
+        return None, "absent", None, None
     try:
-        data = f.read_bytes()
-        header_len = int.from_bytes(data[:8], "little")
-        meta = json.loads(data[8:8 + header_len]).get("__metadata__") or {}
+        tensors, meta = load_verified(f)
         if meta.get("format") != FACTOR_FORMAT:
-            return None, "unreadable", None
-        factor = DualFactor.from_tensors(st_load(data), float(meta["mu"]), int(meta["num_classes"]))
-        return factor, "read", meta.get("key")
-    except (ValueError, KeyError, TypeError, OSError, RuntimeError):
-        return None, "unreadable", None
+            raise ArtifactError(f, "not safetensors", f"format {meta.get('format')!r} is not {FACTOR_FORMAT}")
+        try:
+            factor = DualFactor.from_tensors(tensors, float(meta["mu"]), int(meta["num_classes"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ArtifactError(f, "not a consistent factor", str(e)) from None
+        return factor, "read", meta.get("key"), None
+    except ArtifactError as e:
+        return None, "unreadable", None, str(e)
+    except OSError as e:
+        return None, "unreadable", None, f"{f}: {e}"
+
+
+#: the largest relative residual of the dual system a request may commit (a sound factor gives ~1e-14)
+DUAL_RESIDUAL_TOL = 1e-8
+
+
+def solver_result_problem(info: dict) -> str | None:
+    """Why a request's solver result must not be committed, or None: the dual's relative residual above
+    :data:`DUAL_RESIDUAL_TOL` (dual or primal), or CG (plain or certified) stopped before its tolerance. The papers' SGD is inexact by design
+    (no tolerance) and is accepted."""
+    raw = info.get("relative_residual")
+    res = float(raw) if isinstance(raw, (int, float)) else float("nan")
+    if info.get("solver") in ("dual", "primal"):
+        if not math.isfinite(res) or res > DUAL_RESIDUAL_TOL:
+            return (f"the {info.get('solver')} solver's relative residual {res:.3g} exceeds its tolerance "
+                    f"{DUAL_RESIDUAL_TOL:g}")
+    elif info.get("solver") in ("cg", "cg-certified"):
+        if not info.get("converged", False) or not math.isfinite(res):
+            return (f"CG stopped after {info.get('iterations')} iterations at relative residual {res:.3g} "
+                    "without reaching its tolerance")
+    return None
 
 
 def _connect(db: Path) -> sqlite3.Connection:
@@ -850,8 +883,8 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
         return data, _read_factor(Path(path)), _read_primal(Path(path))
 
     def compute(state, st, prepared):
-        check_forget_ids(state, ids)
-        (x, y), (factor, factor_status, key), (primal, primal_status, pkey) = prepared
+        ids_t = check_forget_ids(state, ids)
+        (x, y), (factor, factor_status, key, factor_problem), (primal, primal_status, pkey) = prepared
         if primal is not None:
             if pkey == factor_key(state.model, static, primal.ids, PRIMAL_FORMAT):
                 state.primal, primal_status = primal, "loaded"
@@ -864,10 +897,32 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
                 state.factor, factor_status = factor, "loaded"
             else:
                 factor_status = "key mismatch"
-        out = forget_request(state, x, y, ids, sigma=sig, budget_nats=budget_nats,
-                             noise_seed=1_000_003 * state.seed + st["request_id"] + 1)
+                factor_problem = (f"{Path(path) / FACTOR}: key mismatch (built for other core weights, data or "
+                                  "settings)")
+        noise_seed = 1_000_003 * state.seed + st["request_id"] + 1
+        out = forget_request(state, x, y, ids, sigma=sig, noise_seed=noise_seed, apply=False,
+                             budget_nats=budget_nats)
+        problem = solver_result_problem(out.info.as_dict())
+        if problem and factor_status == "loaded":
+            # the verified file gave a bad solve: rebuild the factor from the data once and solve again
+            state.factor, factor_status = None, "bad solve"
+            factor_problem = f"{Path(path) / FACTOR}: {problem}"
+            out = forget_request(state, x, y, ids, sigma=sig, noise_seed=noise_seed, apply=False,
+                             budget_nats=budget_nats)
+            problem = solver_result_problem(out.info.as_dict())
+        if problem:
+            raise StoreError(f"request refused, nothing was committed: {problem}")
+        state.model.set_delta_flat(out.w_after)
+        state.forgotten_ids = torch.sort(torch.cat([state.forgotten_ids, ids_t])).values  # as forget_request
+        rewritten = False
+        if factor_problem and state.factor is not None and state.factor.source == "built":
+            # the file was damaged, foreign or gave a bad solve: replace it by the factor rebuilt from the data
+            _write_factor(Path(path), state.factor, factor_key(state.model, static, state.factor.ids))
+            rewritten = True
+        extra = {"factor_file_problem": factor_problem, "factor_file_rewritten": rewritten} if factor_problem else {}
         return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
-                "solver": {**out.info.as_dict(), "factor_file": factor_status, "primal_file": primal_status}}
+                "solver": {**out.info.as_dict(), "factor_file": factor_status, "primal_file": primal_status,
+                           **extra}}
 
     return _apply(path, "forget", key, compute, prepare, on_commit, on_duplicate)
 

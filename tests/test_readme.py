@@ -1,0 +1,86 @@
+"""The README runs top to bottom: its ``bash`` and ``python`` blocks, in order, in one temporary directory,
+with ``SCRUBNET_TINY=1`` (every command's default sizes shrink; the numbers mean nothing).
+
+Conventions (docs/decisions.md, "README test"):
+
+* a block whose last non-blank line before the opening fence is ``<!-- readme-test: skip -->`` is not run
+  (it needs the user's data, or it is the test suite itself);
+* the set-up prefix ``python3 -m venv .venv && . .venv/bin/activate && pip install … &&`` is dropped: the test
+  runs in the environment that is already installed;
+* other fences (``text``, ``toml``, none) are documentation, not run.
+
+Every other block runs as written: it must not collide with an earlier block's outputs and must use only
+files that an earlier block (or itself) creates.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP = "<!-- readme-test: skip -->"
+RUN_LANGS = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py": "python"}
+INSTALL_PREFIX = re.compile(r"python3 -m venv \.venv && \. \.venv/bin/activate && pip install [^&]*&& ")
+
+
+def readme_blocks(text: str) -> list[dict]:
+    """Every fenced block: ``{"lang", "code", "line" (1-based line of the fence), "skip"}``."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)```(\S*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, lang, start = m.group(1), m.group(2).lower(), i
+        prev = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+        j = i + 1
+        while j < len(lines) and not re.match(rf"^{re.escape(indent)}```\s*$", lines[j]):
+            j += 1
+        code = "\n".join(ln[len(indent):] if ln.startswith(indent) else ln for ln in lines[i + 1:j]) + "\n"
+        blocks.append({"lang": lang, "code": code, "line": start + 1, "skip": prev == SKIP})
+        i = j + 1
+    return blocks
+
+
+def runnable(blocks: list[dict]) -> list[dict]:
+    """The blocks the test runs, with the set-up prefix dropped."""
+    out = []
+    for b in blocks:
+        if b["skip"] or b["lang"] not in RUN_LANGS:
+            continue
+        out.append({**b, "kind": RUN_LANGS[b["lang"]], "code": INSTALL_PREFIX.sub("", b["code"])})
+    return out
+
+
+def test_block_parser_and_conventions():
+    text = ("intro\n```bash\necho a\n```\n\n<!-- readme-test: skip -->\n\n```bash\nexit 1\n```\n"
+            "```python\nprint(1)\n```\n```\nplain\n```\n```toml\nx = 1\n```\n"
+            "```bash\npython3 -m venv .venv && . .venv/bin/activate && pip install -e . && scrubnet run\n```\n")
+    blocks = readme_blocks(text)
+    assert [(b["lang"], b["skip"], b["line"]) for b in blocks] == [
+        ("bash", False, 2), ("bash", True, 8), ("python", False, 11), ("", False, 14), ("toml", False, 17),
+        ("bash", False, 20)]
+    run = runnable(blocks)
+    assert [b["code"] for b in run] == ["echo a\n", "print(1)\n", "scrubnet run\n"]
+
+
+def test_readme_runs_top_to_bottom(tmp_path):
+    blocks = runnable(readme_blocks((ROOT / "README.md").read_text()))
+    assert len(blocks) >= 5
+    env = {**os.environ, "SCRUBNET_TINY": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "MPLBACKEND": "Agg", "PYTHONWARNINGS": "ignore",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for b in blocks:
+        if b["kind"] == "bash":
+            cmd = ["bash", "-euo", "pipefail", "-c", b["code"]]
+        else:
+            cmd = [sys.executable, "-c", b["code"]]
+        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            pytest.fail(f"README block at line {b['line']} ({b['kind']}) failed with exit code {r.returncode}:\n"
+                        f"{b['code']}\n--- stderr ---\n{r.stderr[-3000:]}\n--- stdout ---\n{r.stdout[-1500:]}")
