@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, plan_fisher
-from scrubnet.curvature.ntk import DEFAULT_BUDGET as NTK_BUDGET, gram_bytes, ntk_gram_flops
+from scrubnet.curvature.ntk import DEFAULT_BUDGET as NTK_BUDGET, activation_numel_per_sample, gram_bytes, \
+    ntk_gram_flops
 from scrubnet.models import eval_mode
 from scrubnet.training import TrainConfig
 
@@ -258,7 +259,7 @@ def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: f
     fwd = forward_flops(model, x1)
     fb = 3.0 * fwd
     flops = n_r * fb * (1 + 2.0 * max_iter)
-    peak = 10 * 8 * _params(model) + min(batch_size, n_r) * 3 * 4 * _activation_numel(model, x1)
+    peak = 10 * 8 * _params(model) + min(batch_size, n_r) * 3 * 4 * activation_numel_per_sample(model, x1)
     passes = 1.0 + 2.0 * max_iter
     if alpha > 0:
         fis = _fisher_cost(model, x1, n_r)
@@ -266,23 +267,6 @@ def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: f
         passes += fis.passes
         peak = max(peak, fis.peak_bytes)
     return CostEstimate("newton", flops, _seconds(flops, "newton"), int(peak), passes, {"max_iter": max_iter})
-
-
-def _activation_numel(model: nn.Module, x1: Tensor) -> int:
-    total = [0]
-
-    def hook(mod, inp, out):
-        if isinstance(out, Tensor):
-            total[0] += out[0].numel() if out.ndim else 1
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
-    try:
-        with eval_mode(model), torch.no_grad():
-            model(x1[:1])
-    finally:
-        for h in handles:
-            h.remove()
-    return total[0]
 
 
 @register_cost("retrain", "finetune", "neggrad", "randomlabels")
@@ -294,7 +278,7 @@ def training_cost(model, x1, n_r, n_f, c, config, *, epochs: int | None = None, 
     n = n_r
     flops = ep * n * 3.0 * fwd
     batch = min(int(config.batch_size), max(n, 1))
-    peak = 4 * _params(model) * 3 + batch * 3 * 4 * _activation_numel(model, x1)
+    peak = 4 * _params(model) * 3 + batch * 3 * 4 * activation_numel_per_sample(model, x1)
     return CostEstimate("train", flops, _seconds(flops, "train"), int(peak), float(ep), {"epochs": ep})
 
 

@@ -452,18 +452,24 @@ def certificate(weight_error_bound: float | None, sigma: float, budget: float | 
             "within_budget": None if budget is None else bool(kl <= budget)}
 
 
+def _rebuild_reason(fac, remaining: Tensor) -> str:
+    """Why a (primal or dual) factor must be rebuilt before a request: "missing" (none, or it lacks some
+    remaining rows), "over half removed" (the downdate would remove more rows than it keeps), or "" (reuse)."""
+    if fac is None or not bool(torch.isin(remaining, fac.ids).all()):
+        return "missing"
+    if 2 * (len(fac.ids) - len(remaining)) > len(fac.ids):
+        return "over half removed"
+    return ""
+
+
 def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
     """w' = argmin L_{remaining} by the Woodbury downdate on the state's primal factor (built or rebuilt)."""
     t0 = time.perf_counter()
-    fac = state.primal
-    rebuilt = ""
-    if fac is None or not bool(torch.isin(remaining, fac.ids).all()):
-        rebuilt = "missing"
-    elif 2 * (len(fac.ids) - len(remaining)) > len(fac.ids):
-        rebuilt = "over half removed"
+    rebuilt = _rebuild_reason(state.primal, remaining)
     if rebuilt:
         base = state.remaining_ids() if rebuilt == "missing" else remaining
-        state.primal = fac = build_primal(state, x_all, y_all, base)
+        state.primal = build_primal(state, x_all, y_all, base)
+    fac = state.primal
     t1 = time.perf_counter()
     lin, h = state.space(x_all)
     w_prime, d = fac.fit(lin, h, y_all, torch.isin(fac.ids, remaining))
@@ -477,15 +483,11 @@ def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor
 def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
     """w' = argmin L_{remaining} by the Schur complement on the state's factor (built or rebuilt if needed)."""
     t0 = time.perf_counter()
-    fac = state.factor
-    rebuilt = ""
-    if fac is None or not bool(torch.isin(remaining, fac.ids).all()):
-        rebuilt = "missing"
-    elif 2 * (len(fac.ids) - len(remaining)) > len(fac.ids):
-        rebuilt = "over half removed"
+    rebuilt = _rebuild_reason(state.factor, remaining)
     if rebuilt:
         base = state.remaining_ids() if rebuilt == "missing" else remaining
-        state.factor = fac = build_factor(state, x_all, y_all, base)
+        state.factor = build_factor(state, x_all, y_all, base)
+    fac = state.factor
     t1 = time.perf_counter()
     lin, h = state.space(x_all)
     keep = torch.isin(fac.ids, remaining)
