@@ -139,6 +139,16 @@ def test_cli_audit_writes_outputs(tmp_path):
     assert list(j["methods"]) == ["original", "retrain", "finetune"]
     assert j["config"]["audit"]["plan"]["splits"] == 4
 
+    # an earlier audit's results are replaced only with --overwrite (the cache is kept: nothing retrains)
+    args = ["audit", "--config", str(toml), "--pool", "4", "--eps-models", "3", "--quiet", "--out", str(tmp_path / "a")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "--overwrite" in r.output, r.output
+    (tmp_path / "a" / "roc.png").write_text("stale")
+    r = CliRunner().invoke(app, args + ["--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a" / "roc.png").read_bytes()[:4] == b"\x89PNG"
+    assert _numbers(json.loads((tmp_path / "a" / "audit.json").read_text())) == _numbers(j)
+
 
 def test_cli_audit_user_method(tmp_path, monkeypatch):
     """--method module:Class registers a user's ForgettingMethod and audits it like a built-in."""
@@ -170,15 +180,6 @@ def test_cli_audit_user_method(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["audit", "--method", "usermeth:Nope", "--out", str(tmp_path / "b")])
     assert r.exit_code == 2 and "not a ForgettingMethod" in r.output and not (tmp_path / "b").exists()
 
-    # an earlier audit's results are replaced only with --overwrite (the cache is kept: nothing retrains)
-    args = ["audit", "--config", str(toml), "--pool", "4", "--eps-models", "3", "--quiet", "--out", str(tmp_path / "a")]
-    r = CliRunner().invoke(app, args)
-    assert r.exit_code == 2 and "--overwrite" in r.output, r.output
-    (tmp_path / "a" / "roc.png").write_text("stale")
-    r = CliRunner().invoke(app, args + ["--overwrite"])
-    assert r.exit_code == 0, r.output
-    assert (tmp_path / "a" / "roc.png").read_bytes()[:4] == b"\x89PNG"
-    assert _numbers(json.loads((tmp_path / "a" / "audit.json").read_text())) == _numbers(j)
 
 
 def test_damaged_cache_entries_are_named_and_recomputed(local_run, tmp_path, capfd):
