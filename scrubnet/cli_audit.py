@@ -116,19 +116,24 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
 
 
 def print_summary(results: dict) -> None:
-    """The terminal table: the game (0.5 ideal), its interval, retrain-OUT, retain leakage, KLoM, ε."""
-    t = Table(title="per-example audit (game 0.5, leakage 0, KLoM 0 and ε forget score 1 are ideal)")
-    for c in ("method", "game bal. acc.", "95 % CI", "retrain-OUT", "retain leakage", "KLoM forget",
-              "ε forget (U=R)"):
+    """The terminal table (rates in %, as every human-facing table): the game (50 % ideal), its interval,
+    retrain-OUT, retain leakage (points), KLoM (nats), the ε forget score (0–1)."""
+    t = Table(title="per-example audit (game 50 %, leakage 0, KLoM 0 and ε forget score 1 are ideal)")
+    for c in ("method", "game bal. acc. %", "95 % CI %", "retrain-OUT %", "retain leakage (points)",
+              "KLoM forget (nats)", "ε forget, 0–1 (U=R)"):
         t.add_column(c, no_wrap=True)
     for m, d in results["methods"].items():
         ci = d.get("ulira_game_balanced_accuracy_ci95")
         eps = d.get("epsilon_forget_score")
-        t.add_row(m, f"{d['ulira_game_balanced_accuracy']:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–",
-                  _fmt(d.get("ulira_retrain_out_balanced_accuracy")), _fmt(d.get("retain_leakage"), "+.3f"),
+        t.add_row(m, _pct(d["ulira_game_balanced_accuracy"]), f"[{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "–",
+                  _pct(d.get("ulira_retrain_out_balanced_accuracy")), _pct(d.get("retain_leakage"), "+.1f"),
                   _fmt(d.get("klom_forget"), ".2f"),
                   f"{eps:.3f} ({d['epsilon_u']})" if eps is not None else "–")
     console.print(t)
+
+
+def _pct(v, spec: str = ".1f") -> str:
+    return "–" if v is None else format(100 * v, spec)
 
 
 def _fmt(v, spec: str = ".3f") -> str:
