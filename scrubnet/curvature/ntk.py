@@ -332,8 +332,8 @@ class _Held:
            side by side in one matrix (columns: ``_GramPlan.row_cols``), so that their Gram is one GEMM;
     raw:   {layer: (a (n, ...), g (c, n, ...))} the capture itself, for explicit layers whose rows are
            larger than their capture; per-row gradients are rebuilt per contraction block;
-    ghost: {layer: (ã (n, T, d_in[+1]), g rows (n·c, T, d_out))} for layers contracted by the ghost rule
-           (input patches unfolded once)."""
+    ghost: {layer: (a (n, ...), g rows (n·c, T, d_out))} for layers contracted by the ghost rule: the input
+           as captured, unfolded into patches ã (n, T, d_in[+1]) for one layer at a time when contracted."""
 
     n: int
     rows: Tensor | None = None
@@ -385,7 +385,7 @@ class _GramPlan:
             elif kind == "raw":
                 total += lay.input_numel + c * lay.output_numel
             else:
-                total += lay.positions * (lay.d_in + 1) + c * lay.output_numel
+                total += lay.input_numel + c * lay.output_numel
         return total
 
     def hold(self, x: Tensor, micro: int) -> _Held:
@@ -411,8 +411,8 @@ class _GramPlan:
                     held.raw[lay.name][0][lo:hi] = a
                     held.raw[lay.name][1][:, lo:hi] = g
                     continue
-                else:
-                    a = eng.ghost_factors(lay, cap.inputs[lay.name][0])
+                else:  # the input as captured (unfolded per contraction: 9× smaller for a 3×3 conv)
+                    a = cap.inputs[lay.name][0]
                     g = eng.ghost_rows(lay, cap.grads[lay.name][0])
                     if lay.name not in held.ghost:
                         held.ghost[lay.name] = (a.new_empty((n,) + tuple(a.shape[1:])),
@@ -466,11 +466,14 @@ class _GramPlan:
                 for (_, r_i), (_, r_j) in zip(cache[1], rows_j):   # weight, then bias
                     blk = r_i @ r_j.T if blk is None else blk.addmm_(r_i, r_j.T)
                 add(s, e, t, f, blk)
-        # ghost rule on the held patches
-        for name, (a_i, g_i) in hi.ghost.items():
-            a_j, g_j = hj.ghost[name]
+        # ghost rule: input patches unfolded for one layer at a time (transient), output rows as held
+        for name, (x_i, g_i) in hi.ghost.items():
+            x_j, g_j = hj.ghost[name]
+            a_i = eng.ghost_factors(lay_by_name[name], x_i)
+            a_j = a_i if hj is hi else eng.ghost_factors(lay_by_name[name], x_j)
             for s, e, t, f in pairs(hi.n, hj.n, max(hi.n, hj.n)):
                 add(s, e, t, f, _ghost_block(a_i[s:e], g_i[s * c:e * c], a_j[t:f], g_j[t * c:f * c], c, budget))
+            del a_i, a_j
 
 
 def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
