@@ -510,6 +510,12 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     held_budget = 3 * memory_budget_bytes // 5
     plan = _GramPlan(engine, n, m, method, isz, held_budget)
     chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
+    step_j = micro
+    if symmetric and chunk_i < n:
+        # two chunks of the same size held at once: the other samples stream in chunk-sized blocks, so the
+        # per-row gradients rebuilt from the held captures are amortised over a chunk, not a micro-batch
+        chunk_i = max(1, chunk_i // 2)
+        step_j = chunk_i
     contraction_budget = memory_budget_bytes // 5
     theta = torch.zeros(n * c, m * c, dtype=out_dtype, device=x.device)
     for i0 in range(0, n, chunk_i):
@@ -520,11 +526,12 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
         if symmetric:
             plan.contract(held, held, theta[ri0:ri1, ri0:ri1], True, contraction_budget)
             j_start = i1
-        for s in range(j_start, m, micro):
-            xb = x2[s:min(m, s + micro)]
+        for s in range(j_start, m, step_j):
+            xb = x2[s:min(m, s + step_j)]
             rj0, rj1 = s * c, (s + len(xb)) * c
             streamed = plan.hold(xb, micro)
             plan.contract(held, streamed, theta[ri0:ri1, rj0:rj1], False, contraction_budget)
+            del streamed  # before the next block is captured
             if symmetric:
                 theta[rj0:rj1, ri0:ri1] = theta[ri0:ri1, rj0:rj1].T
         del held
