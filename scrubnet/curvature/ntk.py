@@ -491,7 +491,8 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     sized so that, when it fits in 3/5 of the budget, the whole of x is one chunk and every Jacobian row is
     computed exactly once. The Gram is then contracted layer by layer in blocks from the held factors;
     symmetric blocks are computed once and mirrored. Only when x does not fit are the samples after a
-    held chunk captured again (streamed in micro-batches) for that chunk, as are the samples of x2.
+    held chunk captured again for that chunk: two chunks of half the size share the held budget, the
+    other samples streamed in chunk-sized blocks; the samples of x2 are streamed in micro-batches.
     """
     if method not in ("auto", "explicit", "ghost"):
         raise ValueError(f"method must be 'auto', 'explicit' or 'ghost', got {method!r}")
