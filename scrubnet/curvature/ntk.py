@@ -332,8 +332,8 @@ class _Held:
            side by side in one matrix (columns: ``_GramPlan.row_cols``), so that their Gram is one GEMM;
     raw:   {layer: (a (n, ...), g (c, n, ...))} the capture itself, for explicit layers whose rows are
            larger than their capture; per-row gradients are rebuilt per contraction block;
-    ghost: {layer: (ã (n, T, d_in[+1]), g rows (n·c, T, d_out))} for layers contracted by the ghost rule
-           (input patches unfolded once)."""
+    ghost: {layer: (a (n, ...), g rows (n·c, T, d_out))} for layers contracted by the ghost rule: the input
+           as captured, unfolded into patches ã (n, T, d_in[+1]) for one layer at a time when contracted."""
 
     n: int
     rows: Tensor | None = None
@@ -385,7 +385,7 @@ class _GramPlan:
             elif kind == "raw":
                 total += lay.input_numel + c * lay.output_numel
             else:
-                total += lay.positions * (lay.d_in + 1) + c * lay.output_numel
+                total += lay.input_numel + c * lay.output_numel
         return total
 
     def hold(self, x: Tensor, micro: int) -> _Held:
@@ -411,8 +411,8 @@ class _GramPlan:
                     held.raw[lay.name][0][lo:hi] = a
                     held.raw[lay.name][1][:, lo:hi] = g
                     continue
-                else:
-                    a = eng.ghost_factors(lay, cap.inputs[lay.name][0])
+                else:  # the input as captured (unfolded per contraction: 9× smaller for a 3×3 conv)
+                    a = cap.inputs[lay.name][0]
                     g = eng.ghost_rows(lay, cap.grads[lay.name][0])
                     if lay.name not in held.ghost:
                         held.ghost[lay.name] = (a.new_empty((n,) + tuple(a.shape[1:])),
@@ -466,11 +466,14 @@ class _GramPlan:
                 for (_, r_i), (_, r_j) in zip(cache[1], rows_j):   # weight, then bias
                     blk = r_i @ r_j.T if blk is None else blk.addmm_(r_i, r_j.T)
                 add(s, e, t, f, blk)
-        # ghost rule on the held patches
-        for name, (a_i, g_i) in hi.ghost.items():
-            a_j, g_j = hj.ghost[name]
+        # ghost rule: input patches unfolded for one layer at a time (transient), output rows as held
+        for name, (x_i, g_i) in hi.ghost.items():
+            x_j, g_j = hj.ghost[name]
+            a_i = eng.ghost_factors(lay_by_name[name], x_i)
+            a_j = a_i if hj is hi else eng.ghost_factors(lay_by_name[name], x_j)
             for s, e, t, f in pairs(hi.n, hj.n, max(hi.n, hj.n)):
                 add(s, e, t, f, _ghost_block(a_i[s:e], g_i[s * c:e * c], a_j[t:f], g_j[t * c:f * c], c, budget))
+            del a_i, a_j
 
 
 def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
@@ -488,7 +491,8 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     sized so that, when it fits in 3/5 of the budget, the whole of x is one chunk and every Jacobian row is
     computed exactly once. The Gram is then contracted layer by layer in blocks from the held factors;
     symmetric blocks are computed once and mirrored. Only when x does not fit are the samples after a
-    held chunk captured again (streamed in micro-batches) for that chunk, as are the samples of x2.
+    held chunk captured again for that chunk: two chunks of half the size share the held budget, the
+    other samples streamed in chunk-sized blocks; the samples of x2 are streamed in micro-batches.
     """
     if method not in ("auto", "explicit", "ghost"):
         raise ValueError(f"method must be 'auto', 'explicit' or 'ghost', got {method!r}")
@@ -507,6 +511,12 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     held_budget = 3 * memory_budget_bytes // 5
     plan = _GramPlan(engine, n, m, method, isz, held_budget)
     chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
+    step_j = micro
+    if symmetric and chunk_i < n:
+        # two chunks of the same size held at once: the other samples stream in chunk-sized blocks, so the
+        # per-row gradients rebuilt from the held captures are amortised over a chunk, not a micro-batch
+        chunk_i = max(1, chunk_i // 2)
+        step_j = chunk_i
     contraction_budget = memory_budget_bytes // 5
     theta = torch.zeros(n * c, m * c, dtype=out_dtype, device=x.device)
     for i0 in range(0, n, chunk_i):
@@ -517,11 +527,12 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
         if symmetric:
             plan.contract(held, held, theta[ri0:ri1, ri0:ri1], True, contraction_budget)
             j_start = i1
-        for s in range(j_start, m, micro):
-            xb = x2[s:min(m, s + micro)]
+        for s in range(j_start, m, step_j):
+            xb = x2[s:min(m, s + step_j)]
             rj0, rj1 = s * c, (s + len(xb)) * c
             streamed = plan.hold(xb, micro)
             plan.contract(held, streamed, theta[ri0:ri1, rj0:rj1], False, contraction_budget)
+            del streamed  # before the next block is captured
             if symmetric:
                 theta[rj0:rj1, ri0:ri1] = theta[ri0:ri1, rj0:rj1].T
         del held
