@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,8 @@ def test_readme_runs_top_to_bottom(tmp_path):
     env = {**os.environ, "SCRUBNET_TINY": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "MPLBACKEND": "Agg", "PYTHONWARNINGS": "ignore",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # the README's commands run at a clone's root: the example files they name come along
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
     for b in blocks:
         if b["kind"] == "bash":
             cmd = ["bash", "-euo", "pipefail", "-c", b["code"]]
