@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.markup import escape
 from rich.table import Table
 
-from scrubnet.atomic_io import atomic_write_json, atomic_write_text
+from scrubnet.atomic_io import atomic_write_json, atomic_write_text, require_writable as check_writable
 from scrubnet.checkpoint import CheckpointError, load_checkpoint, read_meta, save_checkpoint
 from scrubnet.cli_audit import audit
 from scrubnet.cli_dp import dp
@@ -124,16 +124,11 @@ def _refuse_existing_file(out: Path, overwrite: bool = False, inputs: tuple[Path
 
 
 def require_writable(out: Path) -> None:
-    """Fail before any computation when ``out`` cannot be created: its nearest existing ancestor must be a
-    writable directory (and ``out`` itself, if it exists)."""
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is not a directory")
-    target = out if out.exists() else parent
-    if not os.access(target, os.W_OK):
-        raise UserError(f"--out {out}: {target} is not writable")
+    """:func:`scrubnet.atomic_io.require_writable`, failing as a user error (one ``error:`` line, exit 2)."""
+    try:
+        check_writable(out)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 #: the files `scrubnet train` writes
