@@ -196,3 +196,79 @@ def test_gram_chunked_pairs_match_dense(budget):
     jac = dense_refs.dense_jacobian(model, x)
     gram = ntk_gram(model, x, memory_budget_bytes=budget)
     assert torch.allclose(gram, jac @ jac.T, rtol=1e-10, atol=1e-10 * float(gram.abs().max()))
+
+
+def _schedules(model, x, budgets):
+    """{budget: [(number of layers, chunk)] per group} of the symmetric schedule at each budget."""
+    from scrubnet.curvature import ntk as ntk_mod
+    engine = ntk_mod.JacobianRows(model, x[:1])
+    isz = x.element_size()
+    return {b: [(len(p.layers), chunk) for p, chunk in
+                ntk_mod._symmetric_schedule(engine, x, len(x), "auto", isz, 3 * b // 5)] for b in budgets}
+
+
+def test_gram_layer_groups_match_dense():
+    """When the factors of all samples do not fit, the layers are split into groups, each captured with a
+    backward that stops at the group's earliest layer; the summed Gram still equals J Jᵀ."""
+    model, x = _case("resnet18", (3, 6, 6), {"width": 0.05}, n=9)
+    jac = dense_refs.dense_jacobian(model, x)
+    dense = jac @ jac.T
+    budgets = [int(b) for b in torch.linspace(20_000, 400_000, 40)]
+    grouped = [b for b, sched in _schedules(model, x, budgets).items() if len(sched) > 1]
+    assert grouped, "no budget chose layer groups"
+    for b in grouped[:: max(1, len(grouped) // 3)]:
+        gram = ntk_gram(model, x, memory_budget_bytes=b)
+        assert torch.allclose(gram, dense, rtol=1e-10, atol=1e-10 * float(dense.abs().max()))
+
+
+def test_gram_layer_groups_with_fallback_parameters():
+    """Parameters outside registered layers (LayerNorm, a free scale) travel with one group only."""
+    from scrubnet.curvature import ntk as ntk_mod
+    torch.manual_seed(0)
+    model = _Odd().double()
+    x = torch.randn(12, 5, dtype=torch.float64)
+    engine = ntk_mod.JacobianRows(model, x[:1])
+    jac = dense_refs.dense_jacobian(model, x)
+    seen = 0
+    for held in (1000, 3000):   # one group chunked / both groups chunked (found by listing the schedules)
+        schedule = ntk_mod._symmetric_schedule(engine, x, len(x), "auto", 8, held)
+        assert len(schedule) == 2 and sum(bool(p.generic_names) for p, _ in schedule) == 1
+        seen += sum(chunk < len(x) for _, chunk in schedule)
+        got = torch.zeros(len(x) * C, len(x) * C, dtype=torch.float64)
+        for plan, chunk in schedule:
+            ntk_mod._symmetric_gram(plan, x, got, chunk, 2, 10_000)
+        assert torch.allclose(got, jac @ jac.T, rtol=1e-10, atol=1e-12)
+    assert seen == 3
+
+
+def test_group_capture_stops_at_its_earliest_layer():
+    """A capture of the last layers only gives the same output gradients as the full capture, for fewer
+    FLOPs (the backward passes do not go through the earlier layers)."""
+    from scrubnet.curvature import ntk as ntk_mod
+    model, x = _case("resnet18", (3, 6, 6), {"width": 0.05}, n=3)
+    engine = ntk_mod.JacobianRows(model, x[:1])
+    late = engine.layers[-4:]
+    full, part = engine.capture(x), engine.capture(x, layers=late)
+    assert set(part.grads) == {lay.name for lay in late}
+    for lay in late:
+        assert torch.equal(full.grads[lay.name][0], part.grads[lay.name][0])
+    assert ntk_mod._pass_flops(engine, x[:1], late, False) < 0.7 * ntk_mod._pass_flops(engine, x[:1], engine.layers, True)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_snake_order_captures_each_chunk_pair_once(monkeypatch, k):
+    """k chunks: 1 + k(k−1)/2 chunk captures (the last chunk streamed becomes the next held one), and the
+    Gram is exact."""
+    from scrubnet.curvature import ntk as ntk_mod
+    model, x = _case("cnn2d", (1, 6, 6), {"channels": 3}, n=2 * k)
+    engine = ntk_mod.JacobianRows(model, x[:1])
+    plan = ntk_mod._GramPlan(engine, len(x), len(x), "auto", 8, 1 << 30)
+    calls = []
+    real = ntk_mod._GramPlan.hold
+    monkeypatch.setattr(ntk_mod._GramPlan, "hold", lambda self, xb, micro: calls.append(len(xb)) or real(self, xb, micro))
+    got = torch.zeros(len(x) * C, len(x) * C, dtype=torch.float64)
+    ntk_mod._symmetric_gram(plan, x, got, 2, 1, 1 << 20)
+    assert len(calls) == 1 + k * (k - 1) // 2
+    assert ntk_mod._chunked_passes(k) * k == len(calls)
+    jac = dense_refs.dense_jacobian(model, x)
+    assert torch.allclose(got, jac @ jac.T, rtol=1e-10, atol=1e-10 * float(got.abs().max()))

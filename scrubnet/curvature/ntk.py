@@ -165,7 +165,11 @@ class JacobianRows:
         grads: dict = field(default_factory=dict)           # name -> [g (c, B, ...) per call]
         outputs_shape: dict = field(default_factory=dict)
 
-    def capture(self, x: Tensor, need_grads: bool = True) -> "JacobianRows.Capture":
+    def capture(self, x: Tensor, need_grads: bool = True, layers: list[_Layer] | None = None
+                ) -> "JacobianRows.Capture":
+        """Inputs and output gradients of ``layers`` (default: every covered layer). The c backward passes
+        go only as deep as the earliest of them (autograd runs just the part of the graph that reaches
+        the requested outputs)."""
         cap = JacobianRows.Capture(batch=len(x))
         outs: list[Tensor] = []
         owners: list[str] = []
@@ -182,7 +186,7 @@ class JacobianRows:
                 return None
             return hook
 
-        for lay in self.layers:
+        for lay in (self.layers if layers is None else layers):
             handles.append(lay.module.register_forward_hook(make_hook(lay.name)))
         try:
             with eval_mode(self.model), torch.enable_grad():
@@ -344,20 +348,23 @@ class _Held:
 class _GramPlan:
     """Per-layer contraction ("explicit" | "ghost") and storage ("rows" | "raw" | "ghost") for one Gram."""
 
-    def __init__(self, engine: JacobianRows, n: int, m: int, method: str, itemsize: int, held_budget: int):
+    def __init__(self, engine: JacobianRows, n: int, m: int, method: str, itemsize: int, held_budget: int,
+                 layers: list[_Layer] | None = None, generic: bool = True):
         c = engine.num_classes
         self.engine, self.c = engine, c
+        self.layers = list(engine.layers if layers is None else layers)
+        self.generic_names = list(engine.generic_names) if generic else []
         self.contraction: dict[str, str] = {}
         self.storage: dict[str, str] = {}
-        for lay in engine.layers:
+        for lay in self.layers:
             ghost = lay.factored and (method == "ghost" or (method == "auto" and
                                                              engine.ghost_is_cheaper(lay, n * c, m * c)))
             self.contraction[lay.name] = "ghost" if ghost else "explicit"
             self.storage[lay.name] = "ghost" if ghost else "rows"
-        generic = c * sum(engine.params[k].numel() for k in engine.generic_names)
+        generic = c * sum(engine.params[k].numel() for k in self.generic_names)
         # explicit layers: keep the smaller of (rows, capture) until everything fits; switching a layer
         # to its capture costs a rebuild of its per-row gradients per block, ∝ T: cheapest T first
-        candidates = sorted((lay for lay in engine.layers
+        candidates = sorted((lay for lay in self.layers
                              if self.storage[lay.name] == "rows" and lay.factored
                              and lay.input_numel + c * lay.output_numel < c * lay.numel),
                             key=lambda lay: lay.positions)
@@ -367,9 +374,9 @@ class _GramPlan:
             self.storage[lay.name] = "raw"
         self.per_sample_bytes = self.per_sample(generic) * itemsize
         self.row_cols: dict[tuple[int, int], tuple[int, int]] = {}
-        spans = [sl for lay in engine.layers if self.storage[lay.name] == "rows"
+        spans = [sl for lay in self.layers if self.storage[lay.name] == "rows"
                  for sl in (lay.weight, lay.bias) if sl is not None]
-        spans += [engine.offsets[k] for k in engine.generic_names]
+        spans += [engine.offsets[k] for k in self.generic_names]
         col = 0
         for lo, hi in spans:
             self.row_cols[(lo, hi)] = (col, col + hi - lo)
@@ -378,7 +385,7 @@ class _GramPlan:
 
     def per_sample(self, generic: int) -> int:
         c, total = self.c, generic
-        for lay in self.engine.layers:
+        for lay in self.layers:
             kind = self.storage[lay.name]
             if kind == "rows":
                 total += c * lay.numel
@@ -398,8 +405,8 @@ class _GramPlan:
         for s in range(0, n, micro):
             xb = x[s:s + micro]
             lo, hi = s, s + len(xb)
-            cap = eng.capture(xb)
-            for lay in eng.layers:
+            cap = eng.capture(xb, layers=self.layers)
+            for lay in self.layers:
                 kind = self.storage[lay.name]
                 if kind == "rows":
                     parts = eng.rows(cap, lay)
@@ -424,7 +431,7 @@ class _GramPlan:
                     c0, c1 = self.row_cols[sl]
                     held.rows[lo * c:hi * c, c0:c1] = r
             del cap
-            for sl, r in eng.generic_rows(xb):
+            for sl, r in (eng.generic_rows(xb) if self.generic_names else []):
                 c0, c1 = self.row_cols[sl]
                 held.rows[lo * c:hi * c, c0:c1] = r
         return held
@@ -476,6 +483,110 @@ class _GramPlan:
             del a_i, a_j
 
 
+def _chunked_passes(k: int) -> float:
+    """Capture passes over all samples of the snake schedule with ``k`` chunks: 1 + k(k−1)/2 chunk
+    captures (:func:`_symmetric_gram`), in units of k chunks."""
+    return (1.0 + k * (k - 1) / 2.0) / k
+
+
+def _min_bytes_per_sample(engine: JacobianRows, lay: _Layer, n: int, method: str) -> int:
+    """Elements one sample of ``lay`` needs when held as compactly as possible (rows or capture)."""
+    c = engine.num_classes
+    capture = lay.input_numel + c * lay.output_numel
+    ghost = lay.factored and (method == "ghost" or (method == "auto" and engine.ghost_is_cheaper(lay, n * c, n * c)))
+    if ghost:
+        return capture
+    return min(c * lay.numel, capture) if lay.factored else c * lay.numel
+
+
+def _pass_flops(engine: JacobianRows, x1: Tensor, layers: list[_Layer], generic: bool) -> float:
+    """FLOPs of capturing one sample for ``layers`` only (forward + c backward passes reaching them)."""
+    with FlopCounterMode(display=False) as counter:
+        engine.capture(x1, layers=layers)
+        if generic:
+            engine.generic_rows(x1)
+    return float(counter.get_total_flops())
+
+
+def _symmetric_schedule(engine: JacobianRows, x: Tensor, n: int, method: str, itemsize: int,
+                        held_budget: int) -> list[tuple[_GramPlan, int]]:
+    """How to contract a symmetric Gram whose factors do not fit: [(plan of a layer group, chunk size)].
+
+    Two ways, the one with fewer estimated FLOPs of capture wins ("NTK memory" in docs/decisions.md):
+    * all layers at once, the samples in chunks: a chunk pair needs both chunks held, so chunks are half
+      of what fits, and the snake order of :func:`_symmetric_gram` captures 1 + k(k−1)/2 chunks;
+    * layer groups, packed from the output side so that each group's factors of **all** samples fit (a
+      group too large alone is chunked as above): one capture pass per group, and the c backward passes
+      of a group stop at its earliest layer, so groups near the output cost little more than a forward.
+    Θ is the sum of the groups' Grams (each parameter belongs to exactly one group)."""
+    c = engine.num_classes
+    x1 = x[:1]
+    generic_elems = c * sum(engine.params[k].numel() for k in engine.generic_names)
+
+    def plan_and_chunk(layers, generic):
+        plan = _GramPlan(engine, n, n, method, itemsize, held_budget, layers=layers, generic=generic)
+        fit = int(held_budget // max(plan.per_sample_bytes, 1))
+        return plan, (n if fit >= n else max(1, fit // 2))
+
+    whole = plan_and_chunk(engine.layers, True)
+    whole_cost = _pass_flops(engine, x1, engine.layers, True) * _chunked_passes(-(-n // whole[1]))
+    # groups from the output side (modules register roughly in forward order)
+    capacity = held_budget // (itemsize * n)
+    groups: list[list[_Layer]] = []
+    current: list[_Layer] = []
+    used = generic_elems  # the fallback parameters' rows travel with the first group built (the last layers)
+    for lay in reversed(engine.layers):
+        need = _min_bytes_per_sample(engine, lay, n, method)
+        if current and used + need > capacity:
+            groups.append(current)
+            current, used = [], 0
+        current.append(lay)
+        used += need
+    if current:
+        groups.append(current)
+    if len(groups) <= 1:
+        return [whole]
+    grouped, grouped_cost = [], 0.0
+    for g, layers in enumerate(groups):
+        layers = [lay for lay in engine.layers if lay in layers]   # forward order
+        plan, chunk = plan_and_chunk(layers, g == 0)
+        grouped.append((plan, chunk))
+        grouped_cost += _pass_flops(engine, x1, layers, g == 0) * _chunked_passes(-(-n // chunk))
+    return grouped if grouped_cost < whole_cost else [whole]
+
+
+def _symmetric_gram(plan: _GramPlan, x: Tensor, theta: Tensor, chunk: int, micro: int, budget: int) -> None:
+    """theta (N·c × N·c) += J Jᵀ over ``plan``'s layers, the samples in chunks of ``chunk``.
+
+    Snake order: a held chunk is contracted with itself and with every chunk it has not met yet, each
+    captured ("streamed") in turn; the last one streamed becomes the next held chunk, so it is not captured
+    again. k chunks cost 1 + k(k−1)/2 chunk captures instead of k(k+1)/2, with two chunks in memory."""
+    n, c = len(x), plan.c
+    bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
+    done = [False] * len(bounds)
+    h = 0
+    held = plan.hold(x[bounds[0][0]:bounds[0][1]], micro)
+    while True:
+        a0, a1 = bounds[h]
+        plan.contract(held, held, theta[a0 * c:a1 * c, a0 * c:a1 * c], True, budget)
+        done[h] = True
+        todo = [j for j in range(len(bounds)) if not done[j]]
+        if not todo:
+            return
+        nxt = None
+        for j in todo:
+            b0, b1 = bounds[j]
+            streamed = plan.hold(x[b0:b1], micro)
+            plan.contract(held, streamed, theta[a0 * c:a1 * c, b0 * c:b1 * c], False, budget)
+            theta[b0 * c:b1 * c, a0 * c:a1 * c] = theta[a0 * c:a1 * c, b0 * c:b1 * c].T
+            if j == todo[-1]:
+                nxt = streamed
+            del streamed  # before the next chunk is captured
+        del held
+        held, h = nxt, todo[-1]
+        del nxt
+
+
 def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
              memory_budget_bytes: int = DEFAULT_BUDGET, method: str = "auto",
              out_dtype: torch.dtype = torch.float64) -> Tensor:
@@ -510,15 +621,13 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     micro = _micro_batch(engine, isz, memory_budget_bytes // 5)
     held_budget = 3 * memory_budget_bytes // 5
     plan = _GramPlan(engine, n, m, method, isz, held_budget)
-    chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
-    step_j = micro
-    if symmetric and chunk_i < n:
-        # two chunks of the same size held at once: the other samples stream in chunk-sized blocks, so the
-        # per-row gradients rebuilt from the held captures are amortised over a chunk, not a micro-batch
-        chunk_i = max(1, chunk_i // 2)
-        step_j = chunk_i
     contraction_budget = memory_budget_bytes // 5
     theta = torch.zeros(n * c, m * c, dtype=out_dtype, device=x.device)
+    chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
+    if symmetric and chunk_i < n:
+        for group_plan, chunk in _symmetric_schedule(engine, x, n, method, isz, held_budget):
+            _symmetric_gram(group_plan, x, theta, chunk, micro, contraction_budget)
+        return theta
     for i0 in range(0, n, chunk_i):
         i1 = min(n, i0 + chunk_i)
         held = plan.hold(x[i0:i1], micro)
@@ -527,14 +636,12 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
         if symmetric:
             plan.contract(held, held, theta[ri0:ri1, ri0:ri1], True, contraction_budget)
             j_start = i1
-        for s in range(j_start, m, step_j):
-            xb = x2[s:min(m, s + step_j)]
+        for s in range(j_start, m, micro):
+            xb = x2[s:min(m, s + micro)]
             rj0, rj1 = s * c, (s + len(xb)) * c
             streamed = plan.hold(xb, micro)
             plan.contract(held, streamed, theta[ri0:ri1, rj0:rj1], False, contraction_budget)
             del streamed  # before the next block is captured
-            if symmetric:
-                theta[rj0:rj1, ri0:ri1] = theta[ri0:ri1, rj0:rj1].T
         del held
     return theta
 
