@@ -41,7 +41,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from scrubnet.curvature.ntk import iter_jacobian_rows, ntk_gram_flops
+from scrubnet.curvature.ntk import DEFAULT_BUDGET, iter_jacobian_rows, ntk_gram_flops
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.models import build_model
 from scrubnet.training import TrainConfig, train_epochs
@@ -103,9 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--classes", type=int, default=5)
     ap.add_argument("--forget", type=int, default=25, help="|D_f| (the last samples of D)")
     ap.add_argument("--size", type=int, default=32, help="image side")
-    ap.add_argument("--memory-budget-mb", type=float, default=None,
-                    help="budget for the Gram buffers (default 5000 MB: the per-row gradients and ghost factors "
-                         "of all 500 samples of the default run fit, so every row is computed once)")
+    ap.add_argument("--memory-budget-mb", type=float, default=DEFAULT_BUDGET / 2**20,
+                    help="budget for the Gram buffers (default: the library's default, 1024 MB)")
     ap.add_argument("--retrain-epochs", type=int, default=30)
     ap.add_argument("--retrain-measure-epochs", type=int, default=3)
     ap.add_argument("--reps", type=int, default=1, help="repeats of the Jacobian pass (median)")
@@ -130,7 +129,7 @@ def main(argv=None) -> int:
     n_r = args.n - args.forget
     p = sum(t.numel() for t in model.parameters() if t.requires_grad)
     rows = args.n * args.classes
-    budget = int((args.memory_budget_mb or 5000) * 2**20)
+    budget = int(args.memory_budget_mb * 2**20)
     print(f"model {args.model} width {args.width}: p = {p:,} parameters; N = {args.n}, c = {args.classes}, "
           f"N·c = {rows} rows; threads {torch.get_num_threads()}; Gram budget {gb(budget)}")
     print(f"dense Jacobian (authors' code, float32): p × N·c × 4 B = {gb(4.0 * p * rows)}")

@@ -270,5 +270,8 @@ def test_snake_order_captures_each_chunk_pair_once(monkeypatch, k):
     ntk_mod._symmetric_gram(plan, x, got, 2, 1, 1 << 20)
     assert len(calls) == 1 + k * (k - 1) // 2
     assert ntk_mod._chunked_passes(k) * k == len(calls)
+    # the schedule's cost model walks the same order: with no layer costs it counts the samples captured
+    bare = ntk_mod._GramPlan(engine, len(x), len(x), "auto", 8, 1 << 30, layers=[], generic=False)
+    assert ntk_mod._schedule_flops(bare, len(x), 2, 1.0, 1 << 20, 8) == sum(calls)
     jac = dense_refs.dense_jacobian(model, x)
     assert torch.allclose(got, jac @ jac.T, rtol=1e-10, atol=1e-10 * float(got.abs().max()))

@@ -463,7 +463,7 @@ class _GramPlan:
         for name, (a_i, g_i) in hi.raw.items():
             lay = lay_by_name[name]
             a_j, g_j = hj.raw[name]
-            step = max(1, int(budget // max(2 * c * lay.numel * a_i.element_size(), 1)))
+            step = _raw_step(lay, c, a_i.element_size(), budget)
             cache: tuple[int, list] | None = None
             for s, e, t, f in pairs(hi.n, hj.n, step):
                 if cache is None or cache[0] != s:
@@ -508,11 +508,53 @@ def _pass_flops(engine: JacobianRows, x1: Tensor, layers: list[_Layer], generic:
     return float(counter.get_total_flops())
 
 
+def _raw_step(lay: _Layer, c: int, itemsize: int, budget: int) -> int:
+    """Samples per block when a held capture's per-row gradients are rebuilt (:meth:`_GramPlan.contract`)."""
+    return max(1, int(budget // max(2 * c * lay.numel * itemsize, 1)))
+
+
+def _schedule_flops(plan: _GramPlan, n: int, chunk: int, pass_flops: float, budget: int, itemsize: int) -> float:
+    """FLOPs a schedule spends beyond the Gram contraction itself (the same in every schedule): captures
+    (``pass_flops`` per sample captured), per-row gradients of "rows" layers built at each capture, and the
+    rebuilds of "raw" layers' per-row gradients, counted by walking the block loops of
+    :func:`_symmetric_gram` and :meth:`_GramPlan.contract`."""
+    eng, c = plan.engine, plan.c
+    sizes = [min(n, s + chunk) - s for s in range(0, n, chunk)]
+    k = len(sizes)
+    # snake: the held chunk h meets every chunk not done yet; the last one streamed is held next
+    captured, done, h = sizes[0], {0}, 0
+    pair_list: list[tuple[int, int]] = []
+    while len(done) < k:
+        todo = [j for j in range(k) if j not in done]
+        for j in todo:
+            pair_list.append((h, j))
+            captured += sizes[j]
+        h = todo[-1]
+        done.add(h)
+    total = pass_flops * captured
+    for lay in plan.layers:
+        per_sample = 2.0 * c * lay.positions * lay.numel      # per-row gradients of one sample
+        kind = plan.storage[lay.name]
+        if kind == "rows":
+            total += per_sample * captured
+        elif kind == "raw":
+            step = _raw_step(lay, c, itemsize, budget)
+            rebuilt = 0
+            for m in sizes:                                     # diagonal blocks: i once, j per block above
+                blocks = [min(m, s + step) - s for s in range(0, m, step)]
+                rebuilt += m + sum(sum(blocks[b + 1:]) for b in range(len(blocks)))
+            for i, j in pair_list:                              # off-diagonal: i once, j once per i-block
+                rebuilt += sizes[i] + -(-sizes[i] // step) * sizes[j]
+            total += per_sample * rebuilt
+    return total
+
+
 def _symmetric_schedule(engine: JacobianRows, x: Tensor, n: int, method: str, itemsize: int,
-                        held_budget: int) -> list[tuple[_GramPlan, int]]:
+                        held_budget: int, contraction_budget: int | None = None) -> list[tuple[_GramPlan, int]]:
     """How to contract a symmetric Gram whose factors do not fit: [(plan of a layer group, chunk size)].
 
-    Two ways, the one with fewer estimated FLOPs of capture wins ("NTK memory" in docs/decisions.md):
+    Two ways; the one with fewer FLOPs beyond the contraction itself wins (:func:`_schedule_flops`:
+    captures, per-row gradients built and rebuilt; "NTK memory" in docs/decisions.md):
     * all layers at once, the samples in chunks: a chunk pair needs both chunks held, so chunks are half
       of what fits, and the snake order of :func:`_symmetric_gram` captures 1 + k(k−1)/2 chunks;
     * layer groups, packed from the output side so that each group's factors of **all** samples fit (a
@@ -521,15 +563,18 @@ def _symmetric_schedule(engine: JacobianRows, x: Tensor, n: int, method: str, it
     Θ is the sum of the groups' Grams (each parameter belongs to exactly one group)."""
     c = engine.num_classes
     x1 = x[:1]
+    budget = held_budget // 3 if contraction_budget is None else contraction_budget
     generic_elems = c * sum(engine.params[k].numel() for k in engine.generic_names)
 
-    def plan_and_chunk(layers, generic):
+    def option(layers, generic):
         plan = _GramPlan(engine, n, n, method, itemsize, held_budget, layers=layers, generic=generic)
         fit = int(held_budget // max(plan.per_sample_bytes, 1))
-        return plan, (n if fit >= n else max(1, fit // 2))
+        chunk = n if fit >= n else max(1, fit // 2)
+        cost = _schedule_flops(plan, n, chunk, _pass_flops(engine, x1, layers, generic), budget, itemsize)
+        return plan, chunk, cost
 
-    whole = plan_and_chunk(engine.layers, True)
-    whole_cost = _pass_flops(engine, x1, engine.layers, True) * _chunked_passes(-(-n // whole[1]))
+    plan, chunk, whole_cost = option(engine.layers, True)
+    whole = [(plan, chunk)]
     # groups from the output side (modules register roughly in forward order)
     capacity = held_budget // (itemsize * n)
     groups: list[list[_Layer]] = []
@@ -545,14 +590,13 @@ def _symmetric_schedule(engine: JacobianRows, x: Tensor, n: int, method: str, it
     if current:
         groups.append(current)
     if len(groups) <= 1:
-        return [whole]
+        return whole
     grouped, grouped_cost = [], 0.0
     for g, layers in enumerate(groups):
-        layers = [lay for lay in engine.layers if lay in layers]   # forward order
-        plan, chunk = plan_and_chunk(layers, g == 0)
+        plan, chunk, cost = option([lay for lay in engine.layers if lay in layers], g == 0)   # forward order
         grouped.append((plan, chunk))
-        grouped_cost += _pass_flops(engine, x1, layers, g == 0) * _chunked_passes(-(-n // chunk))
-    return grouped if grouped_cost < whole_cost else [whole]
+        grouped_cost += cost
+    return grouped if grouped_cost < whole_cost else whole
 
 
 def _symmetric_gram(plan: _GramPlan, x: Tensor, theta: Tensor, chunk: int, micro: int, budget: int) -> None:
@@ -625,7 +669,7 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     theta = torch.zeros(n * c, m * c, dtype=out_dtype, device=x.device)
     chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
     if symmetric and chunk_i < n:
-        for group_plan, chunk in _symmetric_schedule(engine, x, n, method, isz, held_budget):
+        for group_plan, chunk in _symmetric_schedule(engine, x, n, method, isz, held_budget, contraction_budget):
             _symmetric_gram(group_plan, x, theta, chunk, micro, contraction_budget)
         return theta
     for i0 in range(0, n, chunk_i):
