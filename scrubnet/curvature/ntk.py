@@ -17,8 +17,9 @@ What is here
     explicit: Θ_l = G_l G_lᵀ with per-row gradients G_l (rows × numel);
     ghost:    Θ_l[(n,k),(m,k')] = Σ_{s,t} (g_{nks}·g_{mk't}) (ã_{ns}·ã_{mt}),   ã = [a, 1] (bias folded in),
   ghost wins for layers with few positions T (every Linear: T = 1; late conv layers). Every Jacobian row
-  is computed once per held chunk (once in all when the compact factors of x fit in the budget) and the
-  symmetric blocks once ("NTK cost" in docs/decisions.md). :func:`ntk_gram_flops` gives its FLOP floor.
+  is computed once when the compact factors of x fit in the budget, and otherwise once per layer group or
+  per held chunk ("NTK cost" and "NTK memory" in docs/decisions.md); the symmetric blocks are computed
+  once. :func:`ntk_gram_flops` gives its FLOP floor.
 * :func:`ntk_diag_blocks` — the N per-sample c×c blocks J_x diag(v) J_xᵀ (activation covariances).
 * :func:`jacobian_vjp` (Jᵀa: one backward of Σ_i a_i·f(x_i)), :func:`jacobian_jvp` (J v, ``torch.func.jvp``),
   :func:`ntk_matvec` (Θu = J(Jᵀu)) and :func:`solve_gram` / :func:`solve_ntk_cg` (ridge solve by Cholesky
@@ -324,7 +325,7 @@ def _ghost_block(a_i: Tensor, g_i: Tensor, a_j: Tensor, g_j: Tensor, c: int, bud
         e = min(n_i, s + step)
         ka = (a_i[s:e].reshape(-1, a_i.shape[-1]) @ aj.T).reshape(e - s, 1, t, n_j, 1, t)
         kg = (g_i[s * c:e * c].reshape(-1, g_i.shape[-1]) @ gj.T).reshape(e - s, c, t, n_j, c, t)
-        out[s * c:e * c] = (kg * ka).sum(dim=(2, 5)).reshape((e - s) * c, r_j)
+        out[s * c:e * c] = kg.mul_(ka).sum(dim=(2, 5)).reshape((e - s) * c, r_j)   # in place: no second temporary
     return out
 
 
@@ -394,6 +395,18 @@ class _GramPlan:
             else:
                 total += lay.input_numel + c * lay.output_numel
         return total
+
+    def capture_bytes_per_sample(self, itemsize: int) -> int:
+        """Working memory of one sample in :meth:`hold`'s capture of this plan's layers: autograd's saved
+        tensors, the hooked outputs' clones and the c output gradients of the hooked layers, the unfolded
+        input and per-row gradients of the largest layer whose rows are built, the fallback rows."""
+        eng, c = self.engine, self.c
+        built = [lay for lay in self.layers if self.storage[lay.name] in ("rows", "raw")]
+        hooked = sum(lay.calls * (lay.input_numel + lay.output_numel) for lay in self.layers)
+        unf = max([lay.positions * lay.d_in for lay in built] or [0])
+        rows = max([lay.numel for lay in self.layers if self.storage[lay.name] == "rows"] or [0])
+        generic = c * sum(eng.params[k].numel() for k in self.generic_names)
+        return itemsize * (2 * eng.all_outputs_per_sample + hooked + c * hooked + 2 * unf + 2 * c * rows + generic)
 
     def hold(self, x: Tensor, micro: int) -> _Held:
         """Capture every sample of ``x`` once (micro-batches) into preallocated compact factors."""
@@ -645,9 +658,13 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     its per-row gradients and its capture (input, output gradients), the ghost factors for ghost layers —
     sized so that, when it fits in 3/5 of the budget, the whole of x is one chunk and every Jacobian row is
     computed exactly once. The Gram is then contracted layer by layer in blocks from the held factors;
-    symmetric blocks are computed once and mirrored. Only when x does not fit are the samples after a
-    held chunk captured again for that chunk: two chunks of half the size share the held budget, the
-    other samples streamed in chunk-sized blocks; the samples of x2 are streamed in micro-batches.
+    symmetric blocks are computed once and mirrored. When the factors of x do not fit
+    (:func:`_symmetric_schedule`, the cheaper of the two in FLOPs spent outside the contraction):
+    either the layers are split into groups whose factors of all samples fit, each group captured in its
+    own pass whose backward stops at the group's earliest layer, and Θ is the sum of the groups' Grams; or
+    the samples are split into chunks held two at a time in a snake order (the last chunk streamed is the
+    next held, 1 + k(k−1)/2 chunk captures for k chunks). For a cross-Gram (x2 given) the samples of x2
+    are streamed in micro-batches against held chunks of x.
     """
     if method not in ("auto", "explicit", "ghost"):
         raise ValueError(f"method must be 'auto', 'explicit' or 'ghost', got {method!r}")
@@ -670,7 +687,9 @@ def ntk_gram(model: nn.Module, x: Tensor, x2: Tensor | None = None, *,
     chunk_i = max(1, min(n, int(held_budget // max(plan.per_sample_bytes, 1))))
     if symmetric and chunk_i < n:
         for group_plan, chunk in _symmetric_schedule(engine, x, n, method, isz, held_budget, contraction_budget):
-            _symmetric_gram(group_plan, x, theta, chunk, micro, contraction_budget)
+            # micro-batches sized to what this plan's capture holds (≥ the all-layer rule's)
+            group_micro = max(micro, int(memory_budget_bytes // 5 // max(group_plan.capture_bytes_per_sample(isz), 1)))
+            _symmetric_gram(group_plan, x, theta, chunk, group_micro, contraction_budget)
         return theta
     for i0 in range(0, n, chunk_i):
         i1 = min(n, i0 + chunk_i)
