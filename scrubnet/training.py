@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
+from scrubnet.curvature.progress import current_progress
 from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
@@ -216,7 +217,10 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
     device = generator.device
     stopped = False
     epoch = step = 0
+    report = current_progress()
     while True:
+        if report is not None:  # the epoch cap is the bar's total: the time remaining is an upper bound
+            report(f"training epochs (cap {max_epochs})", epoch, max_epochs)
         if on_epoch is not None:
             on_epoch(epoch)
         if stop is not None and stop(epoch):

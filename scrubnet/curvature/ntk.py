@@ -48,6 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.kernels import LayerKernel, func_per_sample_grads, kernel_for
 from scrubnet.curvature.params import trainable_params, unflatten
+from scrubnet.curvature.progress import current_progress
 from scrubnet.curvature.solvers import SolveInfo, cholesky_solve_jitter, conjugate_gradient
 from scrubnet.models import eval_mode
 
@@ -415,9 +416,12 @@ class _GramPlan:
         if self.row_width:
             dtype = next(iter(eng.params.values())).dtype
             held.rows = torch.empty(n * c, self.row_width, dtype=dtype, device=x.device)
+        report = current_progress()
         for s in range(0, n, micro):
             xb = x[s:s + micro]
             lo, hi = s, s + len(xb)
+            if report is not None:
+                report("NTK: Jacobian rows (samples)", s, n)
             cap = eng.capture(xb, layers=self.layers)
             for lay in self.layers:
                 kind = self.storage[lay.name]
@@ -447,6 +451,8 @@ class _GramPlan:
             for sl, r in (eng.generic_rows(xb) if self.generic_names else []):
                 c0, c1 = self.row_cols[sl]
                 held.rows[lo * c:hi * c, c0:c1] = r
+        if report is not None:
+            report("NTK: Jacobian rows (samples)", n, n)
         return held
 
     def contract(self, hi: _Held, hj: _Held, out: Tensor, same: bool, budget: int) -> None:
@@ -468,10 +474,21 @@ class _GramPlan:
             if same and t != s:
                 out[t * c:f * c, s * c:e * c] += blk.T.to(out.dtype)
 
+        report = current_progress()
+        steps = (hi.rows is not None) + len(hi.raw) + len(hi.ghost)
+        done = 0
+
+        def tick():
+            nonlocal done
+            done += 1
+            if report is not None:
+                report("NTK: Gram contraction (layers)", done, steps)
+
         # per-row gradients held side by side: one GEMM per block, symmetric blocks once
         if hi.rows is not None:
             for s, e, t, f in pairs(hi.n, hj.n, max(hi.n, hj.n)):
                 add(s, e, t, f, hi.rows[s * c:e * c] @ hj.rows[t * c:f * c].T)
+            tick()
         # captures: rebuild per-row gradients per block of samples sized to the budget
         for name, (a_i, g_i) in hi.raw.items():
             lay = lay_by_name[name]
@@ -486,6 +503,7 @@ class _GramPlan:
                 for (_, r_i), (_, r_j) in zip(cache[1], rows_j):   # weight, then bias
                     blk = r_i @ r_j.T if blk is None else blk.addmm_(r_i, r_j.T)
                 add(s, e, t, f, blk)
+            tick()
         # ghost rule: input patches unfolded for one layer at a time (transient), output rows as held
         for name, (x_i, g_i) in hi.ghost.items():
             x_j, g_j = hj.ghost[name]
@@ -494,6 +512,7 @@ class _GramPlan:
             for s, e, t, f in pairs(hi.n, hj.n, max(hi.n, hj.n)):
                 add(s, e, t, f, _ghost_block(a_i[s:e], g_i[s * c:e * c], a_j[t:f], g_j[t * c:f * c], c, budget))
             del a_i, a_j
+            tick()
 
 
 def _chunked_passes(k: int) -> float:
@@ -622,11 +641,15 @@ def _symmetric_gram(plan: _GramPlan, x: Tensor, theta: Tensor, chunk: int, micro
     bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
     done = [False] * len(bounds)
     h = 0
+    report, pairs_total, pairs_done = current_progress(), len(bounds) * (len(bounds) + 1) // 2, 0
     held = plan.hold(x[bounds[0][0]:bounds[0][1]], micro)
     while True:
         a0, a1 = bounds[h]
         plan.contract(held, held, theta[a0 * c:a1 * c, a0 * c:a1 * c], True, budget)
         done[h] = True
+        pairs_done += 1
+        if report is not None:
+            report(f"NTK: chunk pairs ({len(plan.layers)} layers)", pairs_done, pairs_total)
         todo = [j for j in range(len(bounds)) if not done[j]]
         if not todo:
             return
@@ -636,6 +659,9 @@ def _symmetric_gram(plan: _GramPlan, x: Tensor, theta: Tensor, chunk: int, micro
             streamed = plan.hold(x[b0:b1], micro)
             plan.contract(held, streamed, theta[a0 * c:a1 * c, b0 * c:b1 * c], False, budget)
             theta[b0 * c:b1 * c, a0 * c:a1 * c] = theta[a0 * c:a1 * c, b0 * c:b1 * c].T
+            pairs_done += 1
+            if report is not None:
+                report(f"NTK: chunk pairs ({len(plan.layers)} layers)", pairs_done, pairs_total)
             if j == todo[-1]:
                 nxt = streamed
             del streamed  # before the next chunk is captured

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from scrubnet.curvature.progress import current_progress
+
 
 @dataclass
 class SolveInfo:
@@ -49,7 +51,10 @@ def conjugate_gradient(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Ten
     rz = torch.sum(r * z)
     res = float(torch.linalg.vector_norm(r)) / b_norm
     it = 0
+    report = current_progress()
     while res > tol and it < max_iter:
+        if report is not None:  # the cap is the bar's total: the time remaining is an upper bound
+            report(f"CG iterations (cap {max_iter})", it, max_iter)
         ap = matvec(p)
         pap = torch.sum(p * ap)
         if pap <= 0:
