@@ -21,7 +21,9 @@ grow with N. Two exact vectorised paths:
   cotangents, vmapped over samples (memory ≈ B·K·p); squared and summed over classes and samples. Works for
   any module.
 * ``method="layerwise"`` (default via "auto") — one batched forward, K backward passes of
-  Σ_i √p_k(x_i) log p_k(x_i) to the layer *outputs* only, and the squared per-sample gradients of the
+  Σ_i √p_k(x_i) log p_k(x_i) to the layer *outputs* only (all K in one batched backward on Linear/BatchNorm
+  nets and on nets small enough for the budget to hold K output gradients of ≥ 64 samples, one plain
+  backward per column otherwise: :func:`batched_columns`), and the squared per-sample gradients of the
   layers covered by the kernel registry (:mod:`scrubnet.curvature.kernels`: Linear, Conv1d/Conv2d, eval-mode
   BatchNorm) from (layer input, output gradient) in closed form ((g²)ᵀa² for Linear, unfold + bmm for
   convolutions, x̂·g for BatchNorm); parameters of any other module (or of a module called twice) go
@@ -323,7 +325,8 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
     """The batch size, class chunk, FLOPs and working memory of :func:`fisher_diag` on ``n`` samples shaped
     like ``x1`` (one sample is run through the model as a probe). The working set
     B·(3·Σ activations + K'·Σ captured output gradients + 2·largest activation·K') + one layer's temporaries
-    (≤ budget/4) + float64 accumulators (8·p) is kept within ``budget_bytes`` by choosing B, then K'."""
+    (≤ budget/4) + float64 accumulators (8·p) is kept within ``budget_bytes`` by choosing K' (K when
+    :func:`batched_columns` says so for the batch that K would leave, else 1), then B."""
     params = trainable_params(model)
     p_count = sum(t.numel() for t in params.values())
     isz = next(iter(params.values())).element_size()
