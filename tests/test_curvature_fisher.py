@@ -232,3 +232,35 @@ def test_position_gram_squared_sums_equal_per_sample_gradients():
     got = k.squared_sums_from_position_gram(conv, a, k.position_gram(conv, g), max_bytes=1)  # 1 sample/chunk
     for name in want:
         assert torch.allclose(got[name], want[name], rtol=1e-10, atol=1e-12), name
+
+
+def test_batched_columns_rule():
+    from scrubnet.curvature.fisher import BATCHED_MIN_BATCH, batched_columns
+    assert batched_columns(BATCHED_MIN_BATCH, 10_000) and not batched_columns(BATCHED_MIN_BATCH - 1, 10_000)
+    assert batched_columns(11, 11) and not batched_columns(10, 11)        # fewer samples than the minimum: all
+    assert not batched_columns(100, 1000, batch_size=101)                 # a given batch must fit too
+    assert batched_columns(100, 1000, batch_size=100)
+
+
+def test_plan_picks_batched_columns_for_small_nets_and_one_column_per_backward_for_a_resnet():
+    from scrubnet.curvature.fisher import plan_fisher
+    small = build_model("cnn2d", (1, 8, 8), 10, seed=0)
+    assert plan_fisher(small, torch.zeros(1, 1, 8, 8), 300).class_chunk == 10
+    assert plan_fisher(small, torch.zeros(1, 1, 8, 8), 300, kind="mc").class_chunk == 1   # one column anyway
+    big = build_model("resnet18", (3, 32, 32), 10, seed=0, width=1.0).eval()
+    p = plan_fisher(big, torch.zeros(1, 3, 32, 32), 256)
+    assert p.class_chunk == 1 and p.batch < 64                             # K·B output gradients do not fit
+
+
+def test_batched_columns_equal_one_column_per_backward_and_the_loop():
+    from scrubnet.curvature.fisher import plan_fisher
+    m = _bn_cnn()
+    x = torch.randn(11, 1, 6, 6, dtype=torch.float64)
+    plans = {b: plan_fisher(m, x[:1], len(x), budget_bytes=b) for b in (2**k for k in range(14, 31))}
+    per_column = next(b for b, p in plans.items() if p.class_chunk == 1)   # tight budget: one column per backward
+    batched = next(b for b, p in plans.items() if p.class_chunk == 3)      # roomy budget: all 3 columns at once
+    assert plans[per_column].batch < 11 and plans[batched].batch == 11
+    ref = fisher_diag_loop(m, x)
+    a = fisher_diag(m, x, budget_bytes=per_column)
+    b = fisher_diag(m, x, budget_bytes=batched)
+    assert _max_rel(a, ref) < 1e-10 and _max_rel(b, ref) < 1e-10 and _max_rel(a, b) < 1e-10

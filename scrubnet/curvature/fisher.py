@@ -21,7 +21,9 @@ grow with N. Two exact vectorised paths:
   cotangents, vmapped over samples (memory ≈ B·K·p); squared and summed over classes and samples. Works for
   any module.
 * ``method="layerwise"`` (default via "auto") — one batched forward, K backward passes of
-  Σ_i √p_k(x_i) log p_k(x_i) to the layer *outputs* only, and the squared per-sample gradients of the
+  Σ_i √p_k(x_i) log p_k(x_i) to the layer *outputs* only (all K in one batched backward on Linear/BatchNorm
+  nets and on nets small enough for the budget to hold K output gradients of ≥ 64 samples, one plain
+  backward per column otherwise: :func:`batched_columns`), and the squared per-sample gradients of the
   layers covered by the kernel registry (:mod:`scrubnet.curvature.kernels`: Linear, Conv1d/Conv2d, eval-mode
   BatchNorm) from (layer input, output gradient) in closed form ((g²)ᵀa² for Linear, unfold + bmm for
   convolutions, x̂·g for BatchNorm); parameters of any other module (or of a module called twice) go
@@ -252,9 +254,12 @@ class FisherPlan:
     activation_elements: float = 0.0   # Σ over backward passes of the activations they touch (elementwise work)
 
 
-def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[int, int, int, int, float, float, int]:
+def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int
+                 ) -> tuple[int, int, int, int, int, float, float, int]:
     """One-sample probe: (Σ leaf outputs, Σ captured outputs, largest leaf output, largest per-sample layer
-    temporary, forward FLOPs, squared-gradient FLOPs over all ``cols`` columns, position-Gram numbers)."""
+    temporary per column of a backward (per-sample gradients: grows with the columns per backward), largest
+    per-sample position-Gram temporary (once per batch, whatever the columns per backward), forward FLOPs,
+    squared-gradient FLOPs over all ``cols`` columns, position-Gram numbers)."""
     leaf_total, leaf_max = [0], [0]
     captured: dict[nn.Module, tuple[tuple, tuple]] = {}
     modules = {m for m, _, _ in plan.values()}
@@ -276,7 +281,7 @@ def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[i
         for h in handles:
             h.remove()
     fwd = float(counter.get_total_flops())
-    cap_total, per_layer, sq_flops, ghost_numel = 0, 0, 0.0, 0
+    cap_total, per_layer, per_gram, sq_flops, ghost_numel = 0, 0, 0, 0.0, 0
     for mod, (ins, outs) in captured.items():
         out_numel = int(math.prod(outs))
         cap_total += out_numel
@@ -287,7 +292,7 @@ def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[i
             if len(ins) > 1 and (t + 1) / 2 < cols:   # position Gram (as _layerwise_batch_sums decides)
                 pairs = t * (t + 1) / 2
                 ghost_numel += d_out * t * t
-                per_layer = max(per_layer, int(pairs * (d_in + d_out) * 2))
+                per_gram = max(per_gram, int(pairs * (d_in + d_out) * 2))
                 sq_flops += cols * 2.0 * t * t * d_out + 2.0 * pairs * (d_in * d_out + d_in)
             elif kern.kind == "linear" and len(ins) == 1:   # (Σ_k g²)ᵀ a²: no per-sample gradients
                 per_layer = max(per_layer, 2 * d_in + 2 * d_out)
@@ -298,7 +303,21 @@ def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int) -> tuple[i
         else:
             per_layer = max(per_layer, 2 * int(math.prod(ins)) + 2 * numel)
             sq_flops += cols * 4.0 * out_numel
-    return leaf_total[0], cap_total, leaf_max[0], per_layer, fwd, sq_flops, ghost_numel
+    return leaf_total[0], cap_total, leaf_max[0], per_layer, per_gram, fwd, sq_flops, ghost_numel
+
+
+# the batched-columns path needs the budget to hold the output gradients of every column for this many samples
+# (or all of them): below it the batch is too small to amortise the K-fold larger working set
+BATCHED_MIN_BATCH = 64
+
+
+def batched_columns(max_batch: int, n: int, batch_size: int | None = None) -> bool:
+    """The rule of :func:`plan_fisher` for nets with convolutions: back-propagate all K columns in one batched
+    backward when the budget fits ``max_batch`` samples with every column's output gradients alive and that is
+    at least min(BATCHED_MIN_BATCH, n) (and a given ``batch_size`` fits too); else one column per backward."""
+    if max_batch < min(BATCHED_MIN_BATCH, n):
+        return False
+    return batch_size is None or batch_size <= max_batch
 
 
 def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", method: str = "auto",
@@ -306,7 +325,8 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
     """The batch size, class chunk, FLOPs and working memory of :func:`fisher_diag` on ``n`` samples shaped
     like ``x1`` (one sample is run through the model as a probe). The working set
     B·(3·Σ activations + K'·Σ captured output gradients + 2·largest activation·K') + one layer's temporaries
-    (≤ budget/4) + float64 accumulators (8·p) is kept within ``budget_bytes`` by choosing B, then K'."""
+    (≤ budget/4) + float64 accumulators (8·p) is kept within ``budget_bytes`` by choosing K' (K when
+    :func:`batched_columns` says so for the batch that K would leave, else 1), then B."""
     params = trainable_params(model)
     p_count = sum(t.numel() for t in params.values())
     isz = next(iter(params.values())).element_size()
@@ -316,7 +336,8 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
         with torch.no_grad():
             classes = int(model(x1[:1]).shape[-1])
         cols = classes if kind == "true" else 1
-        leaf_total, cap_total, leaf_max, per_layer, fwd, sq, ghost_numel = _layer_stats(model, plan, x1[:1], cols)
+        leaf_total, cap_total, leaf_max, per_layer, per_gram, fwd, sq, ghost_numel = _layer_stats(
+            model, plan, x1[:1], cols)
     p_rest = sum(params[k].numel() for k in rest)
     acc_bytes = 8 * p_count
     layer_budget = max(1, budget_bytes // 4)
@@ -327,10 +348,13 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
 
     # Linear/BN-only nets keep the earlier releases' single batched backward over all columns and their batch
     # (B·p ≤ 8 Mi terms per float32 partial sum) within the budget: the default experiment's Fisher stays
-    # bit-identical. Other nets: one column per plain backward (faster on CPU than a batched one, and the
-    # output gradients of one column only are alive).
+    # bit-identical. Other nets: all columns in one batched backward when the budget holds the output
+    # gradients of every column for a large enough batch (≥ BATCHED_MIN_BATCH samples, or all n): small nets,
+    # where one plain backward per column is dominated by per-call overhead and small GEMMs; otherwise one
+    # column per plain backward (on a large net faster on CPU than a batched one, and the output gradients of
+    # one column only are alive). "Fisher at scale" in docs/decisions.md.
     linear_only = not rest and all(k.kind in ("linear", "bn") for _, _, k in plan.values())
-    kc = cols if linear_only else 1
+    kc = cols if linear_only or batched_columns(work // per_sample(cols), n, batch_size) else 1
     if batch_size is None:
         batch_size = work // per_sample(kc)
         if linear_only:
@@ -339,7 +363,7 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-    per_layer_bytes = min(layer_budget, isz * per_layer * batch_size * kc)
+    per_layer_bytes = min(layer_budget, isz * batch_size * max(per_layer * kc, per_gram))
     peak = batch_size * per_sample(kc) + per_layer_bytes + acc_bytes
     # FLOPs per sample: forward, one backward to the layer inputs per column (≈ a forward each), squared
     # per-sample gradients per column; the fallback: a VJP (≈ 3 forwards) per column

@@ -39,7 +39,10 @@ from scrubnet.training import TrainConfig
 # achieved FLOP rate / float32 GEMM rate, one thread (measured: "Cost model" in docs/decisions.md)
 EFFICIENCY = {"fisher": 0.7, "ntk": 0.35, "train": 0.30, "newton": 0.30}
 # memory-bound elementwise work (BatchNorm, ReLU, sums, forward and backward) per activation element touched,
-# in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md)
+# in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md). The
+# batched-columns path (all K columns per backward, small nets) fits 775–850 on the first call in a fresh
+# process (what tests/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
+# so one constant serves both paths; after a first call the batched path runs at ≈ 550.
 ELEMENTWISE_FLOP_EQUIV = 800.0
 
 
