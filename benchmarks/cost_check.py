@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -35,12 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {"mlp": ("mlp", (40,), 5, {}),
             "resnet": ("resnet18", (3, 16, 16), 10, {"width": 0.25})}
 
+# which EFFICIENCY constant each case's time mostly depends on (NTK-CG: its VJP/JVP products run at Newton's)
+KIND = {"retrain": "train", "finetune": "train", "newton": "newton", "ntk-cg": "newton", "ntk": "ntk",
+        "fisher": "fisher"}
+
 # (method, family, N, fixed work): two sizes per method and family, each run well under a minute
 CASES = [
-    ("retrain", "mlp", 2000, {"epochs": 5}), ("retrain", "mlp", 8000, {"epochs": 5}),
-    ("retrain", "resnet", 64, {"epochs": 2}), ("retrain", "resnet", 256, {"epochs": 2}),
-    ("finetune", "mlp", 2000, {"epochs": 5}), ("finetune", "mlp", 8000, {"epochs": 5}),
-    ("finetune", "resnet", 64, {"epochs": 2}), ("finetune", "resnet", 256, {"epochs": 2}),
+    ("retrain", "mlp", 2000, {"epochs": 10}), ("retrain", "mlp", 8000, {"epochs": 10}),
+    ("retrain", "resnet", 64, {"epochs": 4}), ("retrain", "resnet", 256, {"epochs": 4}),
+    ("finetune", "mlp", 2000, {"epochs": 10}), ("finetune", "mlp", 8000, {"epochs": 10}),
+    ("finetune", "resnet", 64, {"epochs": 4}), ("finetune", "resnet", 256, {"epochs": 4}),
     ("newton", "mlp", 1000, {"max_iter": 10}), ("newton", "mlp", 4000, {"max_iter": 10}),
     ("newton", "resnet", 64, {"max_iter": 5}), ("newton", "resnet", 128, {"max_iter": 5}),
     ("ntk", "mlp", 300, {}), ("ntk", "mlp", 1000, {}),
@@ -119,7 +124,7 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     if method == "ntk-cg":
         est_method, opts = "ntk", {"solver": "cg", **work}
     if method == "retrain":
-        opts = {}                                       # estimated at the config's epoch cap
+        opts = {"mode": "remove"}                       # at the config's epoch cap, over D_r
     est = estimate(model, n_r, n_f, method=est_method, num_classes=c, in_shape=shape, config=cfg, **opts)
     rate = matmul_rate()
     with open("/proc/self/clear_refs", "w") as f:
@@ -172,6 +177,14 @@ def main(argv=None) -> None:
     for method in dict.fromkeys(r["method"] for r in rows):
         ratios = [r["ratio"] for r in rows if r["method"] == method]
         print(f"ratio_{method}: {statistics.median(ratios):.3g}  (cases: {', '.join(f'{q:.2f}' for q in ratios)})")
+    print()
+    from scrubnet.methods.cost import EFFICIENCY
+    for kind in dict.fromkeys(KIND[r["method"]] for r in rows):
+        logs = [math.log(r["ratio"]) for r in rows if KIND[r["method"]] == kind]
+        gm = math.exp(sum(logs) / len(logs))   # least squared log-ratio: divide the efficiency by the geometric mean
+        spread = math.exp(max(abs(q - math.log(gm)) for q in logs))
+        print(f"fit: EFFICIENCY[{kind!r}] = {EFFICIENCY[kind]:.3g} → {EFFICIENCY[kind] / gm:.3g} (geometric mean "
+              f"ratio {gm:.3g}; after the fit every case within {spread:.2f}× of its estimate)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
