@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -141,6 +142,18 @@ def forward_flops(model: nn.Module, x1: Tensor) -> float:
     """FLOPs of one sample's forward pass (matmuls and convolutions), eval mode."""
     with eval_mode(model), torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x1[:1])
+    return float(counter.get_total_flops())
+
+
+def train_step_flops(model: nn.Module, x1: Tensor) -> float:
+    """FLOPs of one sample's training step: the forward, and the backward of its cross-entropy to every
+    trainable parameter (matmuls and convolutions; the input's gradient is not computed, as in training),
+    eval mode; the model's ``.grad`` and buffers are left untouched."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    with eval_mode(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        out = model(x1[:1])
+        target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
+        torch.autograd.grad(F.cross_entropy(out, target), params, allow_unused=True)
     return float(counter.get_total_flops())
 
 
@@ -289,12 +302,11 @@ def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: f
 
 
 def _train_cost(model, x1, n_train: int, epochs: int, config, eval_forwards: float = 0.0) -> CostEstimate:
-    """``epochs`` SGD epochs over ``n_train`` samples, each a forward + backward (≈ 3 forwards) and an optimiser
-    step, at the training efficiency; plus ``eval_forwards`` forward passes over them without autograd in
+    """``epochs`` SGD epochs over ``n_train`` samples, each a forward + backward (:func:`train_step_flops`) and
+    an optimiser step, at the training efficiency; plus ``eval_forwards`` forward passes over them without autograd in
     large batches (the error checks), which run like the batched products of Newton, at its efficiency."""
-    fwd = forward_flops(model, x1)
-    steps = epochs * n_train * 3.0 * fwd
-    evals = eval_forwards * n_train * fwd
+    steps = epochs * n_train * train_step_flops(model, x1)
+    evals = eval_forwards * n_train * forward_flops(model, x1)
     batch = min(int(config.batch_size), max(n_train, 1))
     peak = 4 * _params(model) * 3 + batch * 3 * 4 * activation_numel_per_sample(model, x1)
     return CostEstimate("train", steps + evals, _seconds(steps, "train") + _seconds(evals, "newton"), int(peak),
