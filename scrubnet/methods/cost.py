@@ -44,10 +44,15 @@ from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
 # benchmarks/cost_check.py ("Cost model" in docs/decisions.md): "train" = SGD steps (forward + backward +
 # optimiser, batch 128); "newton" = batched matrix-free passes (Newton's GGN products, NTK's VJP/JVP and CG
 # products, no-grad evaluation forwards); "ntk" = the NTK Gram and its float64 Cholesky factorisations
-EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.43, "newton": 0.52}
+EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.58, "newton": 0.57}
 # memory-bound elementwise work (BatchNorm, ReLU, sums, forward and backward) per activation element touched,
 # in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md)
 ELEMENTWISE_FLOP_EQUIV = 800.0
+# per-step overhead of the training loop (Python, the per-tensor optimiser update and L2 pull, autograd
+# bookkeeping) per trainable parameter tensor per optimiser step, in GEMM-FLOP equivalents: measured at batch
+# sizes 1–2 where the FLOPs are negligible, 0.14–0.23 ms per tensor per step at a 75 GFLOP/s GEMM rate on
+# the MLP, a 2-D CNN and the ResNet-18 ×0.25 (decisions.md); half the MLP's time per step at batch 128
+STEP_OVERHEAD_FLOP_EQUIV = 1.2e7
 # memory-bound work per entry of the NTK's float64 Grams (Θ over D and its block over D_r) in the Cholesky
 # solves, in GEMM-FLOP equivalents: the identity and ridge-shifted copy, the factor's allocation, the two
 # triangular solves and the residual product. Measured by profiling the MLP at N = 1,000 (5,000 Gram rows):
@@ -303,14 +308,19 @@ def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: f
 
 def _train_cost(model, x1, n_train: int, epochs: int, config, eval_forwards: float = 0.0) -> CostEstimate:
     """``epochs`` SGD epochs over ``n_train`` samples, each a forward + backward (:func:`train_step_flops`) and
-    an optimiser step, at the training efficiency; plus ``eval_forwards`` forward passes over them without autograd in
+    an optimiser step, at the training efficiency, plus :data:`STEP_OVERHEAD_FLOP_EQUIV` per parameter tensor
+    per optimiser step (batches of ``config.batch_size``); plus ``eval_forwards`` forward passes over them without autograd in
     large batches (the error checks), which run like the batched products of Newton, at its efficiency."""
     steps = epochs * n_train * train_step_flops(model, x1)
     evals = eval_forwards * n_train * forward_flops(model, x1)
     batch = min(int(config.batch_size), max(n_train, 1))
+    n_steps = epochs * -(-n_train // batch)
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    overhead = STEP_OVERHEAD_FLOP_EQUIV * tensors * n_steps / matmul_rate(_DEVICE[0])
     peak = 4 * _params(model) * 3 + batch * 3 * 4 * activation_numel_per_sample(model, x1)
-    return CostEstimate("train", steps + evals, _seconds(steps, "train") + _seconds(evals, "newton"), int(peak),
-                        float(epochs), {"epochs": epochs, "train_samples": n_train, "eval_flops": evals})
+    return CostEstimate("train", steps + evals, _seconds(steps, "train") + _seconds(evals, "newton") + overhead,
+                        int(peak), float(epochs), {"epochs": epochs, "train_samples": n_train, "eval_flops": evals,
+                                                   "optimiser_steps": n_steps, "step_overhead_seconds": overhead})
 
 
 @register_cost("retrain")
