@@ -249,8 +249,10 @@ def ntk_cost(model, x1, n_r, n_f, c, config, *, memory_budget_bytes: int = NTK_B
     the budget) every iteration is one VJP + one JVP over D and over D_r, ``cg_max_iter`` at most (upper
     bound; exactly that many when the tolerance is not reached). The Gram and the factorisations run at the
     NTK efficiency, plus :data:`GRAM_ENTRY_FLOP_EQUIV` per Gram entry for the solves' memory-bound work; the
-    VJP/JVP passes are batched forward/backward products like Newton's and run at its efficiency. Peak: the float64 Gram, its Cholesky copy and factor (3·8·(Nc)²) plus the Gram's buffer
-    budget. ntk-fisher adds the Fisher diagonal at the scrubbed point."""
+    VJP/JVP passes are batched forward/backward products like Newton's and run at its efficiency. Peak: the
+    float64 Gram, its Cholesky copy and factor (3·8·(Nc)²) plus the Gram's buffer budget (an upper bound: the
+    solves hold ≈ 5 Grams at once, fewer than 3 Grams + the budget since a Gram is at most half the budget on
+    this path). ntk-fisher adds the Fisher diagonal at the scrubbed point."""
     n = n_r + n_f
     rows, rows_r = n * c, n_r * c
     fwd = forward_flops(model, x1)
@@ -309,8 +311,9 @@ def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: f
 def _train_cost(model, x1, n_train: int, epochs: int, config, eval_forwards: float = 0.0) -> CostEstimate:
     """``epochs`` SGD epochs over ``n_train`` samples, each a forward + backward (:func:`train_step_flops`) and
     an optimiser step, at the training efficiency, plus :data:`STEP_OVERHEAD_FLOP_EQUIV` per parameter tensor
-    per optimiser step (batches of ``config.batch_size``); plus ``eval_forwards`` forward passes over them without autograd in
-    large batches (the error checks), which run like the batched products of Newton, at its efficiency."""
+    per optimiser step (batches of ``config.batch_size``); plus ``eval_forwards`` forward passes over them
+    without autograd in large batches (the error checks), which run like Newton's batched products, at its
+    efficiency."""
     steps = epochs * n_train * train_step_flops(model, x1)
     evals = eval_forwards * n_train * forward_flops(model, x1)
     batch = min(int(config.batch_size), max(n_train, 1))
