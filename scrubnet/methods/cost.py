@@ -16,8 +16,10 @@ through :class:`torch.utils.flop_counter.FlopCounterMode`), N and c and the meth
 
 :func:`check_budget` refuses (``BudgetExceeded``, a ``ValueError``) an estimate over ``max_seconds`` or
 ``max_bytes`` with the estimate in the message; the CLI's ``--max-seconds`` / ``--memory`` and ``--dry-run``
-use these before any work. Methods with an open-ended training loop (``retrain``, ``finetune`` …) are
-estimated at their epoch cap (an upper bound).
+use these before any work. Open-ended methods are estimated at their caps (upper bounds): ``retrain`` at the
+config's ``max_epochs``, Newton at ``max_iter`` CG iterations, NTK-CG at ``cg_max_iter``; the fine-tuning
+baselines run a fixed number of epochs (``epochs``, default the protocol's 10). ``benchmarks/cost_check.py``
+measures each estimate at a fixed amount of work.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -34,16 +37,30 @@ from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, pla
 from scrubnet.curvature.ntk import DEFAULT_BUDGET as NTK_BUDGET, activation_numel_per_sample, gram_bytes, \
     ntk_gram_flops
 from scrubnet.models import eval_mode
-from scrubnet.training import TrainConfig
+from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
+from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
 
-# achieved FLOP rate / float32 GEMM rate, one thread (measured: "Cost model" in docs/decisions.md)
-EFFICIENCY = {"fisher": 0.7, "ntk": 0.35, "train": 0.30, "newton": 0.30}
+# achieved FLOP rate / float32 GEMM rate, one thread, fitted by least squared log-ratio on the cases of
+# benchmarks/cost_check.py ("Cost model" in docs/decisions.md): "train" = SGD steps (forward + backward +
+# optimiser, batch 128); "newton" = batched matrix-free passes (Newton's GGN products, NTK's VJP/JVP and CG
+# products, no-grad evaluation forwards); "ntk" = the NTK Gram and its float64 Cholesky factorisations
+EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.58, "newton": 0.57}
 # memory-bound elementwise work (BatchNorm, ReLU, sums, forward and backward) per activation element touched,
 # in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md). The
 # batched-columns path (all K columns per backward, small nets) fits 775–850 on the first call in a fresh
 # process (what tests/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
 # so one constant serves both paths; after a first call the batched path runs at ≈ 550.
 ELEMENTWISE_FLOP_EQUIV = 800.0
+# per-step overhead of the training loop (Python, the per-tensor optimiser update and L2 pull, autograd
+# bookkeeping) per trainable parameter tensor per optimiser step, in GEMM-FLOP equivalents: measured at batch
+# sizes 1–2 where the FLOPs are negligible, 0.14–0.23 ms per tensor per step at a 75 GFLOP/s GEMM rate on
+# the MLP, a 2-D CNN and the ResNet-18 ×0.25 (decisions.md); half the MLP's time per step at batch 128
+STEP_OVERHEAD_FLOP_EQUIV = 1.2e7
+# memory-bound work per entry of the NTK's float64 Grams (Θ over D and its block over D_r) in the Cholesky
+# solves, in GEMM-FLOP equivalents: the identity and ridge-shifted copy, the factor's allocation, the two
+# triangular solves and the residual product. Measured by profiling the MLP at N = 1,000 (5,000 Gram rows):
+# 1.0 s of the solves' 3.2 s CPU time outside the factorisations (decisions.md)
+GRAM_ENTRY_FLOP_EQUIV = 1800.0
 
 
 @dataclass
@@ -136,6 +153,18 @@ def forward_flops(model: nn.Module, x1: Tensor) -> float:
     return float(counter.get_total_flops())
 
 
+def train_step_flops(model: nn.Module, x1: Tensor) -> float:
+    """FLOPs of one sample's training step: the forward, and the backward of its cross-entropy to every
+    trainable parameter (matmuls and convolutions; the input's gradient is not computed, as in training),
+    eval mode; the model's ``.grad`` and buffers are left untouched."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    with eval_mode(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        out = model(x1[:1])
+        target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
+        torch.autograd.grad(F.cross_entropy(out, target), params, allow_unused=True)
+    return float(counter.get_total_flops())
+
+
 _DEVICE: list[torch.device] = [torch.device("cpu")]   # the device of the model being estimated
 
 
@@ -221,28 +250,36 @@ def ntk_cost(model, x1, n_r, n_f, c, config, *, memory_budget_bytes: int = NTK_B
     :func:`~scrubnet.curvature.ntk.ntk_gram_flops`), two float64 Cholesky factorisations ((Nc)³/3 and
     (N_r c)³/3), the JVP of the w_0 pull and two VJPs (≈ 3 forwards each over D). With CG (Gram over half
     the budget) every iteration is one VJP + one JVP over D and over D_r, ``cg_max_iter`` at most (upper
-    bound). Peak: the float64 Gram, its Cholesky copy and factor (3·8·(Nc)²) plus the Gram's buffer budget.
-    ntk-fisher adds the Fisher diagonal at the scrubbed point."""
+    bound; exactly that many when the tolerance is not reached). The Gram and the factorisations run at the
+    NTK efficiency, plus :data:`GRAM_ENTRY_FLOP_EQUIV` per Gram entry for the solves' memory-bound work; the
+    VJP/JVP passes are batched forward/backward products like Newton's and run at its efficiency. Peak: the
+    float64 Gram, its Cholesky copy and factor (3·8·(Nc)²) plus the Gram's buffer budget (an upper bound: the
+    solves hold ≈ 5 Grams at once, fewer than 3 Grams + the budget since a Gram is at most half the budget on
+    this path). ntk-fisher adds the Fisher diagonal at the scrubbed point."""
     n = n_r + n_f
     rows, rows_r = n * c, n_r * c
     fwd = forward_flops(model, x1)
     solver = ntk_solver(rows, memory_budget_bytes, solver)
     vjp = 3.0 * fwd
     passes = 3.0 + (1.0 if pull == "w0" else 0.0)
-    flops = n * vjp * (passes - 1.0) + n * fwd
-    peak = 0
+    products = n * vjp * (passes - 1.0) + n * fwd
+    gram = 0.0
     if solver == "cholesky":
         g = ntk_gram_flops(model, x1, n)
-        flops += g["total"] + (rows ** 3 + rows_r ** 3) / 3.0
+        gram = g["total"] + (rows ** 3 + rows_r ** 3) / 3.0
         passes += c
         peak = 3 * gram_bytes(rows) + memory_budget_bytes
     else:
-        flops += cg_max_iter * 2.0 * vjp * (n + n_r)
+        products += cg_max_iter * 2.0 * vjp * (n + n_r)
         passes += 2.0 * cg_max_iter * 2
         peak = memory_budget_bytes // 4 + 8 * 4 * _params(model)
-    est = CostEstimate("ntk", flops, _seconds(flops, "ntk"), int(peak), passes,
-                       {"solver": solver, "gram_rows": rows, "gram_bytes": gram_bytes(rows)})
-    return est
+    flops = gram + products
+    seconds = _seconds(gram, "ntk") + _seconds(products, "newton")
+    if solver == "cholesky":
+        seconds += GRAM_ENTRY_FLOP_EQUIV * (rows ** 2 + rows_r ** 2) / matmul_rate(_DEVICE[0])
+    return CostEstimate("ntk", flops, seconds, int(peak), passes,
+                        {"solver": solver, "gram_rows": rows, "gram_bytes": gram_bytes(rows),
+                         "gram_flops": gram, "product_flops": products})
 
 
 @register_cost("ntk-fisher")
@@ -257,8 +294,10 @@ def ntk_fisher_cost(model, x1, n_r, n_f, c, config, **options) -> CostEstimate:
 def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: float = 0.0,
                 batch_size: int = 512, **_options) -> CostEstimate:
     """Newton step by CG on the Gauss–Newton/Hessian of the retain loss: one gradient pass, then at most
-    ``max_iter`` GGN-vector products over D_r (each ≈ a JVP + a VJP ≈ 2 forward+backward passes; upper
-    bound), plus the Fisher diagonal when ``alpha`` > 0 (noise)."""
+    ``max_iter`` GGN-vector products over D_r (each ≈ a JVP + a VJP ≈ 2 forward+backward passes; exactly
+    ``max_iter`` when CG does not reach its tolerance), plus the Fisher diagonal when ``alpha`` > 0 (noise).
+    One solve: the default "lm" safeguard re-solves with more damping when the step fails its ratio test (at
+    most 6 more solves), which this bound does not count."""
     fwd = forward_flops(model, x1)
     fb = 3.0 * fwd
     flops = n_r * fb * (1 + 2.0 * max_iter)
@@ -272,17 +311,46 @@ def newton_cost(model, x1, n_r, n_f, c, config, *, max_iter: int = 300, alpha: f
     return CostEstimate("newton", flops, _seconds(flops, "newton"), int(peak), passes, {"max_iter": max_iter})
 
 
-@register_cost("retrain", "finetune", "neggrad", "randomlabels")
-def training_cost(model, x1, n_r, n_f, c, config, *, epochs: int | None = None, **_options) -> CostEstimate:
-    """SGD epochs over the set the method trains on (D_r; D_f for neggrad/randomlabels), each sample a
-    forward + backward (≈ 3 forwards); at the config's epoch cap unless ``epochs`` is given (upper bound)."""
-    fwd = forward_flops(model, x1)
-    ep = int(epochs if epochs is not None else config.max_epochs)
-    n = n_r
-    flops = ep * n * 3.0 * fwd
-    batch = min(int(config.batch_size), max(n, 1))
+def _train_cost(model, x1, n_train: int, epochs: int, config, eval_forwards: float = 0.0) -> CostEstimate:
+    """``epochs`` SGD epochs over ``n_train`` samples, each a forward + backward (:func:`train_step_flops`) and
+    an optimiser step, at the training efficiency, plus :data:`STEP_OVERHEAD_FLOP_EQUIV` per parameter tensor
+    per optimiser step (batches of ``config.batch_size``); plus ``eval_forwards`` forward passes over them
+    without autograd in large batches (the error checks), which run like Newton's batched products, at its
+    efficiency."""
+    steps = epochs * n_train * train_step_flops(model, x1)
+    evals = eval_forwards * n_train * forward_flops(model, x1)
+    batch = min(int(config.batch_size), max(n_train, 1))
+    n_steps = epochs * -(-n_train // batch)
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    overhead = STEP_OVERHEAD_FLOP_EQUIV * tensors * n_steps / matmul_rate(_DEVICE[0])
     peak = 4 * _params(model) * 3 + batch * 3 * 4 * activation_numel_per_sample(model, x1)
-    return CostEstimate("train", flops, _seconds(flops, "train"), int(peak), float(ep), {"epochs": ep})
+    return CostEstimate("train", steps + evals, _seconds(steps, "train") + _seconds(evals, "newton") + overhead,
+                        int(peak), float(epochs), {"epochs": epochs, "train_samples": n_train, "eval_flops": evals,
+                                                   "optimiser_steps": n_steps, "step_overhead_seconds": overhead})
+
+
+@register_cost("retrain")
+def retrain_cost(model, x1, n_r, n_f, c, config, *, mode: str | None = None, **_options) -> CostEstimate:
+    """Retrain from w_0 (:func:`scrubnet.training.retrain`): at the config's epoch cap ``max_epochs`` (upper
+    bound: training stops ``extra_epochs`` after zero training error), over D (mode "replace", the default:
+    forgotten samples replaced by retained ones) or D_r ("remove"); the stopping rule evaluates the training
+    error after every epoch (one forward over the set), and the final loss is one more forward."""
+    ep = int(config.max_epochs)
+    n = n_r if (mode or DEFAULT_RETRAIN_MODE) == "remove" else n_r + n_f
+    return _train_cost(model, x1, n, ep, config, eval_forwards=ep + 1.0)
+
+
+@register_cost("finetune")
+def finetune_cost(model, x1, n_r, n_f, c, config, *, epochs: int | None = None, **_options) -> CostEstimate:
+    """Finetune: ``epochs`` epochs on D_r (default the protocol recipe's :data:`PROTOCOL_BASELINE_EPOCHS`, the
+    number the method runs: a fixed count, not a cap)."""
+    return _train_cost(model, x1, n_r, int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs), config)
+
+
+@register_cost("neggrad", "randomlabels")
+def relabel_cost(model, x1, n_r, n_f, c, config, *, epochs: int | None = None, **_options) -> CostEstimate:
+    """NegGrad / Random labels: ``epochs`` epochs (default :data:`PROTOCOL_BASELINE_EPOCHS`) on all of D."""
+    return _train_cost(model, x1, n_r + n_f, int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs), config)
 
 
 @register_cost("original", "hiding")

@@ -1,0 +1,193 @@
+"""The cost model (``scrubnet.estimate``) against measured CPU time and memory, per method, on small sizes.
+
+    python benchmarks/cost_check.py [--only retrain,newton] [--family mlp] [--timeout 170]
+
+For each method (retrain, finetune, newton, ntk with Cholesky, ntk with CG, and the Fisher diagonal — the
+reference the Fisher constants were fitted on) on two model families (the default experiment's MLP
+40-256-256-5, and a BatchNorm ResNet-18 at width 0.25 on 3×16×16 inputs with 10 classes) and two sizes N
+each, one fresh process per case: build the model and random data (|D_f| = N/10), run the method once on a
+few samples (first-call set-up: thread pools, allocator, autograd kernels), then run it on the full data and
+report its process CPU time (one torch thread) and the growth of the resident high-water mark over the
+resident size just before it (``/proc/self/clear_refs``). The estimate is made in the same process just before
+the measured run, so the GEMM rate it divides by was measured under the same machine load.
+
+Open-ended methods are estimated at their caps, so each case fixes the amount of work and gives the estimate
+the same count: training at a fixed number of epochs (retrain: ``max_epochs`` with a stopping rule that cannot
+fire on random labels; finetune: ``epochs``), Newton at ``max_iter`` CG iterations with a tolerance it cannot
+reach and no safeguard (one solve; the measured run checks the iteration count), NTK-CG at ``cg_max_iter``.
+
+Prints one line per case (measured, estimated, ratio measured/estimated for seconds and for peak memory) and
+per method ``ratio_<method>: <median over its cases of measured/estimated seconds>``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAMILIES = {"mlp": ("mlp", (40,), 5, {}),
+            "resnet": ("resnet18", (3, 16, 16), 10, {"width": 0.25})}
+
+# which EFFICIENCY constant each case's time mostly depends on (NTK-CG: its VJP/JVP products run at Newton's)
+KIND = {"retrain": "train", "finetune": "train", "newton": "newton", "ntk-cg": "newton", "ntk": "ntk",
+        "fisher": "fisher"}
+
+# (method, family, N, fixed work): two sizes per method and family, each run well under a minute
+CASES = [
+    ("retrain", "mlp", 2000, {"epochs": 10}), ("retrain", "mlp", 8000, {"epochs": 10}),
+    ("retrain", "resnet", 64, {"epochs": 4}), ("retrain", "resnet", 256, {"epochs": 4}),
+    ("finetune", "mlp", 2000, {"epochs": 10}), ("finetune", "mlp", 8000, {"epochs": 10}),
+    ("finetune", "resnet", 64, {"epochs": 4}), ("finetune", "resnet", 256, {"epochs": 4}),
+    ("newton", "mlp", 1000, {"max_iter": 10}), ("newton", "mlp", 4000, {"max_iter": 10}),
+    ("newton", "resnet", 64, {"max_iter": 5}), ("newton", "resnet", 128, {"max_iter": 5}),
+    ("ntk", "mlp", 300, {}), ("ntk", "mlp", 1000, {}),
+    ("ntk", "resnet", 32, {}), ("ntk", "resnet", 96, {}),
+    ("ntk-cg", "mlp", 1000, {"cg_max_iter": 5}), ("ntk-cg", "mlp", 4000, {"cg_max_iter": 5}),
+    ("ntk-cg", "resnet", 32, {"cg_max_iter": 3}), ("ntk-cg", "resnet", 96, {"cg_max_iter": 3}),
+    ("fisher", "mlp", 2000, {}), ("fisher", "mlp", 8000, {}),
+    ("fisher", "resnet", 32, {}), ("fisher", "resnet", 64, {}),
+]
+
+
+def _kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def run_case(method: str, family: str, n: int, work: dict) -> dict:
+    """One case in this process: warm-up, estimate, measured run. Returns measured and estimated figures."""
+    import torch
+    torch.set_num_threads(1)
+    from scrubnet.curvature.fisher import fisher_diag
+    from scrubnet.methods import get_method
+    from scrubnet.methods.base import ForgetContext
+    from scrubnet.methods.cost import estimate, matmul_rate
+    from scrubnet.models import build_model
+    from scrubnet.training import TrainConfig
+
+    name, shape, c, kw = FAMILIES[family]
+    model = build_model(name, shape, c, seed=0, **kw).eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, *shape, generator=g)
+    y = torch.randint(c, (n,), generator=g)
+    n_f = max(1, n // 10)
+    n_r = n - n_f
+    retain, forget = (x[:n_r], y[:n_r]), (x[n_r:], y[n_r:])
+    w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def job(ret, fgt, warm: bool):
+        """The method's work on (ret, fgt); returns the count of iterations/epochs it ran (None: fixed)."""
+        if method == "fisher":
+            fisher_diag(model, ret[0])
+            return None
+        if method == "retrain":
+            # random labels: the zero-error stopping rule never fires, so exactly max_epochs epochs run
+            cfg = TrainConfig(max_epochs=1 if warm else work["epochs"])
+            ctx = ForgetContext(w0=w0, config=cfg, num_classes=c, start=model, retrain_mode="remove")
+            get_method("retrain", mode="remove")(model, ret, fgt, ctx)
+            return cfg.max_epochs
+        ctx = ForgetContext(w0=w0, config=TrainConfig(), num_classes=c)
+        if method == "finetune":
+            ep = 1 if warm else work["epochs"]
+            get_method("finetune", epochs=ep)(model, ret, fgt, ctx)
+            return ep
+        if method == "newton":
+            it = 1 if warm else work["max_iter"]
+            res = get_method("newton", max_iter=it, tol=1e-30, safeguard="none", retain_loss_tolerance=None,
+                             retain_error_tolerance=None)(model, ret, fgt, ctx)
+            return int(res.info["newton_cg_iterations"])
+        if method == "ntk":
+            res = get_method("ntk")(model, ret, fgt, ctx)
+            assert res.info["solver_cg"] == 0.0, "expected the Cholesky path"
+            return None
+        if method == "ntk-cg":
+            it = 1 if warm else work["cg_max_iter"]
+            res = get_method("ntk", solver="cg", cg_max_iter=it, cg_tol=1e-30)(model, ret, fgt, ctx)
+            return int(res.info["solve_full_iterations"])
+        raise ValueError(method)
+
+    k = min(n_r, 8)
+    job((retain[0][:k], retain[1][:k]), (forget[0][:1], forget[1][:1]), warm=True)
+    cfg = TrainConfig(max_epochs=work.get("epochs", TrainConfig.max_epochs))
+    est_method, opts = method, dict(work)
+    if method == "ntk-cg":
+        est_method, opts = "ntk", {"solver": "cg", **work}
+    if method == "retrain":
+        opts = {"mode": "remove"}                       # at the config's epoch cap, over D_r
+    est = estimate(model, n_r, n_f, method=est_method, num_classes=c, in_shape=shape, config=cfg, **opts)
+    rate = matmul_rate()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _kib("VmRSS")
+    t0 = time.process_time()
+    count = job(retain, forget, warm=False)
+    seconds = time.process_time() - t0
+    grown = (_kib("VmHWM") - base) * 1024
+    return {"method": method, "family": family, "n": n, "work": work, "count": count, "seconds": seconds,
+            "bytes": grown, "est_seconds": est.seconds, "est_bytes": est.peak_bytes, "est_flops": est.flops,
+            "passes": est.passes, "gemm_gflops": rate / 1e9, "details": est.details}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
+    ap.add_argument("--family", default="", help="mlp or resnet (default: both)")
+    ap.add_argument("--timeout", type=float, default=170.0, help="seconds per case")
+    ap.add_argument("--json", default="", help="also write the rows to this JSON file")
+    ap.add_argument("--case", nargs=3, metavar=("METHOD", "FAMILY", "N"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.case:
+        method, family, n = args.case[0], args.case[1], int(args.case[2])
+        work = next(w for m, f, nn, w in CASES if (m, f, nn) == (method, family, n))
+        print(json.dumps(run_case(method, family, n, work)))
+        return
+    only = set(filter(None, args.only.split(",")))
+    rows = []
+    print(f"{'case':32s} {'work':18s} {'measured':>9s} {'estimate':>9s} {'ratio':>6s}   "
+          f"{'RSS growth':>10s} {'est. peak':>10s} {'ratio':>6s}  GEMM")
+    for method, family, n, work in CASES:
+        if (only and method not in only) or (args.family and family != args.family):
+            continue
+        out = subprocess.run([sys.executable, __file__, "--case", method, family, str(n)], capture_output=True,
+                             text=True, cwd=ROOT, timeout=args.timeout,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if out.returncode != 0:
+            print(f"{method} {family} N={n}: failed\n{out.stderr[-2000:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["ratio"] = r["seconds"] / r["est_seconds"]
+        r["ratio_bytes"] = r["bytes"] / max(r["est_bytes"], 1)
+        rows.append(r)
+        w = ",".join(f"{k}={v}" for k, v in work.items()) + (f" ran {r['count']}" if r["count"] is not None else "")
+        print(f"{method + ' ' + family + ' N=' + str(n):32s} {w:18s} {r['seconds']:8.3g}s {r['est_seconds']:8.3g}s "
+              f"{r['ratio']:6.2f}   {r['bytes'] / 2**20:7.3g}MiB {r['est_bytes'] / 2**20:7.3g}MiB "
+              f"{r['ratio_bytes']:6.2f}  {r['gemm_gflops']:.0f} GFLOP/s", flush=True)
+    print()
+    for method in dict.fromkeys(r["method"] for r in rows):
+        ratios = [r["ratio"] for r in rows if r["method"] == method]
+        print(f"ratio_{method}: {statistics.median(ratios):.3g}  (cases: {', '.join(f'{q:.2f}' for q in ratios)})")
+    print()
+    from scrubnet.methods.cost import EFFICIENCY
+    for kind in dict.fromkeys(KIND[r["method"]] for r in rows):
+        logs = [math.log(r["ratio"]) for r in rows if KIND[r["method"]] == kind]
+        gm = math.exp(sum(logs) / len(logs))   # least squared log-ratio: divide the efficiency by the geometric mean
+        spread = math.exp(max(abs(q - math.log(gm)) for q in logs))
+        print(f"fit: EFFICIENCY[{kind!r}] = {EFFICIENCY[kind]:.3g} → {EFFICIENCY[kind] / gm:.3g} (geometric mean "
+              f"ratio {gm:.3g}; after the fit every case within {spread:.2f}× of its estimate)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
