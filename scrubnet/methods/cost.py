@@ -51,6 +51,10 @@ EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.58, "newton": 0.57}
 # process (what tests/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
 # so one constant serves both paths; after a first call the batched path runs at ≈ 550.
 ELEMENTWISE_FLOP_EQUIV = 800.0
+# the same for networks without convolutions (no unfolding, no BatchNorm over positions): measured on the
+# default experiment's MLP (N = 475 and 4,000) and a 40-512-512-10 MLP (N = 2,000), where 800 made the
+# estimate 2.5–3× the measured CPU time; with 200 it is 1.3–1.5× (decisions.md, "Realistic sizes")
+ELEMENTWISE_FLOP_EQUIV_DENSE = 200.0
 # per-step overhead of the training loop (Python, the per-tensor optimiser update and L2 pull, autograd
 # bookkeeping) per trainable parameter tensor per optimiser step, in GEMM-FLOP equivalents: measured at batch
 # sizes 1–2 where the FLOPs are negligible, 0.14–0.23 ms per tensor per step at a 75 GFLOP/s GEMM rate on
@@ -221,7 +225,9 @@ def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_byt
 
 def _fisher_cost(model, x1, n_r, kind="true", batch_size=None, budget_bytes=FISHER_BUDGET) -> CostEstimate:
     plan = plan_fisher(model, x1, n_r, kind=kind, budget_bytes=budget_bytes, batch_size=batch_size)
-    seconds = _seconds(plan.flops, "fisher") + ELEMENTWISE_FLOP_EQUIV * plan.activation_elements / matmul_rate(_DEVICE[0])
+    conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    equiv = ELEMENTWISE_FLOP_EQUIV if conv else ELEMENTWISE_FLOP_EQUIV_DENSE
+    seconds = _seconds(plan.flops, "fisher") + equiv * plan.activation_elements / matmul_rate(_DEVICE[0])
     return CostEstimate("fisher", plan.flops, seconds, plan.peak_bytes, float(plan.passes),
                         {"batch": plan.batch, "budget_bytes": budget_bytes})
 
