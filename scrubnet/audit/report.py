@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 
-from matplotlib import colormaps
 
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
 
@@ -114,6 +113,8 @@ def write_logits_audit(results: dict, out_dir: Path) -> None:
 
 def write_figures(results: dict, out_dir: Path) -> None:
     ms = results["methods"]
+    from matplotlib import colormaps  # imported where used: matplotlib slows every command's start-up
+
     colors = colormaps["tab20"].colors if len(ms) > 10 else colormaps["tab10"].colors
     fig, ax = subplots(figsize=(6, 5))
     for i, (m, d) in enumerate(ms.items()):

@@ -32,7 +32,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from scipy import stats
 from torch import Tensor
 
 from scrubnet._config import strict_from_dict
@@ -231,6 +230,8 @@ def _mean_std(v: list[float]) -> dict:
 
 def pearson(x: list[float], y: list[float]) -> dict:
     """{"r", "p", "n"} by scipy.stats.pearsonr (two-sided); r = p = NaN when either is constant or n < 3."""
+    from scipy import stats  # imported where used: scipy.stats costs ≈ 0.5 s at every command's start-up
+
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return {"r": float("nan"), "p": float("nan"), "n": len(x)}
@@ -286,6 +287,8 @@ def layer_order_kept(rows: list[dict]) -> dict:
     """Whether the layers keep their order by FIM trace from the epoch of the peak to the end (the chapter:
     unlike [ARS19], the relative ordering of layers does not change): {"kept": runs where the ranking at the
     last epoch equals the one at the peak, "runs": runs, "spearman_mean": mean rank correlation}."""
+    from scipy import stats
+
     kept, rhos = 0, []
     for r in rows:
         per = r["fisher"]["per_layer"]
@@ -301,6 +304,8 @@ def layer_order_kept(rows: list[dict]) -> dict:
 
 def _one_sided(values: list[float], alternative: str = "greater") -> float:
     """p-value of a one-sample t-test of mean(values) against 0 (NaN for fewer than 2 values or no spread)."""
+    from scipy import stats
+
     v = np.asarray(values, float)
     if len(v) < 2 or np.ptp(v) == 0:
         return float("nan") if len(v) < 2 else (0.0 if (v[0] > 0) == (alternative == "greater") and v[0] != 0
@@ -319,6 +324,8 @@ def verdicts(cfg: CriticalPeriodsConfig, gains: dict[str, list[float]], corr: di
     "not testable" (too few runs). ``gains``: {schedule: per-seed test accuracy − no WD}. Tests at 5 %:
     one-sided t-tests on the per-seed gains (pooled over the schedules of a family, treated as independent),
     Welch's t-test for early against late, Pearson for the window onset and the correlations."""
+    from scipy import stats
+
     e = cfg.epochs
     out = []
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from matplotlib.figure import Figure
 
 from scrubnet.atomic_io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
@@ -15,6 +14,8 @@ __all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "atom
 def subplots(*args, figsize=None, **kwargs):
     """``(figure, axes)`` like ``pyplot.subplots`` but on a standalone :class:`~matplotlib.figure.Figure`
     (rendered by Agg on save, freed by the garbage collector; nothing to close)."""
+    from matplotlib.figure import Figure  # imported where used: matplotlib slows every command's start-up
+
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(*args, **kwargs)
 

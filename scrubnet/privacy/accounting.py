@@ -27,7 +27,6 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr, ndtri
 
 from scrubnet._config import strict_from_dict
 
@@ -37,6 +36,8 @@ def delta_of_epsilon(eps, mu):
 
     The second term is evaluated as exp(ε + log Φ(·)) so that large ε does not overflow.
     """
+    from scipy.special import log_ndtr, ndtr  # imported where used (start-up time of every command)
+
     eps = np.asarray(eps, dtype=np.float64)
     mu = np.asarray(mu, dtype=np.float64)
     safe = np.where(mu > 0, mu, 1.0)
@@ -51,6 +52,8 @@ def epsilon_of_mu(mu, delta: float, iters: int = 200):
 
     Returns a float for a scalar μ, else an array of the same shape. ε = 0 where μ = 0.
     """
+    from scipy.special import ndtri
+
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     mu_arr = np.asarray(mu, dtype=np.float64)

@@ -7,7 +7,6 @@ D_f that the attack calls "member" — it should match the retrain model's; lowe
 from __future__ import annotations
 
 import numpy as np
-from sklearn.svm import SVC
 from torch import Tensor, nn
 
 from scrubnet.readouts.basic import softmax_entropy
@@ -26,6 +25,8 @@ def attack_with_degeneracy(h_retain: np.ndarray, h_test: np.ndarray, h_forget: n
     constant, not a measurement of the model."""
     feats = np.concatenate([h_retain, h_test]).reshape(-1, 1)
     labels = np.concatenate([np.ones(len(h_retain)), np.zeros(len(h_test))])
+    from sklearn.svm import SVC  # imported here: scikit-learn costs ≈ 1 s at start-up of every command
+
     clf = SVC(C=C, gamma="auto", kernel="rbf")
     clf.fit(feats, labels)
     pred_forget = clf.predict(np.asarray(h_forget).reshape(-1, 1))
