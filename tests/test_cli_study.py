@@ -62,3 +62,14 @@ def test_study_cli_bad_input(tmp_path):
         res = CliRunner().invoke(app, ["study", "critical-periods", "--out", str(out), *args])
         assert res.exit_code == 2 and "error:" in res.output and msg in res.output, (args, res.output)
         assert not out.exists()
+
+
+def test_tiny_mode_shrinks_the_study_defaults_and_explicit_values_win(monkeypatch):
+    from scrubnet.experiments.critical_periods import TINY_CRITICAL_PERIODS, CriticalPeriodsConfig
+    monkeypatch.delenv("SCRUBNET_TINY", raising=False)
+    full = CriticalPeriodsConfig.from_dict({})
+    assert full.epochs == 30 and full.seeds == [0, 1, 2]
+    monkeypatch.setenv("SCRUBNET_TINY", "1")
+    tiny = CriticalPeriodsConfig.from_dict({})
+    assert tiny.epochs == TINY_CRITICAL_PERIODS["epochs"] < full.epochs and tiny.seeds == [0]
+    assert CriticalPeriodsConfig.from_dict({"epochs": 8, "seeds": [0, 1]}).epochs == 8

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from scrubnet._config import strict_from_dict
+from scrubnet._config import strict_from_dict, tiny_mode, under_defaults
 from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.data.embedded import digits_pools, mnist1d_pools
 from scrubnet.diagnostics.fisher_trace import FisherTraceMonitor, probe_subset
@@ -83,6 +83,9 @@ class CriticalPeriodsConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CriticalPeriodsConfig":
+        """The configuration ``d`` describes (missing keys take their defaults; with ``SCRUBNET_TINY=1`` the
+        defaults of :data:`TINY_CRITICAL_PERIODS`)."""
+        d = under_defaults(TINY_CRITICAL_PERIODS, d) if tiny_mode() else d
         cfg = strict_from_dict(cls, d, "critical-periods", "", CP_RANGES)
         cfg.validate()
         return cfg
@@ -99,6 +102,13 @@ class CriticalPeriodsConfig:
         for kind in (self.augment_mnist1d, self.augment_digits):
             if kind not in AUGMENTATIONS:
                 raise ValueError(f"unknown augmentation {kind!r}; choose one of {', '.join(AUGMENTATIONS)}")
+
+
+#: the defaults under ``SCRUBNET_TINY=1`` (:func:`scrubnet._config.tiny_mode`): one seed, 6 epochs, three
+#: onsets, small nets and sets: the whole study in seconds (the README test uses it; the numbers mean nothing)
+TINY_CRITICAL_PERIODS = {"seeds": [0], "epochs": 6, "onsets": [0, 2, 4], "window": 2, "window_onsets": [0, 2, 4],
+                         "mnist1d_train": 120, "digits_train": 60, "mnist1d_channels": 8, "digits_channels": 4,
+                         "probe_size": 32, "snapshot_every": 1, "gap_anchors": [0, 2, 4]}
 
 
 CP_RANGES = {"seeds": ">= 0", "epochs": ">= 2", "window": ">= 1", "mnist1d_lr": "> 0", "digits_lr": "> 0", "lr_decay": "(0, 1]",
