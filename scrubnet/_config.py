@@ -131,7 +131,7 @@ TINY_ENV = "SCRUBNET_TINY"
 
 def tiny_mode() -> bool:
     """Whether ``SCRUBNET_TINY=1`` asks for the tiny configuration: the experiment, the MixDP protocol, the
-    audit pool and ``scrubnet mlforget train`` then default to sizes that run in seconds (values given in a
+    audit pool, ``scrubnet mlforget train`` and the critical-periods study then default to sizes that run in seconds (values given in a
     TOML file or on the command line still win). For tests and smoke runs; the numbers mean nothing."""
     return os.environ.get(TINY_ENV, "").strip() not in ("", "0")
 
