@@ -275,3 +275,26 @@ def test_snake_order_captures_each_chunk_pair_once(monkeypatch, k):
     assert ntk_mod._schedule_flops(bare, len(x), 2, 1.0, 1 << 20, 8) == sum(calls)
     jac = dense_refs.dense_jacobian(model, x)
     assert torch.allclose(got, jac @ jac.T, rtol=1e-10, atol=1e-10 * float(got.abs().max()))
+
+
+@pytest.mark.parametrize("name", ["ResCNN", "TinyViT", "NormMLP"])
+def test_gram_of_user_models_under_small_budgets(name):
+    """Hand-written models (residual CNN, attention with LayerNorm, LayerNorm/GroupNorm MLP): the Gram is
+    exact whatever schedule a small budget forces (layer groups, chunks, or all at once)."""
+    from scrubnet.curvature import ntk as ntk_mod
+    from tests import user_models
+    torch.manual_seed(0)
+    model = getattr(user_models, name)().double().eval()
+    x = user_models.images(8, seed=1)[0].double()
+    if name == "NormMLP":
+        x = x.flatten(1)
+    jac = dense_refs.dense_jacobian(model, x)
+    dense = jac @ jac.T
+    engine = ntk_mod.JacobianRows(model, x[:1])
+    kinds = set()
+    for budget in (2_000, 8_000, 30_000, 120_000, 1 << 30):
+        sched = ntk_mod._symmetric_schedule(engine, x, len(x), "auto", 8, 3 * budget // 5, budget // 5)
+        kinds.add("groups" if len(sched) > 1 else "chunks" if sched[0][1] < len(x) else "whole")
+        gram = ntk_gram(model, x, memory_budget_bytes=budget)
+        assert torch.allclose(gram, dense, rtol=1e-9, atol=1e-10 * float(dense.abs().max())), budget
+    assert kinds == {"whole", "groups", "chunks"}
