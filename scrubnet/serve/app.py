@@ -288,12 +288,17 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
         return {"sha256": st["weights_sha256"], "request_id": st["request_id"], "record_head": st["head"],
                 "user_weights_dropped": st["user_weights_dropped"], "weights_url": "/v1/model/weights"}
 
-    async def get_model(request):
-        try:
-            authorise(request, "read")
-        except HTTPError as e:
-            return _error(e)
-        return JSONResponse(await run_in_threadpool(model_info))
+    def read_json(build):
+        """A GET handler for the read role answering ``build()`` (run off the event loop) as JSON."""
+        async def handler(request):
+            try:
+                authorise(request, "read")
+            except HTTPError as e:
+                return _error(e)
+            return JSONResponse(await run_in_threadpool(build))
+        return handler
+
+    get_model = read_json(model_info)
 
     async def get_weights(request):
         try:
@@ -319,12 +324,7 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
                 "submissions": [{**_public(s, full=False), "remaining_information_bound_nats":
                                  (s["receipt"] or {}).get("remaining_information_bound_nats")} for s in subs]}
 
-    async def get_log(request):
-        try:
-            authorise(request, "read")
-        except HTTPError as e:
-            return _error(e)
-        return JSONResponse(await run_in_threadpool(log_info))
+    get_log = read_json(log_info)
 
     async def operator(request):
         return HTMLResponse(OPERATOR_PAGE)
