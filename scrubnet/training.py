@@ -169,6 +169,19 @@ def _set_mode(model: nn.Module, freeze_bn: bool) -> None:
         freeze_batchnorm(model)
 
 
+def batch_loss(logits: Tensor, y: Tensor, loss_fn: str = "ce", ascent: Tensor | None = None,
+               ascent_cap: float | None = None) -> Tensor:
+    """The mean training loss of one batch: CE, ½‖f − onehot‖² ("mse"), or CE with the samples flagged in
+    ``ascent`` (bool, (B,)) negated and capped at ``ascent_cap`` (−min(CE_i, cap): NegGrad)."""
+    if loss_fn == "mse":
+        return 0.5 * ((logits - F.one_hot(y, logits.shape[-1]).to(logits.dtype)) ** 2).sum(-1).mean()
+    if ascent is None:
+        return F.cross_entropy(logits, y)
+    ce = F.cross_entropy(logits, y, reduction="none")
+    capped = ce if ascent_cap is None else torch.clamp(ce, max=ascent_cap)
+    return torch.where(ascent, -capped, ce).mean()
+
+
 def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
              max_epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None, wd: float = 0.0,
              weight_decay: float = 0.0, freeze_bn: bool = False, ascent: Tensor | None = None,
@@ -246,14 +259,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
             logits = model(x[idx] if augment_now is None else augment_now(x[idx]))
-            if loss_fn == "mse":
-                loss = 0.5 * ((logits - F.one_hot(y[idx], logits.shape[-1]).to(logits.dtype)) ** 2).sum(-1).mean()
-            elif ascent is None:
-                loss = F.cross_entropy(logits, y[idx])
-            else:
-                ce = F.cross_entropy(logits, y[idx], reduction="none")
-                capped = ce if ascent_cap is None else torch.clamp(ce, max=ascent_cap)
-                loss = torch.where(ascent[idx], -capped, ce).mean()
+            loss = batch_loss(logits, y[idx], loss_fn, None if ascent is None else ascent[idx], ascent_cap)
             if w0 is not None and wd_now > 0:
                 loss = loss + 0.5 * wd_now * l2_pull(model, w0)
             opt.zero_grad(set_to_none=True)

@@ -24,7 +24,7 @@ from scrubnet.models import find_classifier, freeze_batchnorm
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.curvature.ggn import per_sample_loss
 from scrubnet.data.stream import DataStream
-from scrubnet.training import RETRAIN_MODES, l2_pull, retrain as retrain_fn, sgd_loop
+from scrubnet.training import RETRAIN_MODES, batch_loss, l2_pull, retrain as retrain_fn, sgd_loop
 
 
 #: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10)
@@ -71,6 +71,48 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
         for xb, yb in batches:
             xb, yb = xb.to(dev), yb.to(dev)
             loss = per_sample_loss(model(xb), yb, r.curvature_loss).mean()
+            if r.pulls_to_start and r.wd > 0:
+                loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return model.eval()
+
+
+def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_f: Tensor, ctx: ForgetContext, *,
+                           negate: bool, epochs: int | None, lr: float | None, seed_offset: int) -> nn.Module:
+    """:func:`_finetune` on D = D_r ⊔ D_f with D_r streamed (an indexable ``Dataset``; D_f, small by nature, in
+    memory): the same seeded permutation of the N_r + N_f positions (D_r first, then D_f), the same batches,
+    loss (:func:`~scrubnet.training.batch_loss`, the D_f terms negated and capped when ``negate``) and
+    optimiser as the in-memory loop, so the result equals it; memory is one batch of D_r."""
+    if not retain.indexable:
+        raise ValueError("NegGrad and Random labels draw batches from D_r and D_f together: give D_r as tensors "
+                         "or an indexable Dataset, not a DataLoader")
+    model = copy.deepcopy(model)
+    r = ctx.recipe
+    dev = model_device(model)
+    g = seeded_generator(10_007 * ctx.seed + 100 + seed_offset, dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=r.lr if lr is None else lr, momentum=r.momentum,
+                          weight_decay=0.0 if r.pulls_to_start else r.wd)
+    n_r, n_f = len(retain), len(y_f)
+    x_f, y_f = x_f.to(dev), y_f.to(dev)
+    cap = math.log(max(ctx.num_classes, 2))
+    for _ in range(r.epochs if epochs is None else epochs):
+        model.train()
+        if r.freeze_bn:
+            freeze_batchnorm(model)
+        order = torch.randperm(n_r + n_f, generator=g, device=g.device).cpu()
+        for i in range(0, len(order), r.batch_size):
+            idx = order[i:i + r.batch_size]
+            from_r = idx < n_r
+            xr, yr = retain.take(idx[from_r])
+            xb = torch.empty((len(idx),) + tuple(x_f.shape[1:]), dtype=x_f.dtype, device=dev)
+            yb = torch.empty(len(idx), dtype=y_f.dtype, device=dev)
+            xb[from_r.to(dev)], yb[from_r.to(dev)] = xr.to(dev, x_f.dtype), yr.to(dev)
+            xb[~from_r.to(dev)], yb[~from_r.to(dev)] = x_f[(idx[~from_r] - n_r).to(dev)], y_f[(idx[~from_r] - n_r).to(dev)]
+            loss = batch_loss(model(xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
+                              cap if negate else None)
             if r.pulls_to_start and r.wd > 0:
                 loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
             opt.zero_grad(set_to_none=True)
@@ -140,34 +182,48 @@ class Finetune(ForgettingMethod):
 
 @register("neggrad")
 class NegGrad(ForgettingMethod):
-    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c))."""
+    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c)). Streams D_r (an
+    indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory)."""
+
+    streams = True
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
         self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
 
     def scrub(self, model, retain, forget, ctx):
-        x = torch.cat([retain[0], forget[0]])
-        y = torch.cat([retain[1], forget[1]])
-        dev = retain[1].device
-        neg = torch.cat([torch.zeros(len(retain[1]), dtype=torch.bool, device=dev),
-                         torch.ones(len(forget[1]), dtype=torch.bool, device=dev)])
+        x_f, y_f = forget.tensors()
+        if retain.kind != "tensors":
+            return ScrubResult(_finetune_mixed_stream(model, retain, x_f, y_f, ctx, negate=True, epochs=self.epochs,
+                                                      lr=self.lr, seed_offset=1))
+        x = torch.cat([retain.x, x_f])
+        y = torch.cat([retain.y, y_f])
+        dev = retain.y.device
+        neg = torch.cat([torch.zeros(len(retain.y), dtype=torch.bool, device=dev),
+                         torch.ones(len(y_f), dtype=torch.bool, device=dev)])
         return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, negate=neg, seed_offset=1))
 
 
 @register("randomlabels")
 class RandomLabels(ForgettingMethod):
-    """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded)."""
+    """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded). Streams D_r as
+    NegGrad does."""
+
+    streams = True
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
         self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
 
     def scrub(self, model, retain, forget, ctx):
-        g = seeded_generator(10_007 * ctx.seed + 5, forget[1].device)
-        y_rand = torch.randint(ctx.num_classes, (len(forget[1]),), generator=g, device=g.device)
-        x = torch.cat([retain[0], forget[0]])
-        y = torch.cat([retain[1], y_rand])
-        return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, seed_offset=2),
-                           info={"randomlabels_changed": float((y_rand != forget[1]).float().mean())})
+        x_f, y_f = forget.tensors()
+        g = seeded_generator(10_007 * ctx.seed + 5, y_f.device)
+        y_rand = torch.randint(ctx.num_classes, (len(y_f),), generator=g, device=g.device)
+        info = {"randomlabels_changed": float((y_rand != y_f).float().mean())}
+        if retain.kind != "tensors":
+            return ScrubResult(_finetune_mixed_stream(model, retain, x_f, y_rand, ctx, negate=False,
+                                                      epochs=self.epochs, lr=self.lr, seed_offset=2), info=info)
+        x = torch.cat([retain.x, x_f])
+        y = torch.cat([retain.y, y_rand])
+        return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, seed_offset=2), info=info)
 
 
 @register("hiding")
