@@ -631,6 +631,29 @@ def _symmetric_schedule(engine: JacobianRows, x: Tensor, n: int, method: str, it
     return grouped if grouped_cost < whole_cost else whole
 
 
+def ntk_gram_schedule(model: nn.Module, x1: Tensor, n: int, *, memory_budget_bytes: int = DEFAULT_BUDGET,
+                      method: str = "auto") -> dict:
+    """How :func:`ntk_gram` will contract the symmetric Gram of ``n`` samples like ``x1`` within the budget,
+    without running it: {"schedule": "held" (every factor at once) | "layer groups" | "chunks",
+    "groups": number of layer groups, "chunks": [chunks per group], "extra_flops": FLOPs of captures and
+    per-row-gradient (re)builds beyond the single pass that :func:`ntk_gram_flops` counts (≥ 0)}."""
+    engine = JacobianRows(model, x1[:1])
+    c = engine.num_classes
+    dtype = next(iter(engine.params.values())).dtype
+    isz = torch.tensor([], dtype=dtype).element_size()
+    held_budget, contraction_budget = 3 * memory_budget_bytes // 5, memory_budget_bytes // 5
+    plan = _GramPlan(engine, n, n, method, isz, held_budget)
+    if int(held_budget // max(plan.per_sample_bytes, 1)) >= n:
+        return {"schedule": "held", "groups": 1, "chunks": [1], "extra_flops": 0.0}
+    sched = _symmetric_schedule(engine, x1[:1], n, method, isz, held_budget, contraction_budget)
+    cost = sum(_schedule_flops(p, n, chunk, _pass_flops(engine, x1[:1], p.layers, bool(p.generic_names)),
+                               contraction_budget, isz) for p, chunk in sched)
+    once = n * _pass_flops(engine, x1[:1], engine.layers, True) + sum(
+        2.0 * c * n * lay.positions * lay.numel for lay in engine.layers if plan.contraction[lay.name] == "explicit")
+    return {"schedule": "layer groups" if len(sched) > 1 else "chunks", "groups": len(sched),
+            "chunks": [-(-n // chunk) for _, chunk in sched], "extra_flops": max(0.0, cost - once)}
+
+
 def _symmetric_gram(plan: _GramPlan, x: Tensor, theta: Tensor, chunk: int, micro: int, budget: int) -> None:
     """theta (N·c × N·c) += J Jᵀ over ``plan``'s layers, the samples in chunks of ``chunk``.
 

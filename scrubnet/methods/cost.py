@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, plan_fisher
 from scrubnet.curvature.ntk import DEFAULT_BUDGET as NTK_BUDGET, activation_numel_per_sample, gram_bytes, \
-    ntk_gram_flops
+    ntk_gram_flops, ntk_gram_schedule
 from scrubnet.models import eval_mode
 from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
@@ -270,9 +270,12 @@ def ntk_cost(model, x1, n_r, n_f, c, config, *, memory_budget_bytes: int = NTK_B
     passes = 3.0 + (1.0 if pull == "w0" else 0.0)
     products = n * vjp * (passes - 1.0) + n * fwd
     gram = 0.0
+    schedule: dict = {}
     if solver == "cholesky":
         g = ntk_gram_flops(model, x1, n)
-        gram = g["total"] + (rows ** 3 + rows_r ** 3) / 3.0
+        # when the factors do not fit: layer groups or chunks capture (and rebuild) more than once
+        schedule = ntk_gram_schedule(model, x1, n, memory_budget_bytes=memory_budget_bytes)
+        gram = g["total"] + schedule["extra_flops"] + (rows ** 3 + rows_r ** 3) / 3.0
         passes += c
         peak = 3 * gram_bytes(rows) + memory_budget_bytes
     else:
@@ -285,7 +288,9 @@ def ntk_cost(model, x1, n_r, n_f, c, config, *, memory_budget_bytes: int = NTK_B
         seconds += GRAM_ENTRY_FLOP_EQUIV * (rows ** 2 + rows_r ** 2) / matmul_rate(_DEVICE[0])
     return CostEstimate("ntk", flops, seconds, int(peak), passes,
                         {"solver": solver, "gram_rows": rows, "gram_bytes": gram_bytes(rows),
-                         "gram_flops": gram, "product_flops": products})
+                         "gram_flops": gram, "product_flops": products,
+                         **({"gram_schedule": schedule["schedule"], "gram_groups": schedule["groups"]}
+                            if schedule else {})})
 
 
 @register_cost("ntk-fisher")
