@@ -70,13 +70,18 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
             batches = data.chunks()
         for xb, yb in batches:
             xb, yb = xb.to(dev), yb.to(dev)
-            loss = per_sample_loss(model(xb), yb, r.curvature_loss).mean()
-            if r.pulls_to_start and r.wd > 0:
-                loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            _step(model, opt, per_sample_loss(model(xb), yb, r.curvature_loss).mean(), ctx)
     return model.eval()
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: Tensor, ctx: ForgetContext) -> None:
+    """One optimiser step on ``loss`` plus the recipe's (wd/2)‖w − w_0‖² pull when it pulls to the start."""
+    r = ctx.recipe
+    if r.pulls_to_start and r.wd > 0:
+        loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
 
 
 def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_f: Tensor, ctx: ForgetContext, *,
@@ -111,13 +116,8 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
             yb = torch.empty(len(idx), dtype=y_f.dtype, device=dev)
             xb[from_r.to(dev)], yb[from_r.to(dev)] = xr.to(dev, x_f.dtype), yr.to(dev)
             xb[~from_r.to(dev)], yb[~from_r.to(dev)] = x_f[(idx[~from_r] - n_r).to(dev)], y_f[(idx[~from_r] - n_r).to(dev)]
-            loss = batch_loss(model(xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
-                              cap if negate else None)
-            if r.pulls_to_start and r.wd > 0:
-                loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            _step(model, opt, batch_loss(model(xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
+                                         cap if negate else None), ctx)
     return model.eval()
 
 
