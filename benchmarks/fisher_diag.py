@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from scrubnet.curvature.fisher import fisher_diag, fisher_diag_loop, plan_fisher
+from scrubnet.methods.cost import measure_gemm_rate
 from scrubnet.models import build_model
 
 MODELS = {"resnet18": dict(shape=(3, 32, 32), classes=10, n=256, options={"width": 1.0}),
@@ -175,19 +176,7 @@ def floor_seconds(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
     per-sample-gradient contraction (K per-sample gradients, or the position Gram for few-position layers) —
     the FLOPs of ``scrubnet.curvature.fisher.plan_fisher``."""
     flops = plan_fisher(model, x[:1], len(x)).flops
-    return flops, flops / (gemm_rate() * 1e9)
-
-
-def gemm_rate(size: int = 2048, reps: int = 5) -> float:
-    """Measured float32 GEMM rate (GFLOP/s, process CPU time): median of ``reps`` size³ products."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    times = []
-    for _ in range(reps):
-        t0 = time.process_time()
-        a @ b
-        times.append(time.process_time() - t0)
-    return 2.0 * size ** 3 / statistics.median(times) / 1e9
+    return flops, flops / measure_gemm_rate(size=2048, reps=5)
 
 
 def bench(model_name: str, dtype: torch.dtype, n: int | None, reps: int, backpack_mod,

@@ -110,6 +110,18 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
+def alternated_medians(contenders: dict, reps: int) -> tuple[dict[str, float], dict]:
+    """Run the contenders ``reps`` times each, in alternating order (forward, then reversed); returns the
+    median seconds of each and its last result."""
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    res = {}
+    for rep in range(reps):
+        for k in (list(contenders) if rep % 2 == 0 else list(contenders)[::-1]):
+            t, res[k] = timed(contenders[k])
+            times[k].append(t)
+    return {k: statistics.median(v) for k, v in times.items()}, res
+
+
 def err(w, w_star) -> float:
     return float(torch.linalg.vector_norm(w.double() - w_star.double()))
 
@@ -356,6 +368,9 @@ def run_primal(state: MLState, x, y, ids, reps: int, seed: int) -> float:
     q, block = state.primal_shape()
     lin, h = state.space(x)
     n, c = len(state.user_ids), state.num_classes
+    if state.exact_solver(len(rem)) != "primal":
+        raise SystemExit(f"error: with {n} samples the exact solver is {state.exact_solver(len(rem))!r}, not the "
+                         f"primal; give --primal-n ≥ {2 * q}")
     print(f"\n== primal: {n} user samples × {c} classes = {n * c} dual rows, {state.model.num_linearized} user "
           f"weights (head block {q} × {q}: {block}); request of {len(ids)} samples; exact solver: "
           f"{state.exact_solver(n)}")
@@ -371,13 +386,7 @@ def run_primal(state: MLState, x, y, ids, reps: int, seed: int) -> float:
     contenders = {"forget": forget, "retrain": retrain}
     for f in contenders.values():
         f()  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    res = {}
-    for rep in range(reps):
-        for k in (list(contenders) if rep % 2 == 0 else list(contenders)[::-1]):
-            t, res[k] = timed(contenders[k])
-            times[k].append(t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med, res = alternated_medians(contenders, reps)
     out, (w_re, info_re) = res["forget"], res["retrain"]
     scale = float(torch.linalg.vector_norm(w_star))
     print(f"  medians of {reps} alternated repetitions:")
@@ -416,6 +425,9 @@ def run_certified(state: MLState, x, y, ids, reps: int, seed: int, budget: float
     rem = state.remaining_ids()
     rem = rem[~torch.isin(rem, ids)]
     n, c = len(state.user_ids), state.num_classes
+    if state.exact_solver(n) != "cg":
+        raise SystemExit(f"error: with {n} samples the exact solver is {state.exact_solver(n)!r}: certified requests "
+                         f"apply to the CG path; give --certified-n above {state.config.solver.dual_max_rows // c}")
     print(f"\n== certified: {n} user samples × {c} classes = {n * c} Gram rows, {state.model.num_linearized} user "
           f"weights (all linearised); request of {len(ids)} samples; σ = {sigma:g}, budget {budget:g} nats; "
           f"exact solver: {state.exact_solver(n)}")
@@ -432,13 +444,7 @@ def run_certified(state: MLState, x, y, ids, reps: int, seed: int, budget: float
 
     contenders = {"forget": forget, "retrain": retrain}
     forget()  # warm-up (the long retrain amortises its first-call overhead)
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    res = {}
-    for rep in range(reps):
-        for k in (list(contenders) if rep % 2 == 0 else list(contenders)[::-1]):
-            t, res[k] = timed(contenders[k])
-            times[k].append(t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med, res = alternated_medians(contenders, reps)
     out, (w_re, info_re) = res["forget"], res["retrain"]
     w_star = w_re  # the exact retrain: ‖w_re − w*‖ ≤ weight_tol (1e-6), proven by its residual
     cert = out.info.extra["certificate"]

@@ -44,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.ntk import DEFAULT_BUDGET, iter_jacobian_rows, ntk_gram_flops
 from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods.cost import measure_gemm_rate
 from scrubnet.models import build_model
 from scrubnet.training import TrainConfig, train_epochs
 
@@ -77,19 +78,6 @@ class PeakRSS:
         self._thread.join()
         self.peak = max(self.peak, rss_bytes())
         return False
-
-
-def gemm_gflops(size: int = 2048, reps: int = 5) -> float:
-    """Measured float32 GEMM rate (GFLOP/s, FLOP = 2 multiply-adds): median of ``reps`` size³ products."""
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    a @ b  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.process_time()
-        a @ b
-        times.append(time.process_time() - t0)
-    return 2.0 * size ** 3 / statistics.median(times) / 1e9
 
 
 def gb(b: float) -> str:
@@ -141,7 +129,7 @@ def main(argv=None) -> int:
     fwd_bwd = 3.0 * counter.get_total_flops()   # a VJP: forward + backward to inputs and weights ≈ 3 forwards
     solve = (rows ** 3 + n_r_rows ** 3) / 3.0 + 2 * args.n * fwd_bwd
     floor_flops = flops["total"] + solve
-    gflops_before = gemm_gflops()
+    gflops_before = measure_gemm_rate(size=2048, reps=5) / 1e9
     print(f"FLOP floor: Jacobian pass {flops['jacobian_pass'] / 1e12:.3f} TFLOP, Gram (cheaper contraction per "
           f"layer, symmetric) {flops['gram'] / 1e12:.3f} TFLOP, Cholesky + VJPs {solve / 1e12:.3f} TFLOP; "
           f"total {floor_flops / 1e12:.3f} TFLOP; float32 GEMM {gflops_before:.1f} GFLOP/s before the scrub")
@@ -160,7 +148,7 @@ def main(argv=None) -> int:
     info = res.info
     # the GEMM rate again right after the scrub: on a shared machine the rate moves with the load, and the
     # floor is meant for the conditions the scrub ran under
-    gflops_after = gemm_gflops()
+    gflops_after = measure_gemm_rate(size=2048, reps=5) / 1e9
     gflops = 0.5 * (gflops_before + gflops_after)
     floor_s = floor_flops / (gflops * 1e9)
     print(f"float32 GEMM {gflops_after:.1f} GFLOP/s after the scrub; floor at the mean {gflops:.1f} GFLOP/s "

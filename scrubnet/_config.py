@@ -103,16 +103,21 @@ def check_value(key: str, value, tp, range_spec: str | None = None):
     return out
 
 
+def check_table_keys(cls, d, what: str, prefix: str = "") -> None:
+    """Refuse a ``d`` that is not a dict, or that has keys which are not fields of the dataclass ``cls``
+    (naming them with their table ``prefix``)."""
+    if not isinstance(d, dict):
+        raise ConfigValueError(f"configuration key {prefix.rstrip('.') or what}: expected a table (dict), got {d!r}")
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {what} option(s): {', '.join(prefix + u for u in unknown)}")
+
+
 def strict_from_dict(cls, d: dict, what: str, prefix: str = "", ranges: dict[str, str] | None = None):
     """``cls(**d)``, refusing keys that are not fields of the dataclass ``cls`` (naming them) and values
     of the wrong type or out of ``ranges`` (module docstring). ``prefix`` is the keys' table in the TOML
     file (``"train."``)."""
-    if not isinstance(d, dict):
-        raise ConfigValueError(f"configuration key {prefix.rstrip('.') or what}: expected a table (dict), got {d!r}")
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f"unknown {what} option(s): {', '.join(prefix + u for u in unknown)}")
+    check_table_keys(cls, d, what, prefix)
     hints = typing.get_type_hints(cls)
     ranges = ranges or {}
     checked = {}

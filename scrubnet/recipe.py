@@ -28,14 +28,14 @@ A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from scrubnet._config import ConfigValueError, check_value
+from scrubnet._config import ConfigValueError, check_table_keys, check_value
 from scrubnet.training import TrainConfig
 
 try:
@@ -143,12 +143,7 @@ class TrainingRecipe:
         """A recipe from a ``[recipe]`` table: unknown keys, wrong types and out-of-range values are refused
         with a message naming the key; ``wd_center`` is ``"zero"`` or a safetensors path (relative paths
         resolve against ``base_dir``)."""
-        if not isinstance(d, dict):
-            raise ConfigValueError(f"configuration key {prefix.rstrip('.')}: expected a table (dict), got {d!r}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown recipe option(s): {', '.join(prefix + u for u in unknown)}")
+        check_table_keys(cls, d, "recipe", prefix)
         kwargs: dict = {}
         if "loss" in d:
             loss = check_value(prefix + "loss", d["loss"], str)

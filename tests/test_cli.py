@@ -28,14 +28,18 @@ batch_size = 32
 """
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
+def train_tiny_checkpoint(d):
+    """``scrubnet train`` of the tiny configuration into ``d / "model"``; returns ``d``."""
     cfg = d / "tiny.toml"
     cfg.write_text(TINY_TOML)
     r = runner.invoke(app, ["train", "--config", str(cfg), "--out", str(d / "model")])
     assert r.exit_code == 0, r.output
     return d
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 def _ids(tmp_path, text, name="ids.txt"):

@@ -17,7 +17,7 @@ from scrubnet.cli import app
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.methods.cost import BudgetExceeded, check_budget, estimate, forward_flops
 from scrubnet.models import build_model
-from tests.test_cli import TINY_TOML
+from tests.test_cli import train_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -88,11 +88,7 @@ def test_check_budget_refuses_with_the_estimate():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt")
-    cfg = d / "tiny.toml"
-    cfg.write_text(TINY_TOML)
-    r = runner.invoke(app, ["train", "--config", str(cfg), "--out", str(d / "model")])
-    assert r.exit_code == 0, r.output
+    d = train_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
     ids = d / "ids.txt"
     ids.write_text("0 3 5")
     return d

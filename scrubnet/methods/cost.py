@@ -108,28 +108,32 @@ def format_bytes(b: float) -> str:
 _RATE: dict[str, float] = {}
 
 
-def matmul_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int = 3) -> float:
-    """The float32 GEMM rate in FLOP/s on ``device`` (CPU: this process's CPU time on the current thread count;
-    CUDA: wall time after a synchronise), median of ``reps`` size³ products; measured once per process and
-    device."""
+def measure_gemm_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int = 3) -> float:
+    """The float32 GEMM rate in FLOP/s on ``device``, measured now (CPU: this process's CPU time on the current
+    thread count; CUDA: wall time after a synchronise): median of ``reps`` size³ products after a warm-up."""
     dev = torch.device(device)
-    key = str(dev)
-    if key not in _RATE:
-        a = torch.randn(size, size, device=dev)
-        b = torch.randn(size, size, device=dev)
-        cuda = dev.type == "cuda"
-        clock = time.perf_counter if cuda else time.process_time
+    a = torch.randn(size, size, device=dev)
+    b = torch.randn(size, size, device=dev)
+    cuda = dev.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    a @ b
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = clock()
         a @ b
-        times = []
-        for _ in range(reps):
-            if cuda:
-                torch.cuda.synchronize(dev)
-            t0 = clock()
-            a @ b
-            if cuda:
-                torch.cuda.synchronize(dev)
-            times.append(max(clock() - t0, 1e-9))
-        _RATE[key] = 2.0 * size ** 3 / statistics.median(times)
+        if cuda:
+            torch.cuda.synchronize(dev)
+        times.append(max(clock() - t0, 1e-9))
+    return 2.0 * size ** 3 / statistics.median(times)
+
+
+def matmul_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int = 3) -> float:
+    """:func:`measure_gemm_rate`, measured once per process and device."""
+    key = str(torch.device(device))
+    if key not in _RATE:
+        _RATE[key] = measure_gemm_rate(device, size, reps)
     return _RATE[key]
 
 

@@ -462,14 +462,20 @@ def _rebuild_reason(fac, remaining: Tensor) -> str:
     return ""
 
 
+def _current_factor(state: MLState, attr: str, build, x_all: Tensor, y_all: Tensor, remaining: Tensor):
+    """(the state's ``attr`` factor, rebuilt first when :func:`_rebuild_reason` says so — from every remaining
+    row when it is missing, from the request's remaining rows when over half would be removed —, the reason)."""
+    rebuilt = _rebuild_reason(getattr(state, attr), remaining)
+    if rebuilt:
+        base = state.remaining_ids() if rebuilt == "missing" else remaining
+        setattr(state, attr, build(state, x_all, y_all, base))
+    return getattr(state, attr), rebuilt
+
+
 def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
     """w' = argmin L_{remaining} by the Woodbury downdate on the state's primal factor (built or rebuilt)."""
     t0 = time.perf_counter()
-    rebuilt = _rebuild_reason(state.primal, remaining)
-    if rebuilt:
-        base = state.remaining_ids() if rebuilt == "missing" else remaining
-        state.primal = build_primal(state, x_all, y_all, base)
-    fac = state.primal
+    fac, rebuilt = _current_factor(state, "primal", build_primal, x_all, y_all, remaining)
     t1 = time.perf_counter()
     lin, h = state.space(x_all)
     w_prime, d = fac.fit(lin, h, y_all, torch.isin(fac.ids, remaining))
@@ -483,11 +489,7 @@ def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor
 def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
     """w' = argmin L_{remaining} by the Schur complement on the state's factor (built or rebuilt if needed)."""
     t0 = time.perf_counter()
-    rebuilt = _rebuild_reason(state.factor, remaining)
-    if rebuilt:
-        base = state.remaining_ids() if rebuilt == "missing" else remaining
-        state.factor = build_factor(state, x_all, y_all, base)
-    fac = state.factor
+    fac, rebuilt = _current_factor(state, "factor", build_factor, x_all, y_all, remaining)
     t1 = time.perf_counter()
     lin, h = state.space(x_all)
     keep = torch.isin(fac.ids, remaining)
