@@ -1,6 +1,6 @@
 """The measurement behind the stationarity check's threshold (docs/decisions.md, "Stationarity check").
 
-Ratio Δ/L_r (:mod:`scrubnet.methods.objective`) for models that do and do not match the recipe they are judged
+Ratio Δ/L_r (:mod:`scrubnet.recipe.objective`) for models that do and do not match the recipe they are judged
 with:
 
 1. the default experiment's original model (seed 0), judged with scrubnet's protocol (pull toward w_0): matches;
@@ -22,7 +22,7 @@ from scrubnet.data.stream import as_stream
 from scrubnet.device import seeded_generator
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import prepare_seed
-from scrubnet.methods.objective import STATIONARITY_THRESHOLD, stationarity
+from scrubnet.recipe.objective import STATIONARITY_THRESHOLD, stationarity
 from scrubnet.models import build_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import sgd_loop

@@ -188,7 +188,7 @@ def test_methods_mlforget_and_retrain_share_the_cached_ml_model():
     x, y = torch.randn(n, 6), torch.randint(0, C, (n,))
     split = SimpleNamespace(x=x, y=y, forget_idx=torch.tensor([1, 5, 9]), num_classes=C)
     start = build_model("mlp", (6,), C, seed=0, hidden=8)
-    ctx = ForgetContext(w0={}, config=TrainConfig(max_epochs=3, extra_epochs=0), num_classes=C, seed=0,
+    ctx = protocol_ctx(w0={}, config=TrainConfig(max_epochs=3, extra_epochs=0), num_classes=C, seed=0,
                         split=split, start=start)
     keep = torch.ones(n, dtype=torch.bool)
     keep[split.forget_idx] = False
@@ -211,7 +211,7 @@ def test_ml_protocols_write_results_and_track_the_retrain(protocol, tmp_path):
     import json
 
     from scrubnet.experiments.ml_protocols import run_ml_protocol
-    from tests.conftest import tiny_config
+    from tests.conftest import tiny_config, protocol_ctx
 
     cfg = tiny_config(seeds=[0], method_options={"mlforget": {"sigma": 1e-4, "cg_tol": 1e-5}})
     res = run_ml_protocol(protocol, cfg, tmp_path, progress=False, n_requests=3, request_fraction=0.04)

@@ -107,6 +107,9 @@ class Stationarity:
 def stationarity(model: nn.Module, retain: DataStream, recipe: TrainingRecipe, w0: dict[str, Tensor] | None,
                  *, batch_size: int = 512, cg_steps: int = None) -> Stationarity:
     """Measure how far ``model`` is from a minimum of the recipe's retain objective (module docstring)."""
+    if recipe.target_scale != 1.0:
+        raise ValueError(f"the stationarity check measures ½‖f − onehot(y)‖²; a recipe target scale of "
+                         f"{recipe.target_scale:g} is not supported (pass force=True to skip the check)")
     loss, wd = recipe.curvature_loss, float(recipe.wd)
     cg_steps = STATIONARITY_CG_STEPS if cg_steps is None else int(cg_steps)
     w = torch.cat([p.detach().reshape(-1) for p in trainable_params(model).values()])
