@@ -130,7 +130,7 @@ def test_safeguarded_newton_lowers_the_retain_objective_where_the_plain_step_rai
         assert info["objective_after"] < info["objective_before"]
         assert _retain_error(res.model, retain) <= _retain_error(original, retain) + 0.02
         # the reported objective is the model's: recompute L_r at the returned weights
-        mask, anchor = pull_mask_and_anchor(original, ctx.w0)
+        mask, anchor = pull_mask_and_anchor(original, ctx.center(original))
         assert _retain_objective(res.model, get_flat(res.model), retain, loss="ce", wd=0.1, mask=mask,
                                  anchor=anchor, batch_size=512) == pytest.approx(info["objective_after"], rel=1e-6)
         if safeguard == "lm":

@@ -280,7 +280,7 @@ class NTKScrub(ForgettingMethod):
                "ridge": Option(str, choices=RIDGES, default="set_size"), "ridge_value": Option(float | None, "> 0"),
                "solver": Option(str, choices=SOLVERS, default="auto"),
                "memory_budget_bytes": Option(int, ">= 1", default=DEFAULT_BUDGET),
-               "cg_tol": Option(float, "> 0", default=1e-8), "cg_max_iter": Option(int, ">= 1", default=1000),
+               "cg_tol": Option(float, "> 0", default=1e-8), "cg_max_iter": Option(int, ">= 0", default=1000),
                "batch_size": Option(int | None, ">= 1"), "step_scale": Option(float | None, "> 0")}
 
     @classmethod

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 import scrubnet
 from scrubnet.cli import app
 from scrubnet.curvature.fisher import fisher_diag
-from scrubnet.training.cost import BudgetExceeded, check_budget, estimate, forward_flops
+from scrubnet.methods.base import estimate
+from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops
 from scrubnet.models import build_model
 from tests.conftest import protocol_ctx
 from tests.test_cli import train_tiny_checkpoint
