@@ -20,6 +20,7 @@ from scrubnet.readouts.information import gaussian_kl_diag
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.training import TrainConfig
 from tests import dense_refs
+from tests.conftest import protocol_ctx
 
 C = 3
 
@@ -211,7 +212,7 @@ def test_ml_protocols_write_results_and_track_the_retrain(protocol, tmp_path):
     import json
 
     from scrubnet.experiments.ml_protocols import run_ml_protocol
-    from tests.conftest import tiny_config, protocol_ctx
+    from tests.conftest import tiny_config
 
     cfg = tiny_config(seeds=[0], method_options={"mlforget": {"sigma": 1e-4, "cg_tol": 1e-5}})
     res = run_ml_protocol(protocol, cfg, tmp_path, progress=False, n_requests=3, request_fraction=0.04)
