@@ -49,7 +49,8 @@ class Scrub(ForgettingMethod):
     Parameters
     ----------
     epochs : int
-        Epochs in all (default 10); the first ``msteps`` (default 3) also run max-steps.
+        Epochs in all (default 10); the first ``msteps`` (default 3; all when ``msteps`` ≥ ``epochs``) also
+        run max-steps.
     lr, weight_decay : float
         Adam settings (defaults 5e-4, 0.1).
     T : float
@@ -73,8 +74,8 @@ class Scrub(ForgettingMethod):
                  T: float = 4.0, alpha: float = 0.5, gamma: float = 1.0, retain_batch: int = 32,
                  forget_batch: int = 64):
         check_positive(epochs=epochs, lr=lr, T=T, retain_batch=retain_batch, forget_batch=forget_batch)
-        if not 0 <= int(msteps) <= int(epochs):
-            raise ValueError(f"msteps must be in [0, epochs], got {msteps!r}")
+        if not int(msteps) >= 0:
+            raise ValueError(f"msteps must be ≥ 0, got {msteps!r}")
         self.epochs, self.msteps, self.lr, self.weight_decay = int(epochs), int(msteps), float(lr), float(weight_decay)
         self.T, self.alpha, self.gamma = float(T), float(alpha), float(gamma)
         self.retain_batch, self.forget_batch = int(retain_batch), int(forget_batch)
