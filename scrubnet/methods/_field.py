@@ -11,7 +11,7 @@ permutation, a ``DataLoader`` by its own batches), D_f is small by nature and re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -137,11 +137,39 @@ def distill_kl(student_logits: Tensor, teacher_logits: Tensor, T: float) -> Tens
     return kl_to_targets(student_logits, F.softmax(teacher_logits.detach() / T, dim=-1), T) * T * T
 
 
-def step(opt: torch.optim.Optimizer, loss: Tensor) -> None:
-    """One optimiser step on ``loss``."""
+class Diverged(RuntimeError):
+    """A training step met a non-finite loss or left non-finite weights."""
+
+
+def step(opt: torch.optim.Optimizer, loss: Tensor, edit_grads: Callable[[], None] | None = None) -> None:
+    """One optimiser step on ``loss`` (``edit_grads()`` runs between the backward pass and the update);
+    :class:`Diverged` when the loss or the updated weights are not finite."""
+    if not bool(torch.isfinite(loss.detach())):
+        raise Diverged("the loss became non-finite")
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    if edit_grads is not None:
+        edit_grads()
     opt.step()
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not bool(torch.isfinite(p).all()):
+                raise Diverged("the weights became non-finite")
+
+
+def guarded_epochs(model: nn.Module, epochs: int, body: Callable[[int], None], what: str) -> str | None:
+    """Run ``body(e)`` for e = 0 … epochs − 1; when a step diverges (:class:`Diverged`), put back the weights and
+    buffers ``model`` had at the start of that epoch and stop. Returns None, or the reason (one sentence) when
+    the method stopped early — the caller marks its result failed with it."""
+    for e in range(epochs):
+        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        try:
+            body(e)
+        except Diverged as err:
+            model.load_state_dict(snapshot)
+            return (f"{what} diverged in epoch {e + 1} of {epochs} ({err}); the model returned is the one at the "
+                    "start of that epoch")
+    return None
 
 
 def forget_in_memory(forget: DataStream, dev: torch.device) -> tuple[Tensor, Tensor]:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for, kl_to_targets,
+from scrubnet.methods._field import (Option, check_positive, guarded_epochs, forget_in_memory, generator_for, kl_to_targets,
                                      make_optimiser, mixed_batches, step, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
@@ -125,12 +125,16 @@ class BadTeacher(ForgettingMethod):
         xf, yf = forget_in_memory(forget, dev)
         part = retain_subset(retain, self.retain_fraction, g)
         opt = make_optimiser(student, "adam", self.lr)
-        for _ in range(self.epochs):
+
+        def epoch(_):
             train_mode(student, ctx)
             for xb, _, is_f in mixed_batches(part, xf, yf, self.batch_size, g, dev, "Bad-Teacher"):
                 target = bad_teacher_targets(competent, incompetent, xb, is_f, self.T)
                 step(opt, kl_to_targets(call_model(student, xb), target, self.T))
-        return ScrubResult(student.eval(), info={"bad_teacher_retain_used": float(len(part))})
+
+        failed = guarded_epochs(student, self.epochs, epoch, "Bad-Teacher")
+        res = ScrubResult(student.eval(), info={"bad_teacher_retain_used": float(len(part))})
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 1, retain_fraction: float = 0.3, **_options):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory, generator_for,
+from scrubnet.methods._field import (Option, check_positive, guarded_epochs, float_inputs, forget_in_memory, generator_for,
                                      make_optimiser, step, tensor_batches, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
@@ -98,11 +98,15 @@ class BoundaryShrink(ForgettingMethod):
         bs = int(self.batch_size or ctx.recipe.batch_size)
         g = generator_for(model, ctx, 308)
         opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
-        for _ in range(self.epochs):
+
+        def epoch(_):
             train_mode(model, ctx)
             for xb, yb in tensor_batches(xf, y_new, bs, g):
                 step(opt, F.cross_entropy(call_model(model, xb), yb))
-        return ScrubResult(model.eval(), info={"boundary_shrink_classes": float(len(torch.unique(y_new)))})
+
+        failed = guarded_epochs(model, self.epochs, epoch, "Boundary Shrink")
+        res = ScrubResult(model.eval(), info={"boundary_shrink_classes": float(len(torch.unique(y_new)))})
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, **_options):

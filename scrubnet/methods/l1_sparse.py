@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import Option, check_positive, generator_for, make_optimiser, step, stream_batches, train_mode
+from scrubnet.methods._field import Option, check_positive, guarded_epochs, generator_for, make_optimiser, step, stream_batches, train_mode
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models.call import call_model
@@ -68,14 +68,18 @@ class L1Sparse(ForgettingMethod):
         bs = int(self.batch_size or ctx.recipe.batch_size)
         g = generator_for(model, ctx, 302)
         opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
-        for e in range(self.epochs):
+
+        def epoch(e):
             gamma_e = l1_weight(self.gamma, e, self.epochs)
             train_mode(model, ctx)
             for xr, yr in stream_batches(retain, bs, g, dev):
                 step(opt, F.cross_entropy(call_model(model, xr), yr) + gamma_e * l1_norm(model))
+
+        failed = guarded_epochs(model, self.epochs, epoch, "l1-sparse")
         with torch.no_grad():
             l1 = float(l1_norm(model))
-        return ScrubResult(model.eval(), info={"l1_norm_after": l1})
+        res = ScrubResult(model.eval(), info={"l1_norm_after": l1})
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, **_options):

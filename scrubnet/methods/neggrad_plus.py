@@ -12,7 +12,7 @@ from torch import Tensor, nn
 import torch.nn.functional as F
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for, make_optimiser, step,
+from scrubnet.methods._field import (Option, check_positive, guarded_epochs, forget_in_memory, generator_for, make_optimiser, step,
                                      stream_batches, tensor_batches, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
@@ -79,14 +79,18 @@ class NegGradPlus(ForgettingMethod):
         xf, yf = forget_in_memory(forget, dev)
         cycle = _Cycle(xf, yf, bs, g)
         opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
-        steps = 0
-        for _ in range(self.epochs):
+        steps = [0]
+
+        def epoch(_):
             train_mode(model, ctx)
             for xr, yr in stream_batches(retain, bs, g, dev):
                 xb, yb = cycle.next()
                 step(opt, neggrad_plus_loss(model, xr, yr, xb, yb, self.beta))
-                steps += 1
-        return ScrubResult(model.eval(), info={"neggrad_plus_steps": float(steps)})
+                steps[0] += 1
+
+        failed = guarded_epochs(model, self.epochs, epoch, "NegGrad+")
+        res = ScrubResult(model.eval(), info={"neggrad_plus_steps": float(steps[0])})
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import Option, check_positive, forget_in_memory, generator_for, make_optimiser, \
+from scrubnet.methods._field import Option, check_positive, guarded_epochs, step, forget_in_memory, generator_for, make_optimiser, \
     mixed_batches, train_mode
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
@@ -100,19 +100,23 @@ class SalUn(ForgettingMethod):
         y_rand = torch.randint(ctx.num_classes, (len(yf),), generator=g, device=g.device).to(dev)
         params = {k: p for k, p in model.named_parameters() if p.requires_grad}
         opt = make_optimiser(model, "sgd", self.lr, self.momentum, 0.0)
-        for _ in range(self.epochs):
+
+        @torch.no_grad()
+        def masked():   # g ← m ⊙ (∇L + wd·w): nothing outside the mask moves, decay included
+            for k, p in params.items():
+                gr = p.grad if p.grad is not None else torch.zeros_like(p)
+                p.grad = (gr + self.weight_decay * p) * mask[k]
+
+        def epoch(_):
             train_mode(model, ctx)
             for xb, yb, _ in mixed_batches(retain, xf, y_rand, bs, g, dev, "SalUn"):
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(call_model(model, xb), yb).backward()
-                with torch.no_grad():
-                    for k, p in params.items():
-                        gr = p.grad if p.grad is not None else torch.zeros_like(p)
-                        p.grad = (gr + self.weight_decay * p) * mask[k]
-                opt.step()
+                step(opt, F.cross_entropy(call_model(model, xb), yb), masked)
+
+        failed = guarded_epochs(model, self.epochs, epoch, "SalUn")
         kept = sum(int(m.sum()) for m in mask.values())
-        return ScrubResult(model.eval(), info={"salun_mask_fraction": kept / sum(m.numel() for m in mask.values()),
-                                               "salun_labels_changed": float((y_rand != yf).float().mean())})
+        res = ScrubResult(model.eval(), info={"salun_mask_fraction": kept / sum(m.numel() for m in mask.values()),
+                                              "salun_labels_changed": float((y_rand != yf).float().mean())})
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, **_options):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, distill_kl, forget_in_memory, generator_for, make_optimiser,
+from scrubnet.methods._field import (Option, check_positive, guarded_epochs, distill_kl, forget_in_memory, generator_for, make_optimiser,
                                      step, stream_batches, tensor_batches, train_mode)
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
@@ -81,8 +81,9 @@ class Scrub(ForgettingMethod):
         self.retain_batch, self.forget_batch = int(retain_batch), int(forget_batch)
 
     def run(self, model: nn.Module, retain, forget, ctx: ForgetContext, on_step: StepHook | None = None
-            ) -> tuple[nn.Module, dict[str, float]]:
-        """The scrubbed student and the step counts; ``on_step`` sees every step's loss before it is taken."""
+            ) -> tuple[nn.Module, dict[str, float], str | None]:
+        """The scrubbed student, the step counts and the reason it stopped early (None: it did not);
+        ``on_step`` sees every step's loss before it is taken."""
         teacher = copy.deepcopy(model).eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
@@ -92,7 +93,8 @@ class Scrub(ForgettingMethod):
         xf, yf = forget_in_memory(forget, dev)
         opt = make_optimiser(student, "adam", self.lr, weight_decay=self.weight_decay)
         counts = {"scrub_max_steps": 0.0, "scrub_min_steps": 0.0}
-        for e in range(self.epochs):
+
+        def epoch(e):
             train_mode(student, ctx)
             if e < self.msteps:
                 for xb, yb in tensor_batches(xf, yf, self.forget_batch, g):
@@ -107,11 +109,14 @@ class Scrub(ForgettingMethod):
                     on_step("min", loss, xb, yb, student)
                 step(opt, loss)
                 counts["scrub_min_steps"] += 1
-        return student.eval(), counts
+
+        failed = guarded_epochs(student, self.epochs, epoch, "SCRUB")
+        return student.eval(), counts, failed
 
     def scrub(self, model, retain, forget, ctx):
-        student, counts = self.run(model, retain, forget, ctx)
-        return ScrubResult(student, info=counts)
+        student, counts, failed = self.run(model, retain, forget, ctx)
+        res = ScrubResult(student, info=counts)
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, msteps: int = 3, **_options):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory, generator_for,
+from scrubnet.methods._field import (Option, check_positive, guarded_epochs, float_inputs, forget_in_memory, generator_for,
                                      make_optimiser, mixed_batches, step, stream_batches, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.cost import _train_cost, register_cost
@@ -107,17 +107,27 @@ class UNSIR(ForgettingMethod):
                                               steps=self.noise_steps, lr=self.noise_lr, reg=self.noise_reg,
                                               generator=g, dtype=xf.dtype)
         y_noise = torch.full((self.noise_batch,), int(ctx.forget_class), dtype=torch.long, device=dev)
+        res = ScrubResult(model, info={"unsir_noise_ce_start": trace[0], "unsir_noise_ce_end": trace[-1]})
         opt = make_optimiser(model, "adam", self.lr)
-        for _ in range(self.impair_epochs):
+
+        def impair(_):
             train_mode(model, ctx)
             for xb, yb, _ in mixed_batches(retain, noise, y_noise, bs, g, dev, "UNSIR"):
                 step(opt, F.cross_entropy(call_model(model, xb), yb))
+
+        failed = guarded_epochs(model, self.impair_epochs, impair, "UNSIR's impair phase")
+        if failed:
+            return res.fail(failed)
         opt = make_optimiser(model, "adam", self.lr)
-        for _ in range(self.repair_epochs):
+
+        def repair(_):
             train_mode(model, ctx)
             for xb, yb in stream_batches(retain, bs, g, dev):
                 step(opt, F.cross_entropy(call_model(model, xb), yb))
-        return ScrubResult(model.eval(), info={"unsir_noise_ce_start": trace[0], "unsir_noise_ce_end": trace[-1]})
+
+        failed = guarded_epochs(model, self.repair_epochs, repair, "UNSIR's repair phase")
+        model.eval()
+        return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, noise_batch: int = 32, noise_steps: int = 25,

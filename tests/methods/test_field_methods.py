@@ -62,6 +62,16 @@ def test_neggrad_plus_step_is_beta_retain_minus_one_minus_beta_forget(beta):
         torch.testing.assert_close(p1, p0 - lr * (beta * a - (1 - beta) * b), rtol=1e-10, atol=1e-12)
 
 
+def test_a_diverging_ascent_stops_with_the_last_finite_weights_and_says_so():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))    # float32, unbounded: it overflows
+    retain, forget = [tuple(t.float() if t.is_floating_point() else t for t in _data(n, s)) for n, s in ((8, 1), (4, 2))]
+    res = get_method("neggrad-plus", beta=0.05, epochs=200, lr=1e3, weight_decay=0.0)(model, retain, forget,
+                                                                                    _ctx(model))
+    assert not res.ok and "NegGrad+ diverged in epoch" in res.reasons[0]
+    assert all(torch.isfinite(p).all() for p in res.model.parameters())
+
+
 def test_l1_sparse_penalty_gradient_decays_linearly_over_epochs():
     assert [l1_weight(2.0, e, 4) for e in range(4)] == [2.0, 1.5, 1.0, 0.5]
     model, (xr, yr) = _net(), _data(8, 1)
@@ -147,10 +157,10 @@ def test_scrub_alternates_max_steps_on_forget_and_min_steps_on_retain_with_the_s
         from_forget = bool((x[:, None, :] == forget[0][None]).all(-1).any(1).all())
         seen.append((kind, from_forget, float(kl_f)))
 
-    student, counts = meth.run(model, *[_as_stream(d) for d in (retain, forget)], _ctx(model), on_step=hook)
+    student, counts, failed = meth.run(model, *[_as_stream(d) for d in (retain, forget)], _ctx(model), on_step=hook)
     assert [k for k, _, _ in seen] == ["max", "max", "min", "min"] * 2 + ["min", "min"]
     assert all(f == (k == "max") for k, f, _ in seen)   # max-steps see D_f, min-steps D_r
-    assert counts == {"scrub_max_steps": 4.0, "scrub_min_steps": 6.0}
+    assert counts == {"scrub_max_steps": 4.0, "scrub_min_steps": 6.0} and failed is None
     # the max-steps push the student away from the teacher on D_f: KL is 0 at the start, > 0 after them
     assert seen[0][2] < 1e-12 and seen[2][2] > 1e-6
 
