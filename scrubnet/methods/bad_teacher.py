@@ -30,8 +30,21 @@ LOOSE_PARAM_STD = 0.02
 
 
 def random_initialisation(model: nn.Module, seed: int) -> nn.Module:
-    """A copy of ``model`` re-initialised: ``reset_parameters()`` of every submodule that has one, under a
-    seeded RNG; parameters no such module owns are drawn from N(0, 0.02²). Frozen, eval mode."""
+    """The incompetent teacher: ``model``'s architecture at a fresh random initialisation.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Copied, not modified.
+    seed : int
+        Fixes the draw (the global RNG is forked, so the caller's stream is untouched).
+
+    Returns
+    -------
+    nn.Module
+        A copy with ``reset_parameters()`` of every submodule that has one; parameters no such module owns are
+        drawn from N(0, 0.02²). Frozen (no gradient), eval mode.
+    """
     net = copy.deepcopy(model)
     dev = model_device(net)
     covered: set[int] = set()
@@ -54,14 +67,44 @@ def random_initialisation(model: nn.Module, seed: int) -> nn.Module:
 
 @torch.no_grad()
 def bad_teacher_targets(competent: nn.Module, incompetent: nn.Module, x, is_forget: Tensor, T: float) -> Tensor:
-    """Targets (n, c): softmax(incompetent(x)/T) on rows with ``is_forget``, softmax(competent(x)/T) elsewhere."""
+    """Bad-Teacher's distillation targets.
+
+    Parameters
+    ----------
+    competent, incompetent : nn.Module
+        The original and the randomly initialised teacher.
+    x : inputs (n, ...)
+    is_forget : Tensor (bool), shape (n,)
+        Which rows are D_f samples.
+    T : float
+        Temperature.
+
+    Returns
+    -------
+    Tensor, shape (n, c)
+        softmax(incompetent(x)/T) on the rows with ``is_forget``, softmax(competent(x)/T) elsewhere.
+    """
     good = F.softmax(call_model(competent, x) / T, dim=-1)
     bad = F.softmax(call_model(incompetent, x) / T, dim=-1)
     return torch.where(is_forget[:, None], bad, good)
 
 
 def retain_subset(retain: DataStream, fraction: float, g: torch.Generator) -> DataStream:
-    """A seeded random ``fraction`` of D_r (at least one sample) as a stream over an index view."""
+    """A random part of D_r, read on demand.
+
+    Parameters
+    ----------
+    retain : DataStream
+        An indexable D_r (``ValueError`` for a ``DataLoader``).
+    fraction : float in (0, 1]
+    g : torch.Generator
+        Fixes which samples.
+
+    Returns
+    -------
+    DataStream
+        ⌈fraction·N_r⌉ samples (at least one) of D_r.
+    """
     n = len(retain)
     k = max(1, int(math.ceil(fraction * n)))
     idx = torch.randperm(n, generator=g, device=g.device)[:k].cpu()

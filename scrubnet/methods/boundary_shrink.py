@@ -27,8 +27,23 @@ from scrubnet.models.call import call_model
 
 def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, batch_size: int = 256
                           ) -> tuple[Tensor, Tensor]:
-    """(labels, x_adv): the nearest wrong class of every sample by one FGSM step of size ``eps`` (∞-norm), and
-    the stepped inputs. ``model`` is evaluated in eval mode; its parameters get no gradient."""
+    """The nearest wrong class of every sample by one FGSM step.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Evaluated in eval mode; its parameters get no gradient (flags restored).
+    x, y : float inputs (N, ...) and int64 labels (N,)
+    eps : float
+        The step x' = x + eps·sign(∇_x CE(model(x), y)) (∞-norm bound, the inputs' units).
+
+    Returns
+    -------
+    labels : Tensor (int64), shape (N,)
+        argmax of model(x') over the classes ≠ y.
+    x_adv : Tensor, shape (N, ...)
+        The stepped inputs x'.
+    """
     labels, advs = [], []
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]

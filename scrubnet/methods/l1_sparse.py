@@ -21,12 +21,31 @@ from scrubnet.models.call import call_model
 
 
 def l1_weight(gamma: float, epoch: int, epochs: int) -> float:
-    """γ_e = γ·(1 − e/E): the penalty's weight in epoch ``epoch`` (0-based) of ``epochs``."""
+    """The penalty's weight in one epoch.
+
+    Parameters
+    ----------
+    gamma : float
+        γ, the weight of the first epoch.
+    epoch, epochs : int
+        e (0-based) and E.
+
+    Returns
+    -------
+    float
+        γ_e = γ·(1 − e/E).
+    """
     return gamma * (1.0 - epoch / epochs)
 
 
 def l1_norm(model: nn.Module) -> Tensor:
-    """‖w‖₁ over the trainable parameters, scalar."""
+    """‖w‖₁ of ``model``.
+
+    Returns
+    -------
+    Tensor, scalar
+        The sum of |w| over the trainable parameters (differentiable).
+    """
     return sum(p.abs().sum() for p in model.parameters() if p.requires_grad)
 
 

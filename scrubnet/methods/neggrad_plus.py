@@ -20,7 +20,22 @@ from scrubnet.models.call import call_model
 
 
 def neggrad_plus_loss(model: nn.Module, xr, yr: Tensor, xf, yf: Tensor, beta: float) -> Tensor:
-    """β·CE(model(xr), yr) − (1−β)·CE(model(xf), yf) (means over each batch), scalar."""
+    """The NegGrad+ objective of one pair of batches.
+
+    Parameters
+    ----------
+    model : nn.Module
+    xr, yr : inputs (B_r, ...) and int64 labels (B_r,)
+        A batch of D_r.
+    xf, yf : inputs (B_f, ...) and int64 labels (B_f,)
+        A batch of D_f.
+    beta : float in (0, 1)
+
+    Returns
+    -------
+    Tensor, scalar (nats)
+        β·CE(model(xr), yr) − (1−β)·CE(model(xf), yf), each CE a mean over its batch.
+    """
     return beta * F.cross_entropy(call_model(model, xr), yr) - (1 - beta) * F.cross_entropy(call_model(model, xf), yf)
 
 

@@ -28,7 +28,20 @@ from scrubnet.models.call import call_model
 
 
 def forget_gradient(model: nn.Module, x, y: Tensor, batch_size: int = 256) -> dict[str, Tensor]:
-    """∇_w of the mean cross-entropy over (x, y), eval mode, accumulated over batches: {name: tensor}."""
+    """The gradient SalUn's saliency is taken from.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Evaluated in eval mode (its mode is restored).
+    x, y : inputs (N, ...) and int64 labels (N,)
+        D_f, read ``batch_size`` samples at a time.
+
+    Returns
+    -------
+    dict of str to Tensor
+        ∇_w of the mean cross-entropy over the N samples, one tensor shaped like each trainable parameter.
+    """
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     acc = {k: torch.zeros_like(p) for k, p in params.items()}
     with eval_mode(model), torch.enable_grad():
@@ -42,8 +55,20 @@ def forget_gradient(model: nn.Module, x, y: Tensor, batch_size: int = 256) -> di
 
 
 def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor]:
-    """Masks (bool, shaped like each gradient) of the round(fraction·p) entries with the largest |g| over all
-    tensors together (ties broken by position, so the count is exact)."""
+    """SalUn's weight-saliency mask.
+
+    Parameters
+    ----------
+    grads : dict of str to Tensor
+        The forget-loss gradient, one tensor per parameter (p entries in all).
+    fraction : float in (0, 1]
+
+    Returns
+    -------
+    dict of str to Tensor (bool)
+        Masks shaped like each gradient, True on exactly round(fraction·p) entries: those with the largest |g|,
+        ranked over all tensors together (ties broken by position).
+    """
     names = list(grads)
     flat = torch.cat([grads[k].detach().abs().reshape(-1) for k in names])
     k = int(round(fraction * flat.numel()))

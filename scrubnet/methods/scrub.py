@@ -27,7 +27,21 @@ StepHook = Callable[[str, Tensor, Tensor, Tensor, nn.Module], None]
 
 
 def scrub_max_loss(student: nn.Module, teacher: nn.Module, x, T: float) -> Tensor:
-    """The max-step loss on a forget batch: −T²·KL(softmax(teacher/T) ‖ softmax(student/T)), scalar."""
+    """The max-step loss on a forget batch.
+
+    Parameters
+    ----------
+    student, teacher : nn.Module
+        The teacher is evaluated without gradient.
+    x : inputs (B, ...)
+    T : float
+        Temperature.
+
+    Returns
+    -------
+    Tensor, scalar (nats)
+        −T²·KL(softmax(teacher(x)/T) ‖ softmax(student(x)/T)), mean over the batch.
+    """
     with torch.no_grad():
         t = call_model(teacher, x)
     return -distill_kl(call_model(student, x), t, T)
@@ -35,7 +49,20 @@ def scrub_max_loss(student: nn.Module, teacher: nn.Module, x, T: float) -> Tenso
 
 def scrub_min_loss(student: nn.Module, teacher: nn.Module, x, y: Tensor, T: float, alpha: float,
                    gamma: float) -> Tensor:
-    """The min-step loss on a retain batch: γ·CE(student, y) + α·T²·KL(p_t ‖ p_s), scalar."""
+    """The min-step loss on a retain batch.
+
+    Parameters
+    ----------
+    student, teacher : nn.Module
+    x, y : inputs (B, ...) and int64 labels (B,)
+    T, alpha, gamma : float
+        Temperature and the weights of the KL and of the cross-entropy.
+
+    Returns
+    -------
+    Tensor, scalar (nats)
+        γ·CE(student(x), y) + α·T²·KL(p_t ‖ p_s), means over the batch.
+    """
     with torch.no_grad():
         t = call_model(teacher, x)
     s = call_model(student, x)

@@ -35,15 +35,41 @@ IMPORTANCES = ("fisher", "batch")
 
 
 def dampening(f_d: Tensor, f_f: Tensor, alpha: float, lam: float) -> tuple[Tensor, Tensor]:
-    """(selected, factor): selected = F_f > α·F_D (bool), factor = min(λ·F_D/F_f, 1) where selected, 1 elsewhere."""
+    """SSD's selection and dampening factors for one parameter tensor.
+
+    Parameters
+    ----------
+    f_d, f_f : Tensor, the parameter's shape
+        Importances on D and on D_f (≥ 0).
+    alpha, lam : float
+        α (selection) and λ (dampening).
+
+    Returns
+    -------
+    selected : Tensor (bool)
+        F_f > α·F_D.
+    factor : Tensor
+        min(λ·F_D/F_f, 1) where selected, 1 elsewhere.
+    """
     selected = f_f > alpha * f_d
     ratio = torch.where(selected, lam * f_d / torch.where(selected, f_f, torch.ones_like(f_f)), torch.ones_like(f_f))
     return selected, torch.clamp(ratio, max=1.0)
 
 
 def batch_importance(model: nn.Module, batches) -> dict[str, Tensor]:
-    """Mean over ``batches`` ((x, y) pairs) of the squared gradient of each batch's mean cross-entropy, eval
-    mode: {name: tensor} over the trainable parameters."""
+    """The released code's importance estimate.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Evaluated in eval mode (its mode is restored).
+    batches : iterable of (inputs (B, ...), int64 labels (B,))
+
+    Returns
+    -------
+    dict of str to Tensor
+        The mean over the batches of (∇_w mean-CE of the batch)², one tensor per trainable parameter.
+    """
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     acc = {k: torch.zeros_like(p) for k, p in params.items()}
     n = 0

@@ -30,9 +30,30 @@ from scrubnet.models.call import call_model
 def error_maximising_noise(model: nn.Module, shape: tuple[int, ...], cls: int, *, steps: int, lr: float, reg: float,
                            generator: torch.Generator, dtype: torch.dtype = torch.float32
                            ) -> tuple[Tensor, list[float]]:
-    """(noise of ``shape`` = (B, ...), the CE of the forgotten class on it before each step and after the last).
+    """UNSIR's error-maximising noise for the class ``cls``.
 
-    Adam on the noise minimises −CE(model(N), cls) + reg·mean_i ‖N_i‖²; the model is frozen in eval mode.
+    Adam on the noise minimises −CE(model(N), cls) + reg·mean_i ‖N_i‖²; the model is used in eval mode and gets
+    no gradient (its ``requires_grad`` flags are restored).
+
+    Parameters
+    ----------
+    model : nn.Module
+    shape : tuple of int
+        (B, ...): B noise inputs shaped like the model's inputs.
+    cls : int
+        The forgotten class.
+    steps : int
+    lr, reg : float
+        Adam's step on the noise and the weight of the ℓ2 term.
+    generator : torch.Generator
+        Draws the N(0, 1) start (on its device).
+    dtype : torch.dtype
+
+    Returns
+    -------
+    noise : Tensor, shape ``shape``
+    trace : list of float
+        CE(model(N), cls) in nats before each step and after the last (``steps`` + 1 values).
     """
     dev = generator.device
     noise = torch.randn(shape, generator=generator, device=dev, dtype=dtype).requires_grad_(True)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from scrubnet.data.stream import as_stream
 from scrubnet.device import model_device
@@ -49,8 +49,22 @@ class StandardMetrics:
 
 @torch.no_grad()
 def correct_and_features(model: nn.Module, data, chunk_size: int = 512) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Per-sample correctness (bool, (N,)) and MIA features ({"confidence", "entropy"}: float64, (N,)) of
-    ``model`` on ``data`` (tensors, a ``Dataset`` or a ``DataLoader``), eval mode, chunked."""
+    """What the standard metrics need from one set, per sample.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Evaluated in eval mode (its mode is restored).
+    data : (x, y) tensors, Dataset or DataLoader
+        Read ``chunk_size`` samples at a time.
+
+    Returns
+    -------
+    correct : ndarray (bool), shape (N,)
+        Whether the argmax of the logits is the label.
+    features : dict of str to ndarray (float64), shape (N,)
+        "confidence": the softmax probability of the label; "entropy": the softmax entropy (nats).
+    """
     dev = model_device(model)
     correct, conf, ent = [], [], []
     with eval_mode(model):
@@ -66,10 +80,23 @@ def correct_and_features(model: nn.Module, data, chunk_size: int = 512) -> tuple
 
 def mia_efficacy(f_retain: np.ndarray, f_test: np.ndarray, f_forget: np.ndarray, *, seed: int = 0,
                  C: float = 3.0) -> tuple[float, bool]:
-    """(fraction of ``f_forget`` the attack calls non-member, degenerate) for per-sample feature arrays.
+    """The confidence attack's MIA-efficacy on per-sample features.
 
-    The members are a seeded random subset of ``f_retain`` of size min(N_r, N_test) (all of it when smaller),
-    the non-members ``f_test``; the classifier is :func:`scrubnet.readouts.mia.attack_with_degeneracy`'s RBF SVC.
+    Parameters
+    ----------
+    f_retain, f_test, f_forget : ndarray, shapes (N_r,), (N_test,), (N_f,)
+        One feature per sample of D_r, D_test and D_f.
+    seed : int
+        Fixes the members: a random subset of ``f_retain`` of size min(N_r, N_test).
+    C : float
+        The RBF SVC's C (:func:`scrubnet.readouts.mia.attack_with_degeneracy`).
+
+    Returns
+    -------
+    efficacy : float in [0, 1]
+        The fraction of ``f_forget`` the attack calls non-member.
+    degenerate : bool
+        The SVC predicted one class for every point.
     """
     if len(f_retain) == 0 or len(f_test) == 0 or len(f_forget) == 0:
         raise ValueError("MIA-efficacy needs non-empty D_r, D_test and D_f")
@@ -113,12 +140,17 @@ def standard_metrics(model: nn.Module, retain, forget, test, *, feature: str = "
 
 
 def avg_gap(metrics, reference) -> float:
-    """Mean of |metrics[m] − reference[m]| over UA, RA, TA and MIA-efficacy.
+    """Avg. Gap: the mean of |metrics[m] − reference[m]| over UA, RA, TA and MIA-efficacy.
 
     Parameters
     ----------
     metrics, reference : StandardMetrics or mapping
         The method's metrics and the retrained model's (same units).
+
+    Returns
+    -------
+    float
+        In the metrics' units (fractions: ×100 for the papers' points).
     """
     a = metrics.as_dict() if isinstance(metrics, StandardMetrics) else metrics
     b = reference.as_dict() if isinstance(reference, StandardMetrics) else reference
