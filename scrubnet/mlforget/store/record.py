@@ -100,7 +100,8 @@ def verify(path: str | Path) -> dict:
     request's ``sha256_before`` is its predecessor's ``sha256_after``; the state names the last request and
     its weights, whose file hashes to that sha256; the forgotten ids are the union of the forget requests' ids
     (disjoint), and ``forget_all`` is the last request when present. Returns ``{"valid", "problems",
-    "requests", "state", "head"}`` (``head``: the state's chain hash)."""
+    "requests", "state", "head"}`` (``head``: the state's chain hash). Read-only: verifying never changes the
+    checkpoint (one of a previous format is refused with a ``StoreError`` naming ``scrubnet mlforget upgrade``)."""
     with _open(path) as (p, con, static):
         con.execute("BEGIN")
         try:
