@@ -18,10 +18,10 @@ from torch import Tensor, nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, guarded_epochs, forget_in_memory, generator_for, kl_to_targets,
-                                     make_optimiser, mixed_batches, step, train_mode)
+from scrubnet.methods._field import (Option, check_positive, declares_cost, forget_in_memory, generator_for,
+                                     guarded_epochs, kl_to_targets, make_optimiser, mixed_batches, step, train_cost,
+                                     train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models.call import call_model
 
 # std of the normal draw for parameters no submodule's reset_parameters() covers (e.g. a position embedding
@@ -124,6 +124,7 @@ class _Subset(DataStream):
         return self.base.take(self.idx[torch.as_tensor(idx, dtype=torch.long)])
 
 
+@declares_cost
 @register("bad-teacher")
 class BadTeacher(ForgettingMethod):
     """Bad-Teacher distillation (module docstring). Streams D_r (an indexable source).
@@ -180,15 +181,14 @@ class BadTeacher(ForgettingMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 1, retain_fraction: float = 0.3, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 1, retain_fraction: float = 0.3,
+             batch_size: int = 256, **_options):
         """Bad-Teacher: ``epochs`` passes over ⌈fraction·N_r⌉ + N_f samples, each with two teacher forwards
         (≈ two thirds of a training step more)."""
         n = int(math.ceil(retain_fraction * n_r)) + n_f
-        est = _train_cost(model, x1, n, int(epochs), config)
+        est = train_cost(model, x1, n, int(epochs), int(batch_size))
         est.flops *= 5.0 / 3.0
         est.seconds *= 5.0 / 3.0
         est.passes = float(epochs) * int(math.ceil(retain_fraction * n_r)) / max(n_r, 1)
         return est
 
-
-register_cost("bad-teacher")(BadTeacher.cost)

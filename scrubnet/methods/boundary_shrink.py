@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, guarded_epochs, float_inputs, forget_in_memory, generator_for,
-                                     make_optimiser, step, tensor_batches, train_mode)
+from scrubnet.methods._field import (Option, check_positive, declares_cost, float_inputs, forget_in_memory,
+                                     generator_for, guarded_epochs, make_optimiser, step, tensor_batches, train_cost,
+                                     train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
@@ -69,6 +69,7 @@ def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, ba
     return torch.cat(labels), torch.cat(advs)
 
 
+@declares_cost
 @register("boundary-shrink")
 class BoundaryShrink(ForgettingMethod):
     """Boundary Shrink (module docstring): class forgetting only; uses D_f alone.
@@ -124,12 +125,10 @@ class BoundaryShrink(ForgettingMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
         """Boundary Shrink: one FGSM pass over D_f (a forward + input backward, then a forward) and ``epochs``
         passes over D_f; no pass over D_r."""
-        est = _train_cost(model, x1, max(n_f, 1), int(epochs) + 2, config)
+        est = train_cost(model, x1, max(n_f, 1), int(epochs) + 2, int(batch_size or config.batch_size))
         est.passes = 0.0
         return est
 
-
-register_cost("boundary-shrink")(BoundaryShrink.cost)

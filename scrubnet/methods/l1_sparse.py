@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import Option, check_positive, guarded_epochs, generator_for, make_optimiser, step, stream_batches, train_mode
+from scrubnet.methods._field import (Option, check_positive, declares_cost, generator_for, guarded_epochs,
+                                     make_optimiser, step, stream_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models.call import call_model
 
 
@@ -49,6 +49,7 @@ def l1_norm(model: nn.Module) -> Tensor:
     return sum(p.abs().sum() for p in model.parameters() if p.requires_grad)
 
 
+@declares_cost
 @register("l1-sparse")
 class L1Sparse(ForgettingMethod):
     """ℓ1-sparse fine-tuning on D_r (module docstring). Streams D_r.
@@ -101,9 +102,7 @@ class L1Sparse(ForgettingMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
         """ℓ1-sparse: ``epochs`` passes over D_r (the penalty is O(p) per step)."""
-        return _train_cost(model, x1, n_r, int(epochs), config)
+        return train_cost(model, x1, n_r, int(epochs), int(batch_size or config.batch_size))
 
-
-register_cost("l1-sparse")(L1Sparse.cost)

@@ -12,10 +12,10 @@ from torch import Tensor, nn
 import torch.nn.functional as F
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, guarded_epochs, forget_in_memory, generator_for, make_optimiser, step,
-                                     stream_batches, tensor_batches, train_mode)
+from scrubnet.methods._field import (Option, check_positive, declares_cost, forget_in_memory, generator_for,
+                                     guarded_epochs, make_optimiser, step, stream_batches, tensor_batches, train_cost,
+                                     train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models.call import call_model
 
 
@@ -54,6 +54,7 @@ class _Cycle:
             return next(self.it)
 
 
+@declares_cost
 @register("neggrad-plus")
 class NegGradPlus(ForgettingMethod):
     """NegGrad+ (module docstring).
@@ -112,7 +113,5 @@ class NegGradPlus(ForgettingMethod):
         """NegGrad+: ``epochs`` passes over D_r, each of its ⌈N_r/B⌉ steps also a forget batch of min(B, N_f)
         samples (the optimiser-step overhead is counted per B samples of either set: an upper bound)."""
         bs = int(batch_size or config.batch_size)
-        return _train_cost(model, x1, n_r + -(-n_r // bs) * min(bs, n_f), int(epochs), config)
+        return train_cost(model, x1, n_r + -(-n_r // bs) * min(bs, n_f), int(epochs), bs)
 
-
-register_cost("neggrad-plus")(NegGradPlus.cost)

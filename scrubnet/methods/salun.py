@@ -19,10 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import Option, check_positive, guarded_epochs, step, forget_in_memory, generator_for, make_optimiser, \
-    mixed_batches, train_mode
+from scrubnet.methods._field import (Option, check_positive, declares_cost, forget_in_memory, generator_for,
+                                     guarded_epochs, make_optimiser, mixed_batches, step, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
@@ -83,6 +82,7 @@ def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor
     return out
 
 
+@declares_cost
 @register("salun")
 class SalUn(ForgettingMethod):
     """SalUn (module docstring). Streams D_r (an indexable source: its batches mix D_r and D_f).
@@ -144,14 +144,13 @@ class SalUn(ForgettingMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
         """SalUn: one gradient over D_f (a training pass) and ``epochs`` passes over D_r ⊔ D_f."""
-        est = _train_cost(model, x1, n_r + n_f, int(epochs), config)
-        extra = _train_cost(model, x1, max(n_f, 1), 1, config)
+        bs = int(batch_size or config.batch_size)
+        est = train_cost(model, x1, n_r + n_f, int(epochs), bs)
+        extra = train_cost(model, x1, max(n_f, 1), 1, bs)
         est.flops += extra.flops
         est.seconds += extra.seconds
         est.passes += n_f / max(n_r + n_f, 1)
         return est
 
-
-register_cost("salun")(SalUn.cost)

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, guarded_epochs, distill_kl, forget_in_memory, generator_for, make_optimiser,
-                                     step, stream_batches, tensor_batches, train_mode)
+from scrubnet.methods._field import (Option, check_positive, declares_cost, distill_kl, forget_in_memory,
+                                     generator_for, guarded_epochs, make_optimiser, step, stream_batches,
+                                     tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models.call import call_model
 
 #: ``on_step(kind, loss, x, y, student)``, called before each optimiser step (kind "max" or "min")
@@ -69,6 +69,7 @@ def scrub_min_loss(student: nn.Module, teacher: nn.Module, x, y: Tensor, T: floa
     return gamma * F.cross_entropy(s, y) + alpha * distill_kl(s, t, T)
 
 
+@declares_cost
 @register("scrub")
 class Scrub(ForgettingMethod):
     """SCRUB (module docstring). Streams D_r.
@@ -146,15 +147,14 @@ class Scrub(ForgettingMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, msteps: int = 3, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, msteps: int = 3, retain_batch: int = 32,
+             **_options):
         """SCRUB: ``epochs`` passes over D_r and ``msteps`` over D_f, each sample also a teacher forward (no
         backward: ≈ a third of a training step)."""
         n = int(epochs) * n_r + int(msteps) * n_f
-        est = _train_cost(model, x1, n, 1, config)
+        est = train_cost(model, x1, n, 1, int(retain_batch))
         est.flops *= 4.0 / 3.0
         est.seconds *= 4.0 / 3.0
         est.passes = float(epochs) + float(msteps) * n_f / max(n_r, 1)
         return est
 
-
-register_cost("scrub")(Scrub.cost)

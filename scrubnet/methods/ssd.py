@@ -23,10 +23,9 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for, mixed_batches,
-                                     tensor_batches)
+from scrubnet.methods._field import (Option, check_positive, declares_cost, fisher_diagonal_cost, forget_in_memory,
+                                     generator_for, mixed_batches, tensor_batches)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _fisher_cost, register_cost
 from scrubnet.methods.fisher import stream_fisher
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -84,6 +83,7 @@ def batch_importance(model: nn.Module, batches) -> dict[str, Tensor]:
     return {k: v / max(n, 1) for k, v in acc.items()}
 
 
+@declares_cost
 @register("ssd")
 class SSD(ForgettingMethod):
     """Selective Synaptic Dampening (module docstring). Streams D_r.
@@ -163,9 +163,7 @@ class SSD(ForgettingMethod):
     def cost(cls, model, x1, n_r, n_f, c, config, *, kind: str = "empirical", batch_size: int | None = None,
              **_options):
         """SSD: the Fisher diagonal over D_r and over D_f (no training)."""
-        est = _fisher_cost(model, x1, n_r + n_f, kind=kind, batch_size=batch_size)
+        est = fisher_diagonal_cost(model, x1, n_r + n_f, kind=kind, batch_size=batch_size)
         est.passes = est.passes * (n_r + n_f) / max(n_r, 1)
         return est
 
-
-register_cost("ssd")(SSD.cost)

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, guarded_epochs, float_inputs, forget_in_memory, generator_for,
-                                     make_optimiser, mixed_batches, step, stream_batches, train_mode)
+from scrubnet.methods._field import (Option, check_positive, declares_cost, float_inputs, forget_in_memory,
+                                     generator_for, guarded_epochs, make_optimiser, mixed_batches, step,
+                                     stream_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
-from scrubnet.methods.cost import _train_cost, register_cost
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
@@ -78,6 +78,7 @@ def error_maximising_noise(model: nn.Module, shape: tuple[int, ...], cls: int, *
     return noise.detach(), trace
 
 
+@declares_cost
 @register("unsir")
 class UNSIR(ForgettingMethod):
     """UNSIR (module docstring): class forgetting only. Streams D_r (an indexable source: impair mixes in noise).
@@ -152,13 +153,12 @@ class UNSIR(ForgettingMethod):
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, noise_batch: int = 32, noise_steps: int = 25,
-             impair_epochs: int = 1, repair_epochs: int = 1, **_options):
+             impair_epochs: int = 1, repair_epochs: int = 1, batch_size: int | None = None, **_options):
         """UNSIR: ``noise_steps`` steps on a noise batch, then impair (D_r + noise) and repair (D_r) passes."""
-        est = _train_cost(model, x1, n_r, int(impair_epochs) + int(repair_epochs), config)
-        extra = _train_cost(model, x1, int(noise_batch) * (int(noise_steps) + int(impair_epochs)), 1, config)
+        bs = int(batch_size or config.batch_size)
+        est = train_cost(model, x1, n_r, int(impair_epochs) + int(repair_epochs), bs)
+        extra = train_cost(model, x1, int(noise_batch) * (int(noise_steps) + int(impair_epochs)), 1, bs)
         est.flops += extra.flops
         est.seconds += extra.seconds
         return est
 
-
-register_cost("unsir")(UNSIR.cost)

@@ -3,6 +3,7 @@ architectures scrubnet supports (MLP, BatchNorm CNN, residual CNN, attention mod
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import time
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from scrubnet.curvature.fisher import fisher_diag_loop
 from scrubnet.methods.bad_teacher import bad_teacher_targets, random_initialisation
+import scrubnet.methods.base as base
 from scrubnet.methods.base import ForgetContext, get_method
 from scrubnet.methods.boundary_shrink import fgsm_neighbour_labels
 from scrubnet.methods.l1_sparse import l1_weight
@@ -65,7 +67,7 @@ def test_neggrad_plus_step_is_beta_retain_minus_one_minus_beta_forget(beta):
 def test_a_diverging_ascent_stops_with_the_last_finite_weights_and_says_so():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))    # float32, unbounded: it overflows
-    retain, forget = [tuple(t.float() if t.is_floating_point() else t for t in _data(n, s)) for n, s in ((8, 1), (4, 2))]
+    retain, forget = [(x.float(), y) for x, y in (_data(8, 1), _data(4, 2))]
     res = get_method("neggrad-plus", beta=0.05, epochs=200, lr=1e3, weight_decay=0.0)(model, retain, forget,
                                                                                     _ctx(model))
     assert not res.ok and "NegGrad+ diverged in epoch" in res.reasons[0]
@@ -269,6 +271,17 @@ def test_every_field_method_runs_on_every_architecture(arch):
         assert all(torch.isfinite(v).all() for v in res.model.state_dict().values() if v.is_floating_point())
         assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), res.model.parameters())), name
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())   # the input is untouched
+
+
+def test_every_field_method_has_a_cost_estimate_that_grows_with_its_epochs():
+    estimate = getattr(base, "estimate", None) or importlib.import_module("scrubnet.methods.cost").estimate
+    model = build_model("mlp", (1, 8, 8), 3, hidden=16)
+    for name in FIELD:
+        est = estimate(model, 200, 20, method=name, in_shape=(1, 8, 8))
+        assert est.flops > 0 and est.seconds > 0 and est.peak_bytes > 0, name
+        if name not in ("ssd", "unsir"):
+            more = estimate(model, 200, 20, method=name, in_shape=(1, 8, 8), epochs=20)
+            assert more.flops > est.flops, name
 
 
 class _MapDataset(torch.utils.data.Dataset):
