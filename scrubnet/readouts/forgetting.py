@@ -84,6 +84,11 @@ class VerdictRules:
     max_width : float
         ``inconclusive`` when the after interval, or the interval a chance-level AUC has at these sample counts,
         is wider than this.
+    overshoot_fails : bool
+        Whether an after interval entirely below 0.5 − ``margin`` (D_f now looks *less* like training data than
+        held-out data) reads ``moved_wrong_way`` (True) or ``partly`` (False, the default): without a reference
+        model an over-forgetting scrub cannot be told from an atypical D_f (mislabelled or out-of-distribution
+        samples, which a retrained model also scores below held-out data).
     n_boot : int
         Bootstrap replicates.
     seed : int
@@ -93,6 +98,7 @@ class VerdictRules:
     level: float = 0.95
     margin: float = 0.05
     max_width: float = 0.3
+    overshoot_fails: bool = False
     n_boot: int = 1000
     seed: int = 0
 
@@ -111,6 +117,8 @@ class ForgettingVerdict:
         AUC of D_f against held-out data under the input and the scrubbed model.
     auc_before_ci, auc_after_ci : (float, float)
         Their bootstrap intervals (paired: the same resamples score both models).
+    auc_change_ci : (float, float)
+        Interval of auc_after − auc_before (positive: D_f looks more like training data than before).
     distance_change_ci : (float, float)
         Interval of |auc_after − 0.5| − |auc_before − 0.5| (negative: moved toward unseen-like).
     auc_retain_heldout, auc_retain_heldout_ci : float, (float, float)
@@ -123,6 +131,8 @@ class ForgettingVerdict:
         AUC of D_r against held-out data under the input model for each statistic (how the statistic was chosen).
     n_forget, n_heldout, n_retain : int
         Examples compared (forget examples whose label has no held-out example are left out).
+    n_heldout_effective : float
+        Kish's effective size of the label-matched held-out set (e.g. the held-out examples of D_f's class).
     level, rules : float, VerdictRules
     summary : str
         One line with the verdict and the numbers.
@@ -134,6 +144,7 @@ class ForgettingVerdict:
     auc_before_ci: tuple[float, float]
     auc_after: float
     auc_after_ci: tuple[float, float]
+    auc_change_ci: tuple[float, float]
     distance_change_ci: tuple[float, float]
     auc_retain_heldout: float
     auc_retain_heldout_ci: tuple[float, float]
@@ -144,6 +155,7 @@ class ForgettingVerdict:
     n_forget: int
     n_heldout: int
     n_retain: int
+    n_heldout_effective: float
     rules: VerdictRules = field(default_factory=VerdictRules)
     summary: str = ""
 
@@ -245,25 +257,31 @@ def _retain_boot(retain: np.ndarray, held: np.ndarray, w: np.ndarray, rules: Ver
                            for b in np.diff(np.r_[np.arange(0, rules.n_boot, 100), rules.n_boot])])
 
 
-def _decide(before_ci, after_ci, change_ci, retain_ci, width: float, rules: VerdictRules) -> tuple[str, str]:
-    """(verdict, reason) from the intervals; the rules in the order docs/notes/verdict.md gives them."""
-    m = rules.margin
-    if retain_ci[0] <= 0.5:
+def _decide(ci: dict, width: float, rules: VerdictRules) -> tuple[str, str]:
+    """(verdict, reason) from the intervals (``b``/``a``: AUC before/after, ``c``: after − before, ``d``: change
+    of the distance to 0.5, ``r``: D_r vs held-out); the rules in the order docs/notes/verdict.md gives them."""
+    m, before_ci, after_ci = rules.margin, ci["b"], ci["a"]
+    if ci["r"][0] <= 0.5:
         return "nothing_to_measure", "the input model does not tell D_r from held-out data"
     if width > rules.max_width:
         return "inconclusive", f"interval width {width:.2f} > {rules.max_width:.2f}: too few examples"
-    if change_ci[0] > 0:
-        return "moved_wrong_way", "D_f moved significantly further from held-out-like"
+    if ci["c"][0] > 0 and after_ci[0] > 0.5:
+        return "moved_wrong_way", "D_f looks significantly more like training data than before"
     if before_ci[0] <= 0.5 + m:
-        return "nothing_to_measure", "D_f did not look like training data before the scrub"
+        if before_ci[1] < 0.5 - m:
+            return "nothing_to_measure", "D_f looked less like training data than held-out data already before " \
+                                         "the scrub (an atypical D_f: it needs held-out data of its kind)"
+        if before_ci[1] <= 0.5 + 2 * m:
+            return "nothing_to_measure", "D_f looked like held-out data already before the scrub"
+        return "inconclusive", "whether D_f looked like training data before the scrub is not established"
     if max(after_ci[0] - 0.5, 0.5 - after_ci[1], 0.0) <= m:
         return "forgot", "D_f now looks like held-out data"
-    if change_ci[1] < 0:
-        side = "overshot: D_f now looks less like training data than held-out data" if after_ci[1] < 0.5 \
-            else "D_f still looks more like training data than held-out data"
-        return "partly", f"moved significantly toward held-out-like, {side}"
     if after_ci[1] < 0.5 - m:
-        return "moved_wrong_way", "overshot: D_f now looks as unlike held-out data on the other side"
+        why = "overshot: D_f now looks less like training data than held-out data (over-forgetting, or an " \
+              "atypical D_f such as mislabelled samples)"
+        return ("moved_wrong_way" if rules.overshoot_fails else "partly"), why
+    if ci["d"][1] < 0:
+        return "partly", "moved significantly toward held-out-like; D_f still looks more like training data"
     return "did_not_forget", "no significant move toward held-out-like"
 
 
@@ -315,16 +333,18 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     w_f = _label_weights(forget_before.labels[keep], heldout_before.labels)
     boot_b, boot_a = _paired_boot((f_b, f_a), (h_b, h_a), w_f, rules)
     boot_r = _retain_boot(retain_before.score(statistic), h_b, w_r, rules)
-    ci = {k: _interval(v, rules.level) for k, v in
-          (("b", boot_b), ("a", boot_a), ("r", boot_r), ("d", np.abs(boot_a - 0.5) - np.abs(boot_b - 0.5)))}
-    n_f, n_h = int(keep.sum()), int(round(_effective_n(w_f)))
-    width = max(ci["a"][1] - ci["a"][0], chance_width(n_f, max(n_h, 1), rules.level))
-    verdict, reason = _decide(ci["b"], ci["a"], ci["d"], ci["r"], width, rules)
+    boots = {"b": boot_b, "a": boot_a, "r": boot_r, "c": boot_a - boot_b,
+             "d": np.abs(boot_a - 0.5) - np.abs(boot_b - 0.5)}
+    ci = {k: _interval(v, rules.level) for k, v in boots.items()}
+    n_f, n_h = int(keep.sum()), _effective_n(w_f)
+    width = max(ci["a"][1] - ci["a"][0], chance_width(n_f, max(int(round(n_h)), 1), rules.level))
+    verdict, reason = _decide(ci, width, rules)
     sub = lambda p: PerExample(p.loss[keep], p.margin[keep], p.labels[keep])  # noqa: E731
     auc_b, auc_a = weighted_auc(f_b, h_b, w_f), weighted_auc(f_a, h_a, w_f)
     out = ForgettingVerdict(
         verdict=verdict, statistic=statistic, auc_before=auc_b, auc_before_ci=ci["b"], auc_after=auc_a,
-        auc_after_ci=ci["a"], distance_change_ci=ci["d"], auc_retain_heldout=stat_aucs[statistic],
+        auc_after_ci=ci["a"], auc_change_ci=ci["c"], distance_change_ci=ci["d"],
+        auc_retain_heldout=stat_aucs[statistic],
         auc_retain_heldout_ci=ci["r"],
         auc_retain_heldout_after=None if retain_after is None else _auc_or_none(retain_after, heldout_after,
                                                                                statistic),
@@ -332,10 +352,11 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
         auc_forget_retain_after=None if retain_after is None else _auc_or_none(sub(forget_after), retain_after,
                                                                               statistic),
         statistic_aucs=stat_aucs, n_forget=n_f, n_heldout=len(heldout_before), n_retain=len(retain_before),
-        rules=rules)
+        n_heldout_effective=n_h, rules=rules)
     out.summary = (f"{verdict} ({reason}): D_f vs held-out AUC ({statistic}) {auc_b:.2f} "
                    f"[{ci['b'][0]:.2f}, {ci['b'][1]:.2f}] -> {auc_a:.2f} [{ci['a'][0]:.2f}, {ci['a'][1]:.2f}]; "
-                   f"D_r vs held-out {out.auc_retain_heldout:.2f}; n_forget={n_f}, n_heldout={len(heldout_before)}")
+                   f"D_r vs held-out {out.auc_retain_heldout:.2f}; n_forget={n_f}, n_heldout={len(heldout_before)} "
+                   f"(effective {n_h:.0f} with D_f's labels)")
     return out
 
 

@@ -165,14 +165,18 @@ def _judge(f_b, f_a, h, r, **kw):
     return judge_forgetting(_pe(f_b), _pe(f_a), _pe(h), _pe(h), _pe(r), **kw)
 
 
-@pytest.mark.parametrize("after_mean, verdict", [(0.0, "forgot"), (1.0, "partly"), (2.0, "did_not_forget"),
-                                                 (3.5, "moved_wrong_way"), (-2.0, "moved_wrong_way"),
-                                                 (-0.8, "partly")])
-def test_rules_on_synthetic_scores(after_mean, verdict):
+@pytest.mark.parametrize("after_mean, verdict, overshoot_verdict", [
+    (0.0, "forgot", "forgot"), (1.0, "partly", "partly"), (2.0, "did_not_forget", "did_not_forget"),
+    (3.5, "moved_wrong_way", "moved_wrong_way"), (-2.0, "partly", "moved_wrong_way"),
+    (-0.8, "partly", "moved_wrong_way")])
+def test_rules_on_synthetic_scores(after_mean, verdict, overshoot_verdict):
     rng = np.random.default_rng(3)
     noise, h, r = rng.normal(size=60), rng.normal(size=400), rng.normal(2.0, 1.0, 300)
     v = _judge(2.0 + noise, after_mean + noise, h, r)
     assert v.verdict == verdict, v.summary
+    assert (after_mean < 0) == ("overshot" in v.summary)
+    v2 = _judge(2.0 + noise, after_mean + noise, h, r, rules=VerdictRules(overshoot_fails=True))
+    assert v2.verdict == overshoot_verdict, v2.summary
     assert v.auc_before_ci[0] > 0.8 and v.n_forget == 60 and v.n_heldout == 400
 
 
@@ -180,8 +184,14 @@ def test_nothing_to_measure_when_retain_or_forget_does_not_look_like_training_da
     rng = np.random.default_rng(4)
     h, f = rng.normal(size=400), rng.normal(2.0, 1.0, 60)
     assert _judge(f, f - 2, h, rng.normal(size=300)).verdict == "nothing_to_measure"  # D_r like held-out
-    g = rng.normal(size=60)  # D_f never looked like training data (D_r did): no before-to-after to read
-    assert _judge(g, g, h, rng.normal(2.0, 1.0, 300)).verdict == "nothing_to_measure"
+    g = rng.normal(size=200)  # D_f never looked like training data (D_r did): no before-to-after to read
+    v = _judge(g, g, h, rng.normal(2.0, 1.0, 300))
+    assert v.verdict == "nothing_to_measure" and v.auc_before_ci[1] < 0.6, v.summary
+    v = _judge(g - 3, g - 3, h, rng.normal(2.0, 1.0, 300))  # e.g. mislabelled D_f against ordinary held-out data
+    assert v.verdict == "nothing_to_measure" and "atypical" in v.summary, v.summary
+    # too few examples to tell whether D_f looked like training data (interval reaches 0.5 and 0.6)
+    w = _judge(g[:25] + 0.3, g[:25] + 0.3, h, rng.normal(2.0, 1.0, 300))
+    assert w.verdict == "inconclusive" and w.auc_before_ci[0] < 0.55 < 0.6 < w.auc_before_ci[1], w.summary
     # ... but pushing such a D_f toward training-like is a move the wrong way
     assert _judge(g, g + 3, h, rng.normal(2.0, 1.0, 300)).verdict == "moved_wrong_way"
 
