@@ -195,7 +195,8 @@ class _Ranks:
     def auc(self, c_pos: np.ndarray, w_neg: np.ndarray) -> np.ndarray:
         """AUCs, shape (B,), for positive counts (B, n_pos) and negative weights (B, n_neg)."""
         cum = np.concatenate([np.zeros((len(w_neg), 1)), np.cumsum(w_neg[:, self.order], axis=1)], axis=1)
-        f = (cum[:, self.lt] + cum[:, self.le]) / (2.0 * cum[:, -1:])
+        with np.errstate(invalid="ignore", divide="ignore"):  # a resample without negatives: NaN, dropped later
+            f = (cum[:, self.lt] + cum[:, self.le]) / (2.0 * cum[:, -1:])
         return (c_pos * f).sum(1) / c_pos.sum(1)
 
 
@@ -212,7 +213,9 @@ def _counts(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
 
 def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     a = (1.0 - level) / 2.0
-    lo, hi = np.quantile(values, [a, 1.0 - a])
+    if np.isnan(values).all():
+        return float("nan"), float("nan")
+    lo, hi = np.nanquantile(values, [a, 1.0 - a])
     return float(lo), float(hi)
 
 
@@ -263,7 +266,7 @@ def _decide(ci: dict, width: float, rules: VerdictRules) -> tuple[str, str]:
     m, before_ci, after_ci = rules.margin, ci["b"], ci["a"]
     if ci["r"][0] <= 0.5:
         return "nothing_to_measure", "the input model does not tell D_r from held-out data"
-    if width > rules.max_width:
+    if not width <= rules.max_width:  # NaN too
         return "inconclusive", f"interval width {width:.2f} > {rules.max_width:.2f}: too few examples"
     if ci["c"][0] > 0 and after_ci[0] > 0.5:
         return "moved_wrong_way", "D_f looks significantly more like training data than before"
@@ -324,6 +327,9 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     statistic = chosen if statistic == "auto" else statistic
     if statistic not in STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; choose auto, loss or margin")
+    sets = (forget_before, forget_after, heldout_before, heldout_after, retain_before)
+    if not all(np.isfinite(p.score(statistic)).all() for p in sets):
+        raise ValueError(f"a per-example {statistic} is not finite: the model's logits are not finite")
     # forget examples whose label no held-out example has cannot be compared: left out (and counted)
     keep = np.isin(forget_before.labels, heldout_before.labels)
     if not keep.any():

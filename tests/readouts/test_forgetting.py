@@ -252,5 +252,7 @@ def test_bad_inputs_are_refused():
         judge_forgetting(z, _pe(np.zeros(4)), z, z, z)
     with pytest.raises(ValueError, match="one length"):
         PerExample(np.zeros(3), np.zeros(2), np.zeros(3, int))
+    with pytest.raises(ValueError, match="not finite"):
+        judge_forgetting(_pe([1.0, np.nan, 2.0, 3.0, 4.0]), z, z, z, z, statistic="margin")
     with pytest.raises(ValueError, match="statistic"):
         judge_forgetting(z, z, z, z, z, statistic="entropy")
