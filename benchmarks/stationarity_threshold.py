@@ -37,7 +37,7 @@ def main() -> None:
         sr = prepare_seed(cfg, seed)
         retain = as_stream(sr.split.retain)
         proto = sr.ctx.recipe
-        rows.append((f"seed {seed}: protocol model, protocol recipe", stationarity(sr.original, retain, proto, sr.ctx.w0)))
+        rows.append((f"seed {seed}: protocol model, protocol recipe", stationarity(sr.original, retain, proto, sr.ctx.center(sr.original))))
         plain = copy.deepcopy(sr.start)
         sgd_loop(plain, sr.split.x, sr.split.y, lr=cfg.train.lr, momentum=0.9, batch_size=128, max_epochs=60,
                  generator=seeded_generator(seed, "cpu"), weight_decay=5e-4)
@@ -45,7 +45,7 @@ def main() -> None:
         rows.append((f"seed {seed}: plain SGD + wd 5e-4, right recipe",
                      stationarity(plain, retain, right, right.center_for(plain))))
         rows.append((f"seed {seed}: plain SGD + wd 5e-4, quick-start pull to w_0",
-                     stationarity(plain, retain, proto, sr.ctx.w0)))
+                     stationarity(plain, retain, proto, sr.ctx.center(sr.original))))
         nodecay = TrainingRecipe(wd=0.0)
         rows.append((f"seed {seed}: plain SGD + wd 5e-4, recipe says wd 0",
                      stationarity(plain, retain, nodecay, nodecay.center_for(plain))))

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, distill_kl, forget_in_memory,
+from scrubnet.methods._field import (Option, check_positive, distill_kl, forget_in_memory,
                                      generator_for, guarded_epochs, make_optimiser, step, stream_batches,
                                      tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
@@ -69,7 +69,6 @@ def scrub_min_loss(student: nn.Module, teacher: nn.Module, x, y: Tensor, T: floa
     return gamma * F.cross_entropy(s, y) + alpha * distill_kl(s, t, T)
 
 
-@declares_cost
 @register("scrub")
 class Scrub(ForgettingMethod):
     """SCRUB (module docstring). Streams D_r.

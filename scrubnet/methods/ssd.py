@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, fisher_diagonal_cost, forget_in_memory,
+from scrubnet.methods._field import (Option, check_positive, fisher_diagonal_cost, forget_in_memory,
                                      generator_for, mixed_batches, tensor_batches)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.fisher import stream_fisher
@@ -83,7 +83,6 @@ def batch_importance(model: nn.Module, batches) -> dict[str, Tensor]:
     return {k: v / max(n, 1) for k, v in acc.items()}
 
 
-@declares_cost
 @register("ssd")
 class SSD(ForgettingMethod):
     """Selective Synaptic Dampening (module docstring). Streams D_r.

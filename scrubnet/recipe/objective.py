@@ -4,7 +4,7 @@ The recipe (:class:`scrubnet.recipe.TrainingRecipe`) states what the model minim
 
     L_r(w) = (1/N_r) Σ_{i∈D_r} ℓ(f_w(x_i), y_i) + (wd/2)·‖M ⊙ (w − c)‖²,
 
-with M the mask of decayed parameters (those in ``ctx.w0``) and c the decay centre (``ctx.w0``: the given w_0,
+with M the mask of decayed parameters (those in the recipe's centre) and c the decay centre (``ctx.center(model)``: the given w_0,
 or zeros for ordinary weight decay). Curvature methods (Newton, Fisher, NTK, LQF) are local: they assume w sits
 near a minimum of L_r (up to the small gradient D_f contributes). :func:`stationarity` measures how far it is:
 

@@ -3,7 +3,6 @@ architectures scrubnet supports (MLP, BatchNorm CNN, residual CNN, attention mod
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 import time
 
@@ -274,7 +273,7 @@ def test_every_field_method_runs_on_every_architecture(arch):
 
 
 def test_every_field_method_has_a_cost_estimate_that_grows_with_its_epochs():
-    estimate = getattr(base, "estimate", None) or importlib.import_module("scrubnet.methods.cost").estimate
+    estimate = base.estimate
     model = build_model("mlp", (1, 8, 8), 3, hidden=16)
     for name in FIELD:
         est = estimate(model, 200, 20, method=name, in_shape=(1, 8, 8))
