@@ -30,7 +30,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, vjp, vmap
+from torch.func import vjp, vmap
+
+from scrubnet.curvature.fallbacks import loop_per_sample_grads
+from scrubnet.models.call import Inputs, call_functional
 
 
 class LayerKernel:
@@ -250,18 +253,23 @@ class BatchNormKernel(LayerKernel):
 # --------------------------------------------------------------------------------------------------
 
 def func_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: list[str],
-                          buffers: dict[str, Tensor], x: Tensor, cotangents: Tensor,
-                          output: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+                          buffers: dict[str, Tensor], x: Inputs, cotangents: Tensor,
+                          output: Callable[[Tensor], Tensor] | None = None, per_sample: str = "vmap"
+                          ) -> dict[str, Tensor]:
     """{name: (B, R, *shape)}: ∂(cotangents[i, r] · output(f(x_i)))/∂θ for the parameters ``names`` (the
     others held at ``params``), by ``torch.func``: vmap over samples of one VJP vmapped over the R
     cotangents (B, R, c). ``output`` maps the logits of one sample (default: identity; e.g. log-softmax for
-    the Fisher). Works for any module; the model must be in eval mode (samples independent)."""
+    the Fisher). Works for any module; the model must be in eval mode (samples independent).
+    ``per_sample="loop"``: the same numbers one sample at a time by autograd, where ``vmap`` does not run
+    (:mod:`scrubnet.curvature.fallbacks`)."""
+    if per_sample == "loop":
+        return loop_per_sample_grads(model, params, names, buffers, x, cotangents, output)
     fixed = {k: v for k, v in params.items() if k not in names}
     free = {k: params[k] for k in names}
 
     def per_sample(p, xi, ci):
         def f(q):
-            logits = functional_call(model, ({**fixed, **q}, buffers), (xi.unsqueeze(0),)).squeeze(0)
+            logits = call_functional(model, ({**fixed, **q}, buffers), xi.unsqueeze(0)).squeeze(0)
             return logits if output is None else output(logits)
         _, pull = vjp(f, p)
         (grads,) = vmap(pull)(ci)
