@@ -74,7 +74,8 @@ def test_layer_table_covers_every_parameter_once(case):
     c = logits.shape[1]
     for lay in eng.layers:
         for (lo, hi), r in eng.rows(cap, lay):
-            assert rel(r, jac[:, lo:hi]) < TOL, lay.name
+            # relative to the whole Jacobian: a key bias's rows are zero up to rounding (softmax cancels them)
+            assert float((r - jac[:, lo:hi]).norm()) < TOL * float(jac.norm()), lay.name
     assert len(x) * c == jac.shape[0]
 
 
@@ -147,7 +148,7 @@ EXPECTED = {   # what the probe must find (float64 CPU): fused kernels without f
     "sdpa_groupnorm": {"kernels": "non-fused"},
     "lstm": {"per_sample": "loop"},
     "gru": {"per_sample": "loop"},
-    "bert": {"kernels": "non-fused", "per_sample": "loop"},
+    "bert": {"kernels": "non-fused", "per_sample": "loop", "unhooked": ()},
     "shared": {"unhooked": ("a.weight",)},
     "nested": {},
 }
