@@ -290,3 +290,14 @@ def cost_multipliers(paths: AutodiffPaths) -> dict[str, float]:
     return {"jvp": 2.0 if paths.jvp == "double-vjp" else 1.0,
             "per_sample_batch1": 1.0 if paths.per_sample == "loop" else 0.0,
             "unhooked_params": float(len(paths.unhooked))}
+
+
+def fallbacks_report(model: nn.Module, data) -> dict:
+    """``report["fallbacks"]`` of a method: the paths :func:`probe_paths` chooses for ``model`` on the first
+    samples of ``data`` (inputs, an (x, y) pair, or a stream with ``chunks()``)."""
+    x = data
+    if hasattr(data, "chunks"):
+        x = next(iter(data.chunks(2)))[0]
+    elif isinstance(data, (tuple, list)):
+        x = data[0]
+    return probe_paths(model, x).as_dict()

@@ -6,25 +6,21 @@ J ∈ R^{Nc×p} stacks the per-(sample, class) Jacobian rows J[(i,k), :] = ∂f_
 model in **eval mode** (BatchNorm uses its running statistics, so samples do not interact and per-sample
 rows are well defined); the model's mode is restored afterwards.
 
-What is here
-* :class:`JacobianRows` — the engine: one forward pass with hooks on every layer covered by the kernel
-  registry (:mod:`scrubnet.curvature.kernels`: Linear, Conv1d/Conv2d, eval-mode BatchNorm) plus c backward
-  passes to the layer *outputs* give, per layer, its inputs ``a`` and the output-gradients ``g`` of every
-  row; per-row weight gradients are then ``Σ_s g_s a_sᵀ`` (the kernel's batched GEMM). Parameters of any
-  other module go through the kernels' torch.func fallback on just those parameters.
-* :func:`ntk_gram` — Θ (or the cross-Gram J(x) J(x')ᵀ) under a memory budget, choosing per layer the
-  cheaper of two exact contractions:
-    explicit: Θ_l = G_l G_lᵀ with per-row gradients G_l (rows × numel);
-    ghost:    Θ_l[(n,k),(m,k')] = Σ_{s,t} (g_{nks}·g_{mk't}) (ã_{ns}·ã_{mt}),   ã = [a, 1] (bias folded in),
-  ghost wins for layers with few positions T (every Linear: T = 1; late conv layers). Every Jacobian row
-  is computed once when the compact factors of x fit in the budget, and otherwise once per layer group or
-  per held chunk ("NTK cost" and "NTK memory" in docs/decisions.md); the symmetric blocks are computed
-  once. :func:`ntk_gram_flops` gives its FLOP floor.
-* :func:`ntk_diag_blocks` — the N per-sample c×c blocks J_x diag(v) J_xᵀ (activation covariances).
-* :func:`jacobian_vjp` (Jᵀa: one backward of Σ_i a_i·f(x_i)), :func:`jacobian_jvp` (J v, ``torch.func.jvp``),
-  :func:`ntk_matvec` (Θu = J(Jᵀu)) and :func:`solve_gram` / :func:`solve_ntk_cg` (ridge solve by Cholesky
-  with jitter, or by conjugate gradient on Θ-vector products when the Gram is too large to hold).
-* :func:`dense_jacobian` — the obviously-correct twin for tests (``torch.func.jacrev`` of the whole batch).
+What is here (and where): the NTK is built in parts —
+* :mod:`scrubnet.curvature.jacobian_rows` — :class:`JacobianRows`, the engine: one forward pass with hooks on
+  every layer covered by the kernel registry (:mod:`scrubnet.curvature.kernels`) plus c backward passes to
+  the layer *outputs* give per-row gradients layer by layer; parameters outside the layer table (other
+  modules; layers whose hooks do not see every use of their weight) go through the per-sample path.
+* :mod:`scrubnet.curvature.ntk_schedule` — the Gram schedule: per layer the cheaper of two exact
+  contractions (explicit Θ_l = G_l G_lᵀ, or ghost Σ_{s,t}(g·g)(ã·ã)), held factors, layer groups or sample
+  chunks under the memory budget; :func:`ntk_gram_schedule` reports it.
+* :mod:`scrubnet.curvature.ntk_gram` — the Gram itself: :func:`ntk_gram`, :func:`ntk_gram_flops`,
+  :func:`ntk_diag_blocks` (the N per-sample c×c blocks), :func:`iter_jacobian_rows`.
+* here — the matrix-free products :func:`jacobian_vjp` (Jᵀa), :func:`jacobian_jvp` (J v: forward-mode, or
+  the double-VJP where the model has no forward-mode rule, :mod:`scrubnet.curvature.fallbacks`),
+  :func:`ntk_matvec` (Θu = J(Jᵀu)), the ridge solves :func:`solve_gram` (Cholesky with jitter) and
+  :func:`solve_ntk_cg` (the package's one CG loop on Θ-vector products), and :func:`dense_jacobian` (the
+  obviously-correct per-row autograd twin, for tests). The names above are re-exported from here.
 
 Why this algorithm: on CPU a layerwise per-row-gradient / outer-product kernel beat ``vmap(jacrev)``
 5.6–25× (ResNet-18, one thread); the c backward passes go to the layer outputs only (no weight gradients).
