@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import jvp, vjp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from scrubnet.curvature.kernels import func_per_sample_grads, kernel_for, loop_per_sample_grads
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_functional, call_model
 
@@ -96,29 +97,6 @@ def jvp_with_pullback(f: Callable[[dict], Tensor], params: dict[str, Tensor], ta
     return out, jv, pull
 
 
-def loop_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: list[str],
-                          buffers: dict[str, Tensor], x, cotangents: Tensor,
-                          output: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
-    """The per-sample twin of ``vmap``: {name: (B, R, *shape)} = ∂(cotangents[i, r]·output(f(x_i)))/∂θ, one
-    sample at a time (batch 1) and one backward per cotangent, by ordinary autograd."""
-    fixed = {k: v.detach() for k, v in params.items() if k not in names}
-    free = {k: params[k].detach().requires_grad_(True) for k in names}
-    b, r = cotangents.shape[0], cotangents.shape[1]
-    out = {k: torch.zeros((b, r) + tuple(free[k].shape), dtype=free[k].dtype, device=free[k].device)
-           for k in names}
-    with torch.enable_grad():
-        for i in range(b):
-            logits = call_functional(model, ({**fixed, **free}, buffers), x[i:i + 1])[0]
-            o = logits if output is None else output(logits)
-            for j in range(r):
-                gs = torch.autograd.grad(o, list(free.values()), grad_outputs=cotangents[i, j].to(o.dtype),
-                                         retain_graph=j < r - 1, allow_unused=True)
-                for k, g in zip(names, gs):
-                    if g is not None:
-                        out[k][i, j] = g
-    return out
-
-
 # ---- probing -----------------------------------------------------------------------------------------
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -176,7 +154,6 @@ def _try(fn: Callable[[], bool]) -> bool:
 
 
 def _probe(model: nn.Module, x) -> AutodiffPaths:
-    from scrubnet.curvature.kernels import func_per_sample_grads   # kernels imports this module
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     if not params:
@@ -223,7 +200,6 @@ def unhooked_params(model: nn.Module, x, params: dict[str, Tensor]) -> list[str]
     kernel gradient, from the hooked (input, output gradient) pairs of the layer summed over its calls, does
     not equal autograd's gradient of a random projection of the logits on ``x``: the hook never fired (the
     weight is used functionally), or the weight is tied to or also used outside the layer."""
-    from scrubnet.curvature.kernels import kernel_for
     mods = {}
     for mname, m in model.named_modules():
         own = {pn: (f"{mname}.{pn}" if mname else pn) for pn, p in m.named_parameters(recurse=False)

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import vjp, vmap
 
-from scrubnet.curvature.fallbacks import loop_per_sample_grads
 from scrubnet.models.call import Inputs, call_functional
 
 
@@ -276,3 +275,26 @@ def func_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: li
         return grads
 
     return vmap(per_sample, in_dims=(None, 0, 0))(free, x, cotangents)
+
+
+def loop_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: list[str],
+                          buffers: dict[str, Tensor], x, cotangents: Tensor,
+                          output: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+    """The per-sample twin of ``vmap``: {name: (B, R, *shape)} = ∂(cotangents[i, r]·output(f(x_i)))/∂θ, one
+    sample at a time (batch 1) and one backward per cotangent, by ordinary autograd."""
+    fixed = {k: v.detach() for k, v in params.items() if k not in names}
+    free = {k: params[k].detach().requires_grad_(True) for k in names}
+    b, r = cotangents.shape[0], cotangents.shape[1]
+    out = {k: torch.zeros((b, r) + tuple(free[k].shape), dtype=free[k].dtype, device=free[k].device)
+           for k in names}
+    with torch.enable_grad():
+        for i in range(b):
+            logits = call_functional(model, ({**fixed, **free}, buffers), x[i:i + 1])[0]
+            o = logits if output is None else output(logits)
+            for j in range(r):
+                gs = torch.autograd.grad(o, list(free.values()), grad_outputs=cotangents[i, j].to(o.dtype),
+                                         retain_graph=j < r - 1, allow_unused=True)
+                for k, g in zip(names, gs):
+                    if g is not None:
+                        out[k][i, j] = g
+    return out
