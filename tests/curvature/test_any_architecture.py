@@ -183,3 +183,25 @@ def test_float32_lstm_uses_non_fused_kernels_and_matches():
     v = torch.randn(jac.shape[1], generator=torch.Generator().manual_seed(4))
     got = jacobian_jvp(model, x, v)
     assert rel(got.double(), (jac @ v.double()).reshape(got.shape)) < 1e-4
+
+
+@pytest.mark.parametrize("method", ["fisher", "newton", "ntk"])
+def test_methods_report_their_fallbacks(method):
+    """The curvature methods run on nn.MultiheadAttention (which crashed inside torch before) and report the
+    paths they took."""
+    from scrubnet.api import forget
+    model, x = zoo.build("mha", n=10)
+    with torch.no_grad():
+        y = call_model(model, x).argmax(-1)
+    _, res = forget(model, (x[:8], y[:8]), (x[8:], y[8:]), method=method, num_classes=zoo.C, force=True,
+                    on_failure="return")
+    fb = res.report["fallbacks"]
+    assert fb["kernels"] == "non-fused" and fb["layer_table"] == "hooks+autograd"
+    assert fb["unhooked"] == ["attn.out_proj.bias", "attn.out_proj.weight"]
+
+
+def test_cost_multipliers_price_the_paths():
+    from scrubnet.curvature.fallbacks import AutodiffPaths, cost_multipliers
+    assert cost_multipliers(AutodiffPaths()) == {"jvp": 1.0, "per_sample_batch1": 0.0, "unhooked_params": 0.0}
+    slow = AutodiffPaths(jvp="double-vjp", per_sample="loop", unhooked=("a", "b"))
+    assert cost_multipliers(slow) == {"jvp": 2.0, "per_sample_batch1": 1.0, "unhooked_params": 2.0}
