@@ -205,3 +205,21 @@ def test_cost_multipliers_price_the_paths():
     assert cost_multipliers(AutodiffPaths()) == {"jvp": 1.0, "per_sample_batch1": 0.0, "unhooked_params": 0.0}
     slow = AutodiffPaths(jvp="double-vjp", per_sample="loop", unhooked=("a", "b"))
     assert cost_multipliers(slow) == {"jvp": 2.0, "per_sample_batch1": 1.0, "unhooked_params": 2.0}
+
+
+@pytest.mark.parametrize("name", ["lstm", "mha", "transformer_encoder", "bert"])
+def test_kfac_input_factor_of_the_head(name):
+    """K-FAC runs on integer tokens, ModelInputs and attention (fast path on): the head's input factor is
+    the mean of [a, 1][a, 1]ᵀ over its inputs."""
+    from scrubnet.curvature.kfac import compute_kfac
+    model, x = zoo.build(name)
+    head_name = {"bert": "classifier"}.get(name, "head")
+    head = dict(model.named_modules())[head_name]
+    seen = []
+    h = head.register_forward_hook(lambda m, i, o: seen.append(i[0].detach()))
+    with torch.no_grad():
+        call_model(model, x)
+    h.remove()
+    a = torch.cat([seen[0], torch.ones(len(x), 1, dtype=torch.float64)], 1)
+    factors = compute_kfac(model, x, loss="ce")
+    assert rel(factors[head_name].A, a.T @ a / len(x)) < TOL
