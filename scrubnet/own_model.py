@@ -1,4 +1,5 @@
-"""``scrubnet forget`` and ``scrubnet evaluate`` on the user's own model: ``--model FILE.py:FACTORY`` (or
+"""Scrubbing and evaluating the user's own model (what ``scrubnet forget`` and ``scrubnet evaluate`` run for
+``--model``): the model from ``--model FILE.py:FACTORY`` (or
 ``MODULE:FACTORY``), ``--weights`` (safetensors or a ``torch.save`` state_dict), ``--data`` (an ``.npz`` or an
 image folder) and ``--recipe R.toml`` (how the model was trained, :class:`scrubnet.TrainingRecipe`).
 
