@@ -116,7 +116,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     if own:
         with progress_with_eta():
             meta = forget_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
-                              data=data, forget_ids=forget_ids, method=method, method_options=opts,
+                              data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
                               recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
                               device=resolve_device(device), before_scrub=budget)
         if meta is not None:
@@ -164,14 +164,14 @@ def evaluate(checkpoint: Optional[Path] = typer.Option(None, help="checkpoint to
     dev = resolve_device(device)
     if json_out is not None:
         require_writable(json_out)
+    ids = read_forget_ids(forget_ids) if forget_ids is not None else None
     if own:
         if original is not None:
             raise UserError("--original applies to --checkpoint (the re-learn readout of scrubnet's protocol)")
         r = evaluate_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
-                         data=data, forget_ids=forget_ids, reference=reference, device=dev)
+                         data=data, forget_ids=ids, reference=reference, device=dev)
         _print_readouts(f"readouts of {weights.name}", r, json_out)
         return
-    ids = read_forget_ids(forget_ids) if forget_ids is not None else None
     net, meta, split, ctx, cfg = load_for_forgetting(checkpoint, ids, dev)
     if forget_ids is None and meta.get("forget_ids"):
         split = split.with_forget(meta["forget_ids"]).to(dev)

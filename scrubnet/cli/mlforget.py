@@ -1,5 +1,6 @@
 """``scrubnet mlforget``: train a Mixed-Linear model into a checkpoint directory and apply forgetting
-requests to it (each applied exactly once and recorded in the checkpoint's SQLite request store; see\n:mod:`scrubnet.mlforget.store`).
+requests to it (each applied exactly once and recorded in the checkpoint's SQLite request store; see
+:mod:`scrubnet.mlforget.store`).
 
     scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
