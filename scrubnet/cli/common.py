@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from scrubnet.api import ScrubFailed
 from scrubnet.atomic_io import require_writable as check_writable
 from scrubnet.curvature.progress import progress_reporter
 from scrubnet.data.ids import parse_sample_ids
@@ -41,8 +42,10 @@ class UserError(ValueError):
     """An input problem reported to the user without a traceback."""
 
 
-#: exceptions that are the user's input (or the machine's state), never a bug: one line, exit 2
-USER_ERRORS = (ValueError, KeyError, OSError, click.BadParameter)
+#: exceptions that are the user's input (or the machine's state), never a bug: one line, exit 2. The project's
+#: input errors are ValueErrors (CheckpointError, SplitError, UserModelError, BudgetExceeded, …); a scrub that
+#: did not do what it claims (ScrubFailed) is reported as a refusal too
+USER_ERRORS = (ValueError, KeyError, OSError, ScrubFailed, click.BadParameter)
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -60,9 +63,20 @@ def _message(e: BaseException) -> str:
 
 
 def report_error(e: BaseException) -> int:
-    """The exit code for an exception escaping a command, after printing its one line; click's own
-    exceptions (exit, abort, usage), interrupts and, with ``SCRUBNET_DEBUG=1``, unexpected errors are
-    re-raised."""
+    """Report an exception that escaped a command as one line on stderr.
+
+    Parameters
+    ----------
+    e : BaseException
+        The exception. Click's own (exit, abort, usage), interrupts and, with ``SCRUBNET_DEBUG=1``, unexpected
+        errors are re-raised.
+
+    Returns
+    -------
+    int
+        1 for an unexpected error (after its ``error: <Type>: <message>`` line and the hint). A user error
+        (:data:`USER_ERRORS`) does not return: it raises ``typer.Exit(2)`` after its ``error:`` line.
+    """
     if isinstance(e, USER_ERRORS):
         fail(_message(e))
     if isinstance(e, (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit)) \
@@ -106,7 +120,19 @@ def _apply_threads(value: Optional[int]) -> Optional[int]:
 
 
 def threads_option(help: str = THREADS_HELP):
-    """``--threads N`` (default 1): torch's CPU thread count, set before the command runs (N < 1 refused)."""
+    """The ``--threads N`` option of every command (default 1): torch's CPU thread count, validated and set by
+    its callback while the command line is parsed, before the command runs.
+
+    Parameters
+    ----------
+    help : str
+        The option's help text (the command's own wording of what the threads do).
+
+    Returns
+    -------
+    typer.models.OptionInfo
+        The option, for a command's ``threads: int = threads_option(...)`` parameter.
+    """
     return typer.Option(1, "--threads", help=help, callback=_apply_threads)
 
 

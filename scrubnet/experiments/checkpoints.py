@@ -103,8 +103,25 @@ def load_for_forgetting(checkpoint: Path, forget_ids: list[int] | None, device: 
 
 
 def load_companion(checkpoint: Path, meta: dict, other: Path, device: torch.device) -> nn.Module:
-    """A second checkpoint compared with ``checkpoint`` (its retrain reference or its original): same
-    architecture, trained on the same data (their recorded data fingerprints agree), moved to ``device``."""
+    """A second checkpoint compared with ``checkpoint`` (its retrain reference or its original).
+
+    Parameters
+    ----------
+    checkpoint : Path
+        The checkpoint under evaluation (named in the error messages).
+    meta : dict
+        Its sidecar: the companion must hold the same architecture and, where both record one, the same data
+        fingerprint.
+    other : Path
+        The companion checkpoint.
+    device : torch.device
+        Where the model is moved.
+
+    Returns
+    -------
+    nn.Module
+        The companion model, in eval mode, on ``device``.
+    """
     model, other_meta = load_checkpoint(other, expect_arch=meta["arch"])
     a, b = meta.get("data_fingerprint"), other_meta.get("data_fingerprint")
     if a and b and a != b:
@@ -128,9 +145,28 @@ def recorded_original(checkpoint: Path, meta: dict) -> Path | None:
 
 
 def save_scrubbed(out: Path, model: nn.Module, source: Path, meta: dict, extra: dict) -> dict:
-    """Write a scrubbed protocol checkpoint: ``model`` with the source's architecture and records, ``extra``
-    added to its sidecar (role, method, forget ids, …) together with the source's sha256; the source's start
-    checkpoint (w_0) is copied beside ``out`` when it is not there yet. Returns the sidecar."""
+    """Write a scrubbed protocol checkpoint, atomically.
+
+    Parameters
+    ----------
+    out : Path
+        The checkpoint file to write (its sidecar goes beside it).
+    model : nn.Module
+        The scrubbed model.
+    source : Path
+        The checkpoint it was scrubbed from; its start checkpoint (w_0) is copied beside ``out`` when it is not
+        there yet, so the scrubbed checkpoint can be scrubbed or evaluated on its own.
+    meta : dict
+        The source's sidecar (architecture, configuration, data fingerprint, seed are carried over).
+    extra : dict
+        Records added to the sidecar (role, method, its options, forget ids, …), with the source's path and
+        sha256.
+
+    Returns
+    -------
+    dict
+        The sidecar written.
+    """
     extra = {**extra, "source": str(source), "source_sha256": meta["sha256"]}
     if meta.get("start"):
         start_src = Path(source).parent / meta["start"]
@@ -157,8 +193,20 @@ def fingerprint_v1(split: Split) -> str:
 
 
 def ml_data_loader(meta: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The data D (x, y) of an ML-Forgetting checkpoint, regenerated from its static record's data
-    configuration and checked against the recorded fingerprints (``ValueError`` on a mismatch)."""
+    """The data D of an ML-Forgetting checkpoint, regenerated from its static record's data configuration
+    and checked against the recorded fingerprints (``ValueError`` on a mismatch).
+
+    Parameters
+    ----------
+    meta : dict
+        The checkpoint's static record (``data``: a DataConfig dict; optional ``data_fingerprint`` and
+        ``data_fingerprint_v1``).
+
+    Returns
+    -------
+    (x, y) : (Tensor (n, ...), Tensor (n,) int64)
+        The training inputs and labels, positions in D as the checkpoint's ids count them.
+    """
     split = load_split(DataConfig.from_dict(meta["data"]))
     if meta.get("data_fingerprint_v1") and fingerprint_v1(split) != meta["data_fingerprint_v1"]:
         raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "
