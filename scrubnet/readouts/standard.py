@@ -155,3 +155,38 @@ def avg_gap(metrics, reference) -> float:
     a = metrics.as_dict() if isinstance(metrics, StandardMetrics) else metrics
     b = reference.as_dict() if isinstance(reference, StandardMetrics) else reference
     return float(np.mean([abs(float(a[m]) - float(b[m])) for m in GAP_METRICS]))
+
+
+#: the keys :func:`standard_readouts` adds to a run's readouts (fractions; ``avg_gap`` against the retrain model)
+STANDARD_READOUTS = ("ua", "ra", "ta", "mia_efficacy", "avg_gap")
+
+
+def standard_readouts(model: nn.Module, retain, forget, test, *, reference: StandardMetrics | None = None,
+                      seed: int = 0) -> tuple[dict[str, float], StandardMetrics]:
+    """The standard metrics of ``model`` as flat readouts, with Avg. Gap to ``reference`` when given.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The scrubbed (or anchor) model.
+    retain, forget, test : (x, y) tensors, Dataset or DataLoader
+        D_r, D_f and D_test.
+    reference : StandardMetrics, optional
+        The retrained model's metrics (same seed); without it no ``avg_gap`` key.
+    seed : int
+        The attack's member subset (:func:`standard_metrics`).
+
+    Returns
+    -------
+    readouts : dict of str to float
+        ``ua``, ``ra``, ``ta``, ``mia_efficacy`` (fractions), ``mia_efficacy_degenerate`` (0/1) and
+        ``avg_gap`` (fraction).
+    metrics : StandardMetrics
+        The same numbers as a record.
+    """
+    m = standard_metrics(model, retain, forget, test, seed=seed)
+    out = {"ua": m.ua, "ra": m.ra, "ta": m.ta, "mia_efficacy": m.mia_efficacy,
+           "mia_efficacy_degenerate": float(m.mia_degenerate)}
+    if reference is not None:
+        out["avg_gap"] = avg_gap(m, reference)
+    return out, m
