@@ -97,10 +97,11 @@ def default_methods(cfg: ExperimentConfig) -> list[str]:
 
 
 def tune_grids(methods: list[str]) -> dict[str, tuple[str, list]]:
-    """The grids of ``methods`` (:data:`TUNE_GRIDS`; under ``SCRUBNET_TINY=1`` two values of
-    :data:`TINY_TUNED` only)."""
+    """The grids of ``methods`` (:data:`TUNE_GRIDS`; under ``SCRUBNET_TINY=1`` the first and last values of
+    the grids of :data:`TINY_TUNED` only)."""
     if tiny_mode():
-        return {m: (TUNE_GRIDS[m][0], TUNE_GRIDS[m][1][::2][:2]) for m in methods if m in TINY_TUNED}
+        return {m: (TUNE_GRIDS[m][0], list(dict.fromkeys([TUNE_GRIDS[m][1][0], TUNE_GRIDS[m][1][-1]])))
+                for m in methods if m in TINY_TUNED}
     return {m: TUNE_GRIDS[m] for m in methods if m in TUNE_GRIDS}
 
 

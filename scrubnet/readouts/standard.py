@@ -190,3 +190,38 @@ def standard_readouts(model: nn.Module, retain, forget, test, *, reference: Stan
     if reference is not None:
         out["avg_gap"] = avg_gap(m, reference)
     return out, m
+
+
+def metrics_from_logits(retain: tuple, forget: tuple, test: tuple, *, feature: str = "confidence",
+                        seed: int = 0) -> StandardMetrics:
+    """The standard metrics from stored logits (a pool of models kept as logits, as in the audit).
+
+    Parameters
+    ----------
+    retain, forget, test : (logits, labels)
+        Logits ndarray (n, c) and integer labels ndarray (n,) of D_r, D_f and D_test.
+    feature : {"confidence", "entropy"}
+        The attack's feature (:func:`standard_metrics`).
+    seed : int
+        Fixes the random subset of D_r used as members.
+
+    Returns
+    -------
+    StandardMetrics
+        Fractions in [0, 1]; the same numbers :func:`standard_metrics` gives on the model with these logits.
+    """
+    if feature not in MIA_FEATURES:
+        raise ValueError(f"feature must be one of {', '.join(MIA_FEATURES)}, got {feature!r}")
+    parts = []
+    for lg, y in (retain, forget, test):
+        logp = F.log_softmax(torch.as_tensor(np.asarray(lg), dtype=torch.float64), dim=-1)
+        y = torch.as_tensor(np.asarray(y), dtype=torch.long)
+        if len(y) == 0:
+            raise ValueError("the standard metrics need non-empty D_r, D_f and D_test")
+        feats = {"confidence": logp.gather(1, y[:, None])[:, 0].exp().numpy(),
+                 "entropy": -(logp.exp() * logp).nan_to_num().sum(-1).numpy()}
+        parts.append(((logp.argmax(-1) == y).numpy(), feats[feature]))
+    (c_r, f_r), (c_f, f_f), (c_t, f_t) = parts
+    eff, degenerate = mia_efficacy(f_r, f_t, f_f, seed=seed)
+    return StandardMetrics(ua=1.0 - float(c_f.mean()), ra=float(c_r.mean()), ta=float(c_t.mean()),
+                           mia_efficacy=eff, mia_degenerate=degenerate)
