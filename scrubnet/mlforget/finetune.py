@@ -8,8 +8,8 @@ The pretrained model is the core network: it is never trained on (nor modified b
 weights w_u are a parameter subset chosen by the user —
 
 * a :class:`~scrubnet.models.lora.LoRA` adapter (peft's convention; the up-projection B is the user weight,
-  the down-projection A fixed at random, so that the tangent model at B = 0 is non-degenerate and the model
-  is exactly linear in B for one adapted layer; the head named in ``modules_to_save`` joins B),
+  the down-projection A fixed at random, so that the tangent model at B = 0 is non-degenerate and each
+  adapted layer is affine in its B; the head named in ``modules_to_save`` joins B),
 * parameter-name prefixes (``["layer4", "fc"]``), or
 * ``"head"`` (the classifier, found by name) —
 

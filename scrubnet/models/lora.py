@@ -12,10 +12,10 @@ target or ends with ``"." + target``.
 **Why B is the user weight and A is fixed.** At the initial point B = 0 the adapter's output is 0 and its
 Jacobian with respect to A is ``s·Bᵀ(…) = 0``: a tangent model in A (or in A and B jointly, whose A-block
 vanishes) is degenerate. The Jacobian with respect to B is ``s·g (A x)ᵀ`` (g the output's sensitivity to the
-layer's output): non-zero as soon as A is. With A fixed the network is *exactly* linear in B when one layer is
-adapted (y is affine in B and nothing else changes), so the tangent model at B = 0 is the adapted network
-itself; with several adapted layers it is their first-order expansion around the pretrained network. The
-update ΔW = s·B A lives in the r-dimensional row space of the random A (LoRA-FA's parameterisation).
+layer's output): non-zero as soon as A is. With A fixed each adapted layer is affine in its B (no product of
+two trained factors), so the tangent model differs from the adapted network only through the curvature of the
+layers after it: not at all when the adapted layer is the last (the head), at second order in B otherwise.
+The update ΔW = s·B A lives in the r-dimensional row space of the random A (LoRA-FA's parameterisation).
 
 A is drawn like peft's default (``kaiming_uniform_(a=√5)``, the ``nn.Linear`` default) from ``seed``, so
 the same spec on the same model gives the same adapter everywhere.
