@@ -252,3 +252,19 @@ def test_accuracy_against_ordinary_finetuning(capsys):
     with capsys.disabled():
         print(f"\nforgettable {acc_f:.3f}  ordinary {acc_o:.3f}  pretrained {accuracy(net, xte, yte):.3f}")
     assert acc_f > 0.6 and acc_o > 0.6
+
+
+def test_hf_model_from_directory_head(tmp_path):
+    """A HuggingFace model saved and loaded offline (from_pretrained, local files only), head as user weights."""
+    tiny_bert().save_pretrained(tmp_path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tmp_path, local_files_only=True, torch_dtype=torch.float64).eval()
+    sha = state_dict_sha256(model)
+    batch = token_batch(16, seed=6)
+    state = forgettable_finetune(model, batch)
+    assert state.model.linearized_names == ["classifier.weight", "classifier.bias"]
+    assert state.user_weights == {"kind": "head", "prefixes": ["classifier"]}
+    x, y = split_batch(batch)
+    out = forget_request(state, x, y, [3])
+    assert rel(out.w_before_noise, retrain_user_weights(state, x, y)) <= 1e-8
+    assert state_dict_sha256(model) == sha == state.base_sha256
