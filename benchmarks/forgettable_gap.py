@@ -24,7 +24,7 @@ from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, ordinary_
 from scrubnet.mlforget.model import MLConfig
 from scrubnet.mlforget.solve import SolverConfig
 from scrubnet.models.call import ModelInputs, call_model
-from scrubnet.models.lora import LoRA
+from scrubnet.models.lora import LoRA, merge_lora
 
 VOCAB, LENGTH, GROUPS = 60, 12, 4
 
@@ -101,6 +101,45 @@ QV = ["query", "value"]
 ALL = ["query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense"]
 
 
+def plan_layers() -> list[dict]:
+    """Second round: the ridge below 1e-3 for the adapters, and user weights nearer the output."""
+    qv = dict(name="lora-qv r4", uw=LoRA(QV, 4, modules_to_save=["classifier"]), std=0.2, s=5.0)
+    rows = [dict(qv, mu=mu) for mu in (1e-5, 1e-6)]
+    rows += [dict(name="lora-all r4", uw=LoRA(ALL, 4, modules_to_save=["classifier"]), std=0.2, mu=1e-5, s=5.0)]
+    rows += [dict(name="pooler+head", uw=["bert.pooler", "classifier"], std=0.2, mu=mu, s=5.0)
+             for mu in (1e-5, 1e-4, 1e-2)]
+    rows += [dict(name="pooler+head", uw=["bert.pooler", "classifier"], std=0.02, mu=mu, s=5.0) for mu in (1e-4, 1e-3)]
+    rows += [dict(name="lora-pooler r8", uw=LoRA(["pooler.dense"], 8, modules_to_save=["classifier"]), std=0.2,
+                  mu=mu, s=5.0) for mu in (1e-4, 1e-3)]
+    last = ["bert.encoder.layer.1.output.dense", "bert.pooler", "classifier"]
+    rows += [dict(name="ffn-out(L1)+pooler+head", uw=last, std=0.2, mu=mu, s=5.0) for mu in (1e-4, 1e-3)]
+    return rows
+
+
+def core_rows(net, tr, va, te, n_core: int, emit) -> None:
+    """Third round, the point of linearisation: LoRA fine-tuned the ordinary way on ``n_core`` labelled samples
+    that are never deleted (a core set), then forgettable fine-tuning from that point on the user data."""
+    xc, _, yc = sequences(n_core, 4)
+    qv = LoRA(QV, 4, modules_to_save=["classifier"])
+    best = None
+    for lr in (3e-3, 1e-2, 3e-2):
+        m = ordinary_finetune(net, xc, yc, user_weights=qv, lr=lr, epochs=40)
+        if best is None or accuracy(m, *va) > best[0]:
+            best = (accuracy(m, *va), m, lr)
+    core = merge_lora(best[1])
+    emit({"kind": "core", "n_core": n_core, "lr": best[2], "test": accuracy(core, *te)})
+    both = (ModelInputs.cat([xc, tr[0]]), torch.cat([yc, tr[1]]))
+    yard = ordinary_best(net, qv, both, va, te, [3e-3, 1e-2, 3e-2], 40)
+    emit({"kind": "ordinary", "name": "lora-qv r4 on core+user", **yard})
+    for name, uw in (("head", ["classifier"]), ("lora-qv r4 (second adapter)", LoRA(QV, 4, seed=1,
+                                                                                       modules_to_save=["classifier"])),
+                     ("pooler+head", ["bert.pooler", "classifier"])):
+        for mu in (1e-4, 1e-3):
+            res = forgettable_row(core, uw, tr, te, mu, 5.0)
+            emit({"kind": "forgettable", "name": f"{name} at core point", "n_core": n_core, "mu": mu, **res,
+                  "gap": yard["test"] - res["test"]})
+
+
 def plan(quick: bool) -> list[dict]:
     """The rows: (name, user weights, head std, µ, s); the ordinary yardstick runs once per (weights, head)."""
     rows = []
@@ -128,6 +167,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--layers", action="store_true", help="the second round (plan_layers)")
+    ap.add_argument("--core", type=int, default=0, help="the third round (core_rows) with this many core samples")
     ap.add_argument("--n-train", type=int, default=300)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -143,8 +184,10 @@ def main() -> None:
             fh.flush()
         emit({"pretrain_task_a_train_acc": acc_a, "n_train": args.n_train,
               "pretrained_features_head_only_chance": 1 / 3})
+        if args.core:
+            return core_rows(head_scaled(net, 0.2), tr, va, te, args.core, emit)
         done = {}
-        for row in plan(args.quick):
+        for row in (plan_layers() if args.layers else plan(args.quick)):
             base = head_scaled(net, row["std"]) if row["std"] != 0.02 else net
             key = (row["name"], row["std"])
             if key not in done:

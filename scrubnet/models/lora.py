@@ -163,3 +163,27 @@ def apply_lora(model: nn.Module, spec: LoRA) -> tuple[nn.Module, list[str]]:
         names += [p for p in hits if p not in names]
     order = {p: i for i, p in enumerate(params)}
     return adapted, sorted(names, key=order.__getitem__)
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every :class:`LoRALinear` folded into a plain ``nn.Linear`` (W + s·B A; peft's
+    ``merge_and_unload``): the same function, the adapter's parameters gone.
+
+    Parameters
+    ----------
+    model : nn.Module
+
+    Returns
+    -------
+    nn.Module
+        The merged copy; ``model`` is not modified.
+    """
+    out = copy.deepcopy(model)
+    for name, mod in list(out.named_modules()):
+        if isinstance(mod, LoRALinear):
+            lin = mod.base_layer
+            lin.weight.add_(mod.scale * mod.lora_B.weight @ mod.lora_A.weight)
+            parent_name, _, child = name.rpartition(".")
+            setattr(out.get_submodule(parent_name) if parent_name else out, child, lin)
+    return out

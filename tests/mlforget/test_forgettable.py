@@ -21,7 +21,7 @@ from scrubnet.mlforget.finetune import (
 from scrubnet.mlforget.model import MLConfig, forget_request, retrain_user_weights
 from scrubnet.mlforget.solve import SolverConfig
 from scrubnet.models.call import ModelInputs
-from scrubnet.models.lora import LoRA, LoRALinear, apply_lora
+from scrubnet.models.lora import LoRA, LoRALinear, apply_lora, merge_lora
 from tests.dense_refs import dense_jacobian
 
 transformers = pytest.importorskip("transformers")
@@ -268,3 +268,20 @@ def test_hf_model_from_directory_head(tmp_path):
     out = forget_request(state, x, y, [3])
     assert rel(out.w_before_noise, retrain_user_weights(state, x, y)) <= 1e-8
     assert state_dict_sha256(model) == sha == state.base_sha256
+
+
+def test_merge_lora_keeps_the_function():
+    model = tiny_bert()
+    net, names = apply_lora(model, LoRA(["query"], rank=2))
+    with torch.no_grad():
+        for n in names:
+            dict(net.named_parameters())[n].normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    merged = merge_lora(net)
+    x, _ = split_batch(token_batch(6))
+    kw = {"input_ids": x.main, "attention_mask": x.extras["attention_mask"]}
+    assert not any(isinstance(m, LoRALinear) for m in merged.modules())
+    assert rel(merged(**kw).logits, net(**kw).logits) <= 1e-12
+    q = "bert.encoder.layer.0.attention.self.query"
+    ad = net.get_submodule(q)
+    want = model.get_submodule(q).weight + ad.scale * ad.lora_B.weight @ ad.lora_A.weight
+    assert torch.equal(merged.get_submodule(q).weight, want) and not torch.equal(want, model.get_submodule(q).weight)
