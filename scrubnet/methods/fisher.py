@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.methods.artifacts import ArtifactCache, fisher_key
@@ -276,6 +277,7 @@ class FisherForgetting(ForgettingMethod):
         self.alpha_used = alpha
         info.update({"alpha": alpha, "fisher_seconds": time.perf_counter() - t0,
                      "noise_std_median": float(torch.cat([v.reshape(-1).double() for v in var.values()]).sqrt().median())})
+        info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         res = ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean, var))
         if self.budget is not None and info["retain_loss_increase"] > BUDGET_SLACK * self.budget:
             res.fail(f"the noise raised the retain loss by {info['retain_loss_increase']:.3g} nats, more than "

@@ -45,6 +45,7 @@ import time
 import torch
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
@@ -312,6 +313,7 @@ class NewtonScrub(ForgettingMethod):
             "newton_max_iter": float(self.max_iter), "alpha": self.alpha,
             **cg.as_dict("newton_cg_"), **{f"newton_{k}": v for k, v in diag.items()},
             "objective_before": diag["objective_before"], "objective_after": diag["objective_after"]}
+        info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         noise = None if var is None else WeightGaussian(mean, var)
         res = ScrubResult(model=out.eval(), info=info, noise=noise)
         if not cg.converged:

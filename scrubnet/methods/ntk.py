@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
                                     solve_gram, solve_ntk_cg)
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
@@ -291,6 +292,7 @@ class NTKScrub(ForgettingMethod):
         info.update({"scale": scale, "trapezium_scale": tscale, "cos_delta_m": cos_m,
                      "delta_w_norm": float(step.delta_w.norm()), "m_norm": float(m.norm()),
                      "ntk_seconds": time.perf_counter() - t0})
+        info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         res = ScrubResult(model=scrubbed, info=info)
         for part in ("full", "retain"):
             if info.get(f"solve_{part}_converged", 1.0) == 0.0:
