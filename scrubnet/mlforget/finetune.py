@@ -27,6 +27,11 @@ an :class:`~scrubnet.mlforget.model.MLState` with no core ids (every sample dele
 attention mask), or a dict batch ``{"input_ids": …, "attention_mask": …, "labels": …}`` (:func:`split_batch`).
 With extra inputs the dual (whose Gram engine takes one tensor input) is not used: the primal or CG is.
 
+**Point of linearisation.** By default the pretrained point. With ``core_ids`` — samples the user will never
+delete — the user weights are first fine-tuned the ordinary way on them and the model is linearised there
+(ML-Forgetting's core; docs/notes/forgettable.md measures how much of the gap to ordinary fine-tuning this
+closes); those samples can then never be deleted.
+
 **Base model.** The sha256 of the pretrained model's ``state_dict`` is kept in ``state.base_sha256``; the
 model given is copied, never modified (:func:`state_dict_sha256` checks it).
 
@@ -36,6 +41,7 @@ cross-entropy, Adam) for the accuracy comparison.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from typing import Union
@@ -50,7 +56,7 @@ from scrubnet.mlforget.solve import SolverConfig
 from scrubnet.mlforget.user import find_head
 from scrubnet.models.call import Inputs, ModelInputs, call_model
 from scrubnet.models.linearized import LinearizedModel, select_parameter_names
-from scrubnet.models.lora import LoRA, apply_lora
+from scrubnet.models.lora import LoRA, apply_lora, merge_lora
 
 #: what names the user weights: a LoRA adapter, parameter-name prefixes, or "head"
 UserWeights = Union[LoRA, list, str]
@@ -137,10 +143,56 @@ def _check_data(x: Inputs, y: Tensor, num_classes: int | None) -> int:
     return c
 
 
+def _solver_config(config: MLConfig | None, names: list[str], extra_inputs: bool, **defaults) -> MLConfig:
+    """The state's config: ``config`` (or one from ``defaults``) with the user-weight names, no core fraction,
+    and, with extra inputs, the primal-or-CG choice (module docstring)."""
+    if config is None:
+        config = MLConfig(leaky_slope=None, core_fraction=0.0, **defaults)
+    cfg = copy.deepcopy(config)
+    cfg.linearize = list(names)
+    cfg.core_fraction = 0.0
+    if extra_inputs:
+        if cfg.solver.solver == "dual":
+            raise ValueError("the dual solver takes one tensor input; with extra inputs use 'primal' or 'cg'")
+        # 'auto' then picks the primal while its side fits (whatever N), else CG
+        cfg.solver.dual_max_rows, cfg.solver.primal_ratio = 0, 0.0
+    return cfg
+
+
+def core_point(model: nn.Module, x: Inputs, y: Tensor, core_ids: Tensor, user_weights: UserWeights,
+               core_train: dict | None = None, seed: int = 0) -> tuple[nn.Module, UserWeights, dict]:
+    """The point of linearisation fine-tuned the ordinary way on a core set that is never deleted.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The pretrained network (not modified).
+    x, y : inputs (N, ...) and labels (N,)
+    core_ids : Tensor (k,), int64
+        Positions in (x, y) of the core samples.
+    user_weights : LoRA, list of str, or "head"
+        Fine-tuned on the core by :func:`ordinary_finetune`; a LoRA adapter is then merged into the weights
+        (:func:`~scrubnet.models.lora.merge_lora`) and a fresh one (A drawn with ``seed + 1``) is the user weight.
+    core_train : dict, optional
+        Keyword arguments of :func:`ordinary_finetune` (``lr``, ``epochs``, ``batch_size``, ``weight_decay``).
+    seed : int
+
+    Returns
+    -------
+    (core model, user weights to linearise at it, info with ``core_samples``, ``core_sha256``, the settings)
+    """
+    opts = {"lr": 1e-2, "epochs": 40, "batch_size": 32, **(core_train or {})}
+    core = ordinary_finetune(model, x[core_ids], y[core_ids], user_weights=user_weights, seed=seed, **opts)
+    if isinstance(user_weights, LoRA):
+        core = merge_lora(core)
+        user_weights = dataclasses.replace(user_weights, seed=user_weights.seed + 1)
+    return core, user_weights, {"core_samples": int(len(core_ids)), "core_sha256": state_dict_sha256(core), **opts}
+
+
 def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_classes: int | None = None, *,
                          user_weights: UserWeights = "head", target_scale: float = 5.0, mu: float = 0.05,
                          sigma: float = 1e-4, solver: str = "auto", config: MLConfig | None = None,
-                         seed: int = 0) -> MLState:
+                         core_ids=None, core_train: dict | None = None, seed: int = 0) -> MLState:
     """Fine-tune ``model`` forgettably on (x, y) (module docstring); returns the trained state.
 
     Parameters
@@ -165,36 +217,42 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
         'auto' (by size), 'primal', 'dual' or 'cg' (``config.solver.solver``).
     config : MLConfig, optional
         Overrides ``target_scale``, ``mu``, ``sigma`` and ``solver`` when given.
+    core_ids : sequence of int, optional
+        Samples that will never be deleted: the user weights are first fine-tuned the ordinary way on them
+        (:func:`core_point`) and the model is linearised there. They stay in the user data (as ML-Forgetting's
+        ``user_data='all'``) and every request naming one is refused.
+    core_train : dict, optional
+        The core fine-tuning's settings (:func:`core_point`).
     seed : int
 
     Returns
     -------
     MLState
         ``model``: the linearised network (a :class:`LinearizedModel`, user weights = its tangent);
-        ``user_ids`` = 0..N−1, no core ids; ``base_sha256``, ``user_weights`` (the spec), ``train_info``.
+        ``user_ids`` = 0..N−1, ``core_ids`` (empty without a core); ``base_sha256`` (of ``model``),
+        ``user_weights`` (the spec, with the core's settings and hash), ``train_info``.
     """
     data_x, data_y = split_batch(x)
     y = data_y if y is None else y
     c = _check_data(data_x, y, num_classes)
     sha = state_dict_sha256(model)
-    net, names, spec = user_weight_names(model, user_weights)
-    if config is None:
-        config = MLConfig(mu=mu, target_scale=target_scale, sigma=sigma, leaky_slope=None, core_fraction=0.0,
-                          solver=SolverConfig(solver=solver))
-    cfg = copy.deepcopy(config)
-    cfg.linearize = list(names)
-    cfg.core_fraction = 0.0
-    if isinstance(data_x, ModelInputs):
-        if cfg.solver.solver == "dual":
-            raise ValueError("the dual solver takes one tensor input; with extra inputs use 'primal' or 'cg'")
-        # 'auto' then picks the primal while its side fits (whatever N), else CG
-        cfg.solver.dual_max_rows, cfg.solver.primal_ratio = 0, 0.0
+    core = torch.zeros(0, dtype=torch.long)
+    start, core_info = model, None
+    if core_ids is not None:
+        core = torch.unique(torch.as_tensor(np.asarray(core_ids, dtype=np.int64).reshape(-1)))
+        if not len(core) or int(core.min()) < 0 or int(core.max()) >= len(y) or len(core) >= len(y):
+            raise ValueError(f"core_ids must be 1 to {len(y) - 1} distinct positions in [0, {len(y)})")
+        start, user_weights, core_info = core_point(model, data_x, y, core, user_weights, core_train, seed)
+    net, names, spec = user_weight_names(start, user_weights)
+    if core_info is not None:
+        spec["core"] = core_info
+    cfg = _solver_config(config, names, isinstance(data_x, ModelInputs), mu=mu, target_scale=target_scale,
+                         sigma=sigma, solver=SolverConfig(solver=solver))
     lin = LinearizedModel(net, prefixes=names)
     lin.linearized_names = list(names)  # exactly the user weights (prefix matching could add more)
     params = dict(lin.base.named_parameters())
     lin.delta = nn.ParameterList([nn.Parameter(torch.zeros_like(params[n])) for n in names])
-    none = torch.zeros(0, dtype=torch.long)
-    state = MLState(lin, none, torch.arange(len(y)), none.clone(), cfg, c, int(seed))
+    state = MLState(lin, core, torch.arange(len(y)), torch.zeros(0, dtype=torch.long), cfg, c, int(seed))
     state.base_sha256, state.user_weights = sha, spec
     state.space(data_x)
     train_exact_factored(state, data_x, y, torch.Generator().manual_seed(7919 * int(seed) + 11))
@@ -270,6 +328,7 @@ def ordinary_finetune(model: nn.Module, x, y: Tensor | None = None, *, user_weig
 def deletion_account(state: MLState) -> dict:
     """The running account of a forgettable model: samples trained on, deleted so far, remaining, and the base
     model's hash (the weights that no deletion touches)."""
-    return {"trained_on": int(len(state.user_ids)), "deleted": int(len(state.forgotten_ids)),
+    return {"trained_on": int(len(state.user_ids)), "core": int(len(state.core_ids)),
+            "deleted": int(len(state.forgotten_ids)),
             "remaining": int(len(state.remaining_ids())), "base_sha256": state.base_sha256,
             "user_weights": state.user_weights, "deleted_ids": np.asarray(state.forgotten_ids).tolist()}

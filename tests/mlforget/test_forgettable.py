@@ -285,3 +285,44 @@ def test_merge_lora_keeps_the_function():
     ad = net.get_submodule(q)
     want = model.get_submodule(q).weight + ad.scale * ad.lora_B.weight @ ad.lora_A.weight
     assert torch.equal(merged.get_submodule(q).weight, want) and not torch.equal(want, model.get_submodule(q).weight)
+
+
+def test_core_point_named_layers():
+    """Linearised at a point fine-tuned on never-deleted core samples: core requests refused, deletions exact
+    at that point, the pretrained model untouched."""
+    net = pretrained_cnn()
+    sha = state_dict_sha256(net)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 1, 6, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    state = forgettable_finetune(net, x, y, user_weights=["fc"], core_ids=[4, 0, 9],
+                                 core_train={"epochs": 5, "lr": 0.05})
+    assert state.core_ids.tolist() == [0, 4, 9] and state.user_weights["core"]["core_samples"] == 3
+    core_net = state.model.base
+    assert not torch.equal(core_net.fc.weight, net.fc.weight)  # the centre moved
+    assert torch.equal(core_net.conv2.weight, net.conv2.weight)  # only the user weights were trained
+    with pytest.raises(ValueError, match="core"):
+        forget_request(state, x, y, [4])
+    core_net = copy.deepcopy(core_net).requires_grad_(True)
+    jac = dense_jacobian(core_net, x, ["fc.weight", "fc.bias"])
+    with torch.no_grad():
+        f0 = core_net(x)
+    keep = torch.ones(24, dtype=torch.bool)
+    out = forget_request(state, x, y, [1, 7])
+    keep[[1, 7]] = False
+    assert rel(out.w_before_noise, closed_form(jac, f0, y, keep, 3)) <= 1e-8
+    assert deletion_account(state)["core"] == 3
+    assert state_dict_sha256(net) == sha == state.base_sha256
+
+
+def test_core_point_lora_merges_and_adds_a_fresh_adapter():
+    model = tiny_bert()
+    batch = token_batch(16, seed=7)
+    spec = LoRA(["value"], rank=2, modules_to_save=["classifier"])
+    state = forgettable_finetune(model, batch, user_weights=spec, core_ids=[0, 1, 2, 3], core_train={"epochs": 2})
+    assert state.user_weights["seed"] == 1 and "core_sha256" in state.user_weights["core"]
+    adapters = [m for m in state.model.base.modules() if isinstance(m, LoRALinear)]
+    assert len(adapters) == 2 and not any(isinstance(m, LoRALinear) for a in adapters for m in a.base_layer.modules())
+    x, y = split_batch(batch)
+    out = forget_request(state, x, y, [5, 11])
+    assert rel(out.w_before_noise, retrain_user_weights(state, x, y)) <= 1e-8
