@@ -138,6 +138,14 @@ def core_rows(net, tr, va, te, n_core: int, emit) -> None:
             res = forgettable_row(core, uw, tr, te, mu, 5.0)
             emit({"kind": "forgettable", "name": f"{name} at core point", "n_core": n_core, "mu": mu, **res,
                   "gap": yard["test"] - res["test"]})
+    # the same through the API: the core samples join the user data (never deletable), core lr as picked above
+    for name, uw in (("lora-qv r4", qv), ("pooler+head", ["bert.pooler", "classifier"])):
+        t0 = time.perf_counter()
+        st = forgettable_finetune(net, both[0], both[1], user_weights=uw, mu=1e-4, core_ids=torch.arange(n_core),
+                                  core_train={"lr": best[2]})
+        emit({"kind": "forgettable", "name": f"{name} via core_ids", "n_core": n_core, "mu": 1e-4,
+              "test": accuracy(st.model, *te), "seconds": time.perf_counter() - t0,
+              "gap": yard["test"] - accuracy(st.model, *te)})
 
 
 def plan(quick: bool) -> list[dict]:
