@@ -12,8 +12,8 @@ from typing import Optional
 
 import typer
 
-from scrubnet.cli import audit as audit_cmds, bench as bench_cmds, dp as dp_cmds, forget as forget_cmds, mlforget as mlforget_cmds, \
-    run as run_cmds, serve as serve_cmds, study as study_cmds
+from scrubnet.cli import audit as audit_cmds, bench as bench_cmds, dp as dp_cmds, forget as forget_cmds, \
+    mlforget as mlforget_cmds, run as run_cmds, serve as serve_cmds, study as study_cmds
 from scrubnet.cli.common import handle_errors, report_error, set_default_threads
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
