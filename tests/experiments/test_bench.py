@@ -111,6 +111,22 @@ def test_bench_resumes_after_a_kill(tiny, tmp_path, monkeypatch):
     assert res2["summary"] == res["summary"]
 
 
+def test_bench_on_ray_equals_in_process(tiny, tmp_path):
+    pytest.importorskip("ray")
+    from scrubnet.audit.engine import make_engine
+
+    cfg = ExperimentConfig.from_dict({"methods": ["finetune"]})
+    local = B.run_bench(cfg, tmp_path / "local", settings=["random-1"], tune=False, progress=False)
+    eng = make_engine("ray", num_cpus=2, max_retries=1)
+    try:
+        ray = B.run_bench(cfg, tmp_path / "ray", settings=["random-1"], tune=False, engine=eng, progress=False)
+    finally:
+        eng.close()
+    assert ray["engine"] == "ray" and ray["jobs"] == {"run": 3, "reused": 0}
+    strip = [{k: v for k, v in r.items() if k != "time_s"} for r in local["runs"]]
+    assert [{k: v for k, v in r.items() if k != "time_s"} for r in ray["runs"]] == strip
+
+
 def _cifar_dir(root, per_batch=20):
     d = root / "cifar-10-batches-py"
     d.mkdir(parents=True)
