@@ -13,10 +13,12 @@ information bound. A failed scrub raises :class:`ScrubFailed` unless ``on_failur
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from torch import nn
 
+from scrubnet.cost_guard import measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.recipe import TrainingRecipe
@@ -32,7 +34,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            forget_class: int | None = None, classifier: str | None = None, force: bool = False,
            readouts: bool = False, test=None, reference: nn.Module | None = None,
            keys: BatchKeys | None = None, chunk_size: int = 512,
-           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, **method_options: Any
+           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, max_cost_vs_retrain: float | None = None,
+           **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
@@ -48,8 +51,12 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         = 5 points); measured on every call (two streamed passes over D_r).
     on_failure: ``"raise"`` (:class:`ScrubFailed`) or ``"return"`` (the result says ``ok=False``).
     keys, chunk_size: how dict batches are read and how many samples a chunk holds.
+    max_cost_vs_retrain: refuse (:class:`~scrubnet.training.cost.BudgetExceeded`, before any work) when the
+        call's estimate is above this many retrainings from the model's initialisation with the recipe
+        (:func:`scrubnet.cost_guard.price_call`).
 
-    Returns (scrubbed model, :class:`ForgetResult`). ``model`` is not modified.
+    Returns (scrubbed model, :class:`ForgetResult`); ``result.cost`` records the measured CPU seconds, the
+    retraining estimate and their ratio ``cost_vs_retrain``. ``model`` is not modified.
     """
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
@@ -58,9 +65,14 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
                                     classifier=classifier)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
     scrubber = get_method(method, **method_options)
-    out = scrub_and_measure(scrubber, model, as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size),
+    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx)
+    refuse_over(est, max_cost_vs_retrain, method)
+    t0 = time.process_time()
+    out = scrub_and_measure(scrubber, model, retain_s, forget_s,
                             ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
                             readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size))
+    out.cost = measured_cost(time.process_time() - t0, est, ref)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

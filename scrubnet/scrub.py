@@ -60,6 +60,9 @@ class ForgetResult:
                   "passed"}``) and, when it ran, ``stationarity`` (its numbers).
     scrub:        the method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the
                   reference and original it supplies).
+    cost:         what the call cost against retraining, when the entry point measured it
+                  (:func:`scrubnet.cost_guard.measured_cost`: ``seconds``, ``retrain_seconds_estimate``,
+                  ``cost_vs_retrain`` …).
     """
 
     ok: bool
@@ -72,6 +75,7 @@ class ForgetResult:
     readouts: dict[str, float] = field(default_factory=dict)
     checks: dict[str, dict] = field(default_factory=dict)
     scrub: ScrubResult | None = field(default=None, repr=False)
+    cost: dict[str, float] = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:

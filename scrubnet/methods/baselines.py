@@ -144,9 +144,44 @@ class Original(ForgettingMethod):
         return copy_cost(model)
 
 
+def reinitialised(model: nn.Module, seed: int) -> nn.Module:
+    """A copy of ``model`` with every module's ``reset_parameters`` called under a seeded generator (the
+    model's initialisation, drawn anew); ``ValueError`` naming a module whose trainable parameters no
+    ``reset_parameters`` re-draws (retraining from it would start from the trained weights).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model; not modified.
+    seed : int
+        Fixes the draw (10_007 · seed + 8 on the global CPU generator, restored afterwards).
+
+    Returns
+    -------
+    nn.Module
+        The re-initialised copy.
+    """
+    out = copy.deepcopy(model)
+    bare = [name or type(m).__name__ for name, m in out.named_modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters")]
+    if bare:
+        raise ValueError(f"retrain from the model's initialisation: module(s) {', '.join(bare[:3])} have trainable "
+                         "parameters but no reset_parameters(); retrain is not offered for this model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(10_007 * int(seed) + 8)
+        for m in out.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+    return out
+
+
 @register("retrain")
 class Retrain(ForgettingMethod):
     """The gold standard: fine-tune from w_0 with the same seed and schedule without D_f.
+
+    On a user's model (no ``ctx.start`` and no protocol split): retrain on D_r from the model's initialisation
+    (:func:`reinitialised`, seeded) for the recipe's epochs with the recipe's objective and SGD settings —
+    the reference the verdict and the cost are compared with; refused when a module cannot be re-initialised.
 
     Needs ``ctx.start`` (the model at w_0); the model is an artifact of ``ctx.cache`` (the protocol stores the
     one it trained). ``mode`` (default: the protocol's ``ctx.retrain_mode``): ``'replace'`` (needs
@@ -174,7 +209,12 @@ class Retrain(ForgettingMethod):
 
     def scrub(self, model, retain, forget, ctx):
         if ctx.start is None:
-            raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+            if ctx.split is not None:
+                raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+            # a user's model: the reference is retraining from the model's initialisation with the recipe
+            return ScrubResult(_finetune(reinitialised(model, ctx.seed), retain[0], retain[1], ctx, epochs=None,
+                                         lr=None, seed_offset=7).eval(),
+                               info={"retrain_from_init": 1.0, "retrain_epochs": float(ctx.recipe.epochs)})
         mode = self.mode or ctx.retrain_mode
         if ctx.split is not None:
             x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx

@@ -43,7 +43,7 @@ from scrubnet.methods.artifacts import ArtifactCache, fisher_key
 from scrubnet.models import find_classifier
 from scrubnet.data.stream import DataStream, as_stream
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
-from scrubnet.training.cost import fisher_diagonal_cost
+from scrubnet.training.cost import fisher_diagonal_cost, forward_flops, seconds_at
 from scrubnet.models import eval_mode
 
 DEFAULT_ALPHA = 3e-6
@@ -234,10 +234,17 @@ class FisherForgetting(ForgettingMethod):
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, kind: str = "true",
-             batch_size: int | None = None, **_options):
-        """The Fisher diagonal on D_r (:func:`~scrubnet.curvature.fisher.plan_fisher`) and one noise draw
-        (O(p))."""
-        return fisher_diagonal_cost(model, x1, n_retain, kind=kind, batch_size=batch_size)
+             batch_size: int | None = None, alpha: float | None = None, **_options):
+        """The Fisher diagonal on D_r (:func:`~scrubnet.curvature.fisher.plan_fisher`) and the noise draws
+        (O(p) each); without ``alpha``, the α search's forward passes over D_r: the base loss and at most
+        1 + :data:`BUDGET_RETRIES` noisy draws (an upper bound)."""
+        est = fisher_diagonal_cost(model, x1, n_retain, kind=kind, batch_size=batch_size)
+        if alpha is None:
+            evals = (2 + BUDGET_RETRIES) * n_retain * forward_flops(model, x1)
+            est.flops += evals
+            est.seconds += seconds_at(evals, "newton")
+            est.details["alpha_search_flops"] = evals
+        return est
 
     def __init__(self, alpha: float | None = None, form: str = "code", kind: str = "true", clamp: bool = True,
                  per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None,

@@ -45,7 +45,7 @@ import time
 import torch
 from torch import Tensor, nn
 
-from scrubnet.curvature.fallbacks import fallbacks_report
+from scrubnet.curvature.fallbacks import cost_multipliers, fallbacks_report, probe_paths
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
@@ -100,10 +100,14 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
     return wrong / n, ce / n
 
 
+#: the "lm" safeguard's re-solves at most, and the halvings of the line search and the data check
+NEWTON_DAMPING_TRIES, NEWTON_HALVINGS = 6, 30
+
+
 def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
                 damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500, batch_size: int = 512,
-                safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
-                max_damping_tries: int = 6, data_check: bool = False, loss_tolerance: float = 0.05,
+                safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = NEWTON_HALVINGS,
+                max_damping_tries: int = NEWTON_DAMPING_TRIES, data_check: bool = False, loss_tolerance: float = 0.05,
                 error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
@@ -269,22 +273,39 @@ class NewtonScrub(ForgettingMethod):
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, max_iter: int = 300, alpha: float = 0.0,
-             batch_size: int = 512, **_options) -> CostEstimate:
-        """Newton step by CG on the Gauss–Newton/Hessian of the retain loss: one gradient pass, then at most
-        ``max_iter`` GGN-vector products over D_r (each ≈ a JVP + a VJP ≈ 2 forward+backward passes; exactly
-        ``max_iter`` when CG does not reach its tolerance), plus the Fisher diagonal when ``alpha`` > 0 (noise).
-        One solve: the default "lm" safeguard re-solves with more damping when the step fails its ratio test
-        (at most 6 more solves), which this bound does not count."""
-        fb = 3.0 * forward_flops(model, x1)
-        flops = n_retain * fb * (1 + 2.0 * max_iter)
+             batch_size: int = 512, safeguard: str = "lm", retain_loss_tolerance: float | None = 0.05,
+             **_options) -> CostEstimate:
+        """Newton step by CG on the Gauss–Newton/Hessian of the retain loss, a true upper bound: one gradient
+        pass, then per solve at most ``max_iter`` GGN-vector products over D_r (each a JVP + a VJP ≈ 2
+        forward+backward passes; the JVP doubled when the model needs the double-VJP fallback,
+        :func:`~scrubnet.curvature.fallbacks.cost_multipliers`) and one evaluation of the objective; the "lm"
+        safeguard solves at most 1 + ``max_damping_tries`` (7) times; the line search and the data safeguard
+        add at most 31 forward passes each; plus the Fisher diagonal when ``alpha`` > 0 (noise).
+        ``details["seconds_one_solve"]`` is the cost when the first solve is accepted."""
+        fwd = forward_flops(model, x1)
+        fb = 3.0 * fwd
+        jvp = cost_multipliers(probe_paths(model, x1))["jvp"]
+        solves = 1 + (NEWTON_DAMPING_TRIES if safeguard == "lm" else 0)
+        grad, per_solve = n_retain * fb, n_retain * fb * (1.0 + jvp) * max_iter
+        flops = grad + solves * per_solve
+        forwards = 0.0
+        if safeguard != "none":  # objective per solve, line-search halvings, data-check halvings
+            forwards = solves + NEWTON_HALVINGS + (NEWTON_HALVINGS + 2 if retain_loss_tolerance is not None else 0)
+        evals = forwards * n_retain * fwd
         peak = 10 * 8 * trainable_numel(model) + min(batch_size, n_retain) * 3 * 4 * activation_numel_per_sample(model, x1)
-        passes = 1.0 + 2.0 * max_iter
+        passes = 1.0 + (1.0 + jvp) * max_iter * solves + forwards / 3.0
+        seconds = seconds_at(flops + evals, "newton")
+        one = seconds_at(grad + per_solve + (n_retain * fwd if safeguard != "none" else 0.0), "newton")
         if alpha > 0:
             fis = fisher_diagonal_cost(model, x1, n_retain)
             flops += fis.flops
+            seconds += fis.seconds
+            one += fis.seconds
             passes += fis.passes
             peak = max(peak, fis.peak_bytes)
-        return CostEstimate("newton", flops, seconds_at(flops, "newton"), int(peak), passes, {"max_iter": max_iter})
+        return CostEstimate("newton", flops + evals, seconds, int(peak), passes,
+                            {"max_iter": max_iter, "solves": solves, "jvp_multiplier": jvp,
+                             "seconds_one_solve": one})
 
     def __init__(self, damping: float = 0.0, tol: float = 1e-5, max_iter: int = 300, batch_size: int = 512,
                  alpha: float = 0.0, safeguard: str = "lm", retain_loss_tolerance: float | None = 0.05,
