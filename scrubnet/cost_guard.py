@@ -56,7 +56,7 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
     if method not in costed_methods():
         return None, ref
     est = estimate(model, n_r, n_f, method=method, num_classes=ctx.num_classes or None, x_probe=x1,
-                   config=ctx.config, recipe=ctx.recipe, **options)
+                   config=ctx.config, recipe=ctx.recipe, retrain_from_init=ctx.start is None, **options)
     fwd = n_r * forward_flops(model, x1)
     extra = {"retain_rule_flops": 2.0 * fwd}   # error and loss of D_r before and after
     cls = method_class(method)

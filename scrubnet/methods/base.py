@@ -458,7 +458,7 @@ def costed_methods() -> list[str]:
 def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num_classes: int | None = None,
              x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
              config: TrainConfig | None = None, recipe: TrainingRecipe | None = None,
-             retrain_epochs: int | None = None, **options) -> CostEstimate:
+             retrain_epochs: int | None = None, retrain_from_init: bool | None = None, **options) -> CostEstimate:
     """Predicted cost of ``method`` on ``model`` with |D_r| = ``n_retain``, |D_f| = ``n_forget``: the method
     class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields), with the cost of
     retraining beside it.
@@ -486,6 +486,9 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
         the config's epoch cap).
     retrain_epochs : int, optional
         The epochs of the retraining reference (default the recipe's).
+    retrain_from_init : bool, optional
+        Whether ``retrain`` runs from the model's initialisation (a user's model: priced as the reference) or
+        from the protocol's w_0 (its own estimate); default: True when ``recipe`` is given.
 
     Returns
     -------
@@ -501,7 +504,7 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
         raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
     x1, num_classes = _probe(model, x_probe, in_shape, num_classes)
     ref = retrain_estimate(model, int(n_retain), x_probe=x1, recipe=recipe, epochs=retrain_epochs)
-    if cls.anchor == "retrain" and recipe is not None:
+    if cls.anchor == "retrain" and (recipe is not None if retrain_from_init is None else retrain_from_init):
         est = CostEstimate(method, ref.flops, ref.seconds, ref.peak_bytes, ref.passes, dict(ref.details))
     else:
         est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
