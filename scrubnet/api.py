@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from scrubnet.cost_guard import measured_cost, price_call, refuse_over
+from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.recipe import TrainingRecipe
@@ -55,6 +55,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         call's estimate is above this many retrainings from the model's initialisation with the recipe
         (:func:`scrubnet.cost_guard.price_call`).
 
+    When the method would cost more than one retraining and has a budgeted mode (Newton and NTK: a CG
+    budget, reporting the residual reached; Fisher: a subsample, reporting its variance) that mode runs,
+    unless its option (or one it replaces) is given (:func:`scrubnet.cost_guard.budgeted_options`).
+
     Returns (scrubbed model, :class:`ForgetResult`); ``result.cost`` records the measured CPU seconds, the
     retraining estimate and their ratio ``cost_vs_retrain``. ``model`` is not modified.
     """
@@ -67,12 +71,18 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     scrubber = get_method(method, **method_options)
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx)
+    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est)
+    if budgeted is not None:  # the full method would cost more than retraining: its budgeted mode
+        method_options, est = budgeted
+        scrubber = get_method(method, **method_options)
     refuse_over(est, max_cost_vs_retrain, method)
     t0 = time.process_time()
     out = scrub_and_measure(scrubber, model, retain_s, forget_s,
                             ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
                             readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size))
     out.cost = measured_cost(time.process_time() - t0, est, ref)
+    if budgeted is not None:
+        out.cost["budgeted"] = est.details["budgeted"]
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

@@ -102,3 +102,40 @@ def measured_cost(seconds: float, est: CostEstimate | None, ref: CostEstimate) -
     if est is not None:
         out.update(estimate_seconds=float(est.seconds), estimate_cost_vs_retrain=float(est.cost_vs_retrain))
     return out
+
+
+def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataStream, forget: DataStream,
+                     ctx: ForgetContext, est: CostEstimate | None, target: float = 1.0
+                     ) -> tuple[dict, CostEstimate] | None:
+    """The budgeted mode a call runs by default when the full method would cost more than ``target``
+    retrainings: (options with the method's ``budget_knob`` set, its estimate), or None (the full method: it
+    is within the target, the method has no budgeted mode, the caller set the knob or an option it replaces,
+    or no budget fits).
+
+    The knob (Newton's ``cg_budget``, NTK's ``cg_budget``, Fisher's ``subsample``) is the largest value whose
+    estimate stays within ``target``: the estimates are affine in it, so two of them fix the slope.
+    """
+    cls = method_class(method)
+    knob = getattr(cls, "budget_knob", None)
+    if knob is None or est is None or est.cost_vs_retrain <= target:
+        return None
+    if knob in options or any(k in options for k in getattr(cls, "budget_replaces", ())):
+        return None
+    lo = 8 if knob == "subsample" else 1
+    full = len(retain) - 1 if knob == "subsample" else 10 ** 6
+    if full < lo:
+        return None
+    a, _ = price_call(method, {**options, knob: lo}, model, retain, forget, ctx)
+    b, _ = price_call(method, {**options, knob: 2 * lo}, model, retain, forget, ctx)
+    slope = (b.seconds - a.seconds) / lo
+    if not slope > 0:
+        return None
+    k = min(full, lo + int((target * a.retrain_seconds - a.seconds) / slope))
+    while k >= lo:
+        opts = {**options, knob: k}
+        chosen, _ = price_call(method, opts, model, retain, forget, ctx)
+        if chosen.cost_vs_retrain <= target:
+            chosen.details["budgeted"] = f"{knob}={k}"
+            return opts, chosen
+        k = int(k * 0.9) if k > 10 else k - 1
+    return None
