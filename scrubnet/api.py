@@ -57,7 +57,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
 
     When the method would cost more than one retraining and has a budgeted mode (Newton and NTK: a CG
     budget, reporting the residual reached; Fisher: a subsample, reporting its variance) that mode runs,
-    unless its option (or one it replaces) is given (:func:`scrubnet.cost_guard.budgeted_options`).
+    (within ``max_cost_vs_retrain`` when that is lower), unless its option (or one it replaces) is given (:func:`scrubnet.cost_guard.budgeted_options`).
 
     Returns (scrubbed model, :class:`ForgetResult`); ``result.cost`` records the measured CPU seconds, the
     retraining estimate and their ratio ``cost_vs_retrain``. ``model`` is not modified.
@@ -71,7 +71,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     scrubber = get_method(method, **method_options)
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx)
-    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est)
+    target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
+    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target)
     if budgeted is not None:  # the full method would cost more than retraining: its budgeted mode
         method_options, est = budgeted
         scrubber = get_method(method, **method_options)

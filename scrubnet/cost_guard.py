@@ -122,7 +122,9 @@ def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataS
     if knob in options or any(k in options for k in getattr(cls, "budget_replaces", ())):
         return None
     lo = 8 if knob == "subsample" else 1
-    full = len(retain) - 1 if knob == "subsample" else 10 ** 6
+    replaced = getattr(cls, "budget_replaces", ())
+    # at most the full method's own count: the sample count, or the iteration cap the budget replaces
+    full = len(retain) - 1 if knob == "subsample" else int(options.get(replaced[0], cls.options[replaced[0]].default))
     if full < lo:
         return None
     a, _ = price_call(method, {**options, knob: lo}, model, retain, forget, ctx)

@@ -63,7 +63,7 @@ def test_ceiling_refuses_before_any_work(monkeypatch):
     monkeypatch.setattr(cls, "scrub", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     with pytest.raises(BudgetExceeded, match=r"refused before any work: estimated .*× retraining > the 0.01×"):
         scrubnet.forget(m, (x[:50], y[:50]), (x[50:], y[50:]), method="newton", force=True,
-                        max_cost_vs_retrain=0.01)
+                        max_cost_vs_retrain=0.01, max_iter=300)   # max_iter given: no budgeted mode
     assert calls == []
     # under a generous ceiling it runs, and the result records the measured ratio
     _, res = scrubnet.forget(m, (x[:50], y[:50]), (x[50:], y[50:]), method="newton", force=True,
@@ -123,3 +123,41 @@ def test_dry_run_prints_the_estimate_beside_retraining_and_the_ceiling_refuses(t
     assert '"retrain_seconds"' in r.output and not out.exists()
     r = runner.invoke(app, [*base, "--max-cost-vs-retrain", "1e-6"])
     assert r.exit_code == 2 and "× retraining > the 1e-06× allowed" in r.output and not out.exists()
+
+
+def test_budgeted_mode_is_chosen_under_a_tiny_ceiling_and_reports_what_it_reached():
+    m = build_model("mlp", (10,), 3, seed=0, hidden=8)
+    x, y = _data(300)
+    recipe = TrainingRecipe(epochs=3, batch_size=32)
+    full = estimate(m, 280, 20, method="newton", x_probe=x, recipe=recipe)
+    ceiling = 0.02 * full.cost_vs_retrain
+    _, res = scrubnet.forget(m, (x[:280], y[:280]), (x[280:], y[280:]), method="newton", recipe=recipe, force=True,
+                             max_cost_vs_retrain=ceiling, on_failure="return")
+    k = int(res.cost["budgeted"].split("=")[1])
+    assert res.cost["budgeted"].startswith("cg_budget=") and 1 <= k <= 300
+    assert res.cost["estimate_cost_vs_retrain"] <= min(1.0, ceiling)
+    assert res.report["newton_cg_budget"] == k and res.report["newton_cg_iterations"] <= k
+    assert "newton_cg_relative_residual" in res.report
+    # an option the budget replaces, given by the caller, keeps the full method (and the ceiling refuses it)
+    with pytest.raises(BudgetExceeded):
+        scrubnet.forget(m, (x[:280], y[:280]), (x[280:], y[280:]), method="newton", recipe=recipe, force=True,
+                        max_cost_vs_retrain=ceiling, max_iter=300)
+
+
+def test_fisher_subsample_is_the_mean_of_its_parts_with_its_standard_error():
+    from scrubnet.curvature.fisher import fisher_diag
+    from scrubnet.data.stream import as_stream
+    from scrubnet.methods.fisher import subsample_fisher
+    m = build_model("mlp", (10,), 3, seed=0, hidden=8)
+    x, y = _data(64)
+    full = fisher_diag(m, x)
+    every, info = subsample_fisher(m, as_stream((x, y)), 64, "true", None, seed=0)   # all samples, permuted
+    for k in full:
+        torch.testing.assert_close(every[k], full[k], rtol=1e-5, atol=1e-8)
+    assert info["fisher_subsample"] == 64 and 0 < info["fisher_trace_rel_se"] < 1
+    half, info2 = subsample_fisher(m, as_stream((x, y)), 32, "true", None, seed=0)
+    assert info2["fisher_trace_rel_se"] > 0 and not torch.equal(half[next(iter(half))], full[next(iter(full))])
+    # the subsample's cost is the diagonal on k samples
+    a = estimate(m, 64, 0, method="fisher", x_probe=x, alpha=1e-6, subsample=32)
+    b = estimate(m, 32, 0, method="fisher", x_probe=x, alpha=1e-6)
+    assert a.flops == pytest.approx(b.flops, rel=1e-12)
