@@ -503,6 +503,8 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     if int(n_retain) < 1 or int(n_forget) < 0:
         raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
     x1, num_classes = _probe(model, x_probe, in_shape, num_classes)
+    if recipe is not None and getattr(cls, "epochs_from_recipe", False) and options.get("epochs") is None:
+        options["epochs"] = recipe.epochs     # a user's call trains the recipe's epochs, not the protocol's
     ref = retrain_estimate(model, int(n_retain), x_probe=x1, recipe=recipe, epochs=retrain_epochs)
     if cls.anchor == "retrain" and (recipe is not None if retrain_from_init is None else retrain_from_init):
         est = CostEstimate(method, ref.flops, ref.seconds, ref.peak_bytes, ref.passes, dict(ref.details))

@@ -163,16 +163,21 @@ def reinitialised(model: nn.Module, seed: int) -> nn.Module:
     """
     out = copy.deepcopy(model)
     bare = [name or type(m).__name__ for name, m in out.named_modules()
-            if any(p.requires_grad for p in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters")]
+            if any(p.requires_grad for p in m.parameters(recurse=False)) and _reset_fn(m) is None]
     if bare:
         raise ValueError(f"retrain from the model's initialisation: module(s) {', '.join(bare[:3])} have trainable "
                          "parameters but no reset_parameters(); retrain is not offered for this model")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(10_007 * int(seed) + 8)
         for m in out.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
+            if _reset_fn(m) is not None:
+                _reset_fn(m)()
     return out
+
+
+def _reset_fn(m: nn.Module):
+    """A module's re-initialiser: ``reset_parameters``, or ``_reset_parameters`` (``nn.MultiheadAttention``)."""
+    return getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
 
 
 @register("retrain")
@@ -236,6 +241,7 @@ class Finetune(ForgettingMethod):
 
     streams = True
     passes = "epochs"
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
@@ -260,6 +266,7 @@ class NegGrad(ForgettingMethod):
     indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory)."""
 
     streams = True
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
@@ -290,6 +297,7 @@ class RandomLabels(ForgettingMethod):
     NegGrad does."""
 
     streams = True
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
