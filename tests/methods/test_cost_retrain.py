@@ -161,3 +161,20 @@ def test_fisher_subsample_is_the_mean_of_its_parts_with_its_standard_error():
     a = estimate(m, 64, 0, method="fisher", x_probe=x, alpha=1e-6, subsample=32)
     b = estimate(m, 32, 0, method="fisher", x_probe=x, alpha=1e-6)
     assert a.flops == pytest.approx(b.flops, rel=1e-12)
+
+
+def test_ntk_cg_budget_stops_at_its_budget_and_reports_the_residual():
+    m = build_model("mlp", (10,), 3, seed=0, hidden=8)
+    x, y = _data(60)
+    recipe = TrainingRecipe(wd=5e-4)
+    _, res = scrubnet.forget(m, (x[:50], y[:50]), (x[50:], y[50:]), method="ntk", recipe=recipe, force=True,
+                             cg_budget=2, cg_tol=1e-30, on_failure="return")
+    assert res.ok, res.reasons                       # at its budget: reported, not failed
+    assert res.report["ntk_cg_budget"] == 2 and res.report["solve_full_iterations"] == 2
+    assert res.report["solve_full_relative_residual"] > 0
+    _, full = scrubnet.forget(m, (x[:50], y[:50]), (x[50:], y[50:]), method="ntk", recipe=recipe, force=True,
+                              solver="cg", cg_max_iter=2, cg_tol=1e-30, on_failure="return")
+    assert not full.ok                               # the full method at the same cap says it failed
+    a = estimate(m, 50, 10, method="ntk", x_probe=x, cg_budget=4)
+    b = estimate(m, 50, 10, method="ntk", x_probe=x, solver="cg", cg_max_iter=4)
+    assert a.flops == b.flops
