@@ -21,6 +21,7 @@ from scrubnet.experiments.report import render_report, report_warnings
 from scrubnet.experiments.runner import run_experiment
 from scrubnet.methods import base
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.readouts.forgetting import VERDICTS
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import ScrubFailed
 from tests.conftest import tiny_config
@@ -211,7 +212,7 @@ def test_run_with_one_method_adds_the_anchors_and_carries_verdicts(tmp_path):
     assert any("added (original, retrain)" in w for w in report_warnings(res))
     for m, d in res["methods"].items():
         run = d["runs"][0]
-        assert run["forgetting"]["verdict"] in scrubnet.readouts.forgetting.VERDICTS
+        assert run["forgetting"]["verdict"] in VERDICTS
         assert not any(k.startswith("auc") or k == "forgetting" for k in run["readouts"])  # kept out of readouts
         assert "forgetting" not in d["summary"]
     # the original's verdict is the identity's: the same AUC before and after
@@ -231,8 +232,10 @@ def test_runner_report_carries_method_warnings():
 
 
 def _comparisons(game_sep: bool, klom_sep: bool) -> dict:
-    row = lambda sep: {"a": "original", "b": "retrain", "difference_ci95": [0.01, 0.2] if sep else [-0.05, 0.1],  # noqa: E731
-                       "distinguishable": sep}
+    def row(sep: bool) -> dict:
+        return {"a": "original", "b": "retrain", "difference_ci95": [0.01, 0.2] if sep else [-0.05, 0.1],
+                "distinguishable": sep}
+
     other = {"a": "original", "b": "finetune", "difference_ci95": [-0.1, 0.1], "distinguishable": False}
     return {"comparisons": {"ulira_game_balanced_accuracy": [row(game_sep), other],
                             "klom_forget": [row(klom_sep), other]}}
