@@ -9,7 +9,10 @@ one scrub path every entry point shares (the stationarity check first for a curv
 own failure, the retain-error rule). It returns the scrubbed model with a :class:`ForgetResult`: ``ok`` and the
 reasons, the method's report, the readouts when asked (error and loss on D_r, D_f and a test set, streamed in
 chunks) and, for a noisy method given a ``reference`` model (e.g. one retrained without D_f), the white-box
-information bound. A failed scrub raises :class:`ScrubFailed` unless ``on_failure="return"``.
+information bound. With held-out data (``test``) every scrub gets a forgetting verdict (``result.forgetting``:
+does D_f now look like data the model never saw?); a method whose purpose is forgetting that ends at
+``did_not_forget`` or ``moved_wrong_way`` fails unless ``on_not_forgotten="warn"``. A failed scrub raises
+:class:`ScrubFailed` unless ``on_failure="return"``.
 """
 from __future__ import annotations
 
@@ -22,11 +25,11 @@ from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, ref
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.recipe import TrainingRecipe
-from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
+from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
 
 ON_FAILURE = ("raise", "return")
 
-__all__ = ["ForgetResult", "ON_FAILURE", "ScrubFailed", "forget"]
+__all__ = ["ForgetResult", "ON_FAILURE", "ON_NOT_FORGOTTEN", "ScrubFailed", "forget"]
 
 
 def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: TrainingRecipe | None = None, *,
@@ -34,7 +37,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            forget_class: int | None = None, classifier: str | None = None, force: bool = False,
            readouts: bool = False, test=None, reference: nn.Module | None = None,
            keys: BatchKeys | None = None, chunk_size: int = 512,
-           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, max_cost_vs_retrain: float | None = None,
+           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
+           max_cost_vs_retrain: float | None = None,
            **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
@@ -46,6 +50,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     force: run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
+    test: held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
+        forgetting verdict ``result.forgetting`` (:class:`~scrubnet.readouts.forgetting.ForgettingVerdict`).
+    on_not_forgotten: ``"fail"`` (default: a forgetting method whose verdict is did_not_forget or
+        moved_wrong_way is ``ok=False``, the numbers in the reason) or ``"warn"`` (``result.warnings``).
     reference: a model retrained without D_f; with a noisy method gives the information bound.
     retain_error_tolerance: the scrub fails when the retain error rises by more than this (a fraction: 0.05
         = 5 points); measured on every call (two streamed passes over D_r).
@@ -70,9 +78,11 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
     scrubber = get_method(method, **method_options)
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
-    est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx)
+    test_s = None if test is None else as_stream(test, keys, chunk_size)
+    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(readouts)}
+    est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx, **call)
     target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
-    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target)
+    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target, **call)
     if budgeted is not None:  # the full method would cost more than retraining: its budgeted mode
         method_options, est = budgeted
         scrubber = get_method(method, **method_options)
@@ -80,7 +90,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     t0 = time.process_time()
     out = scrub_and_measure(scrubber, model, retain_s, forget_s,
                             ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
-                            readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size))
+                            readouts=readouts, test=test_s,
+                            on_not_forgotten=on_not_forgotten)
     out.cost = measured_cost(time.process_time() - t0, est, ref)
     if budgeted is not None:
         out.cost["budgeted"] = est.details["budgeted"]

@@ -17,6 +17,9 @@ from scrubnet.methods.base import ForgetContext, estimate, method_class, costed_
 from scrubnet.recipe.objective import (STATIONARITY_CG_STEPS, RecipeMismatch, check_stationarity)
 from scrubnet.training.cost import CostEstimate, check_budget, forward_flops, seconds_at
 
+#: the forgetting verdict's sample of D_r (``forgetting_verdict(max_retain=...)``'s default)
+VERDICT_MAX_RETAIN = 10_000
+
 
 def _probe_input(retain: DataStream):
     """The first sample of D_r (shape (1, ...)), for the FLOP count."""
@@ -28,7 +31,8 @@ def _probe_input(retain: DataStream):
 
 
 def price_call(method: str, options: dict, model: nn.Module, retain: DataStream, forget: DataStream,
-               ctx: ForgetContext) -> tuple[CostEstimate | None, CostEstimate]:
+               ctx: ForgetContext, *, n_test: int = 0, readouts: bool = False
+               ) -> tuple[CostEstimate | None, CostEstimate]:
     """(the call's estimate or None for a method without a cost model, the retraining reference).
 
     Parameters
@@ -43,6 +47,11 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
         The call's context: its recipe prices the reference; ``verify_recipe`` (and not ``force``) adds the
         recipe check before a curvature method (1 gradient pass and
         :data:`~scrubnet.recipe.objective.STATIONARITY_CG_STEPS` GGN products over D_r).
+    n_test : int
+        Held-out samples given to the call: the forgetting verdict runs one forward per set per model (D_f,
+        held-out, ≤ 10,000 samples of D_r; before and after).
+    readouts : bool
+        Whether the call measures error and loss on D_f and the held-out set (before and after).
 
     Returns
     -------
@@ -58,7 +67,12 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
     est = estimate(model, n_r, n_f, method=method, num_classes=ctx.num_classes or None, x_probe=x1,
                    config=ctx.config, recipe=ctx.recipe, retrain_from_init=ctx.start is None, **options)
     fwd = n_r * forward_flops(model, x1)
+    per = fwd / n_r
     extra = {"retain_rule_flops": 2.0 * fwd}   # error and loss of D_r before and after
+    if n_test:
+        extra["verdict_flops"] = 2.0 * per * (n_f + n_test + min(n_r, VERDICT_MAX_RETAIN))
+    if readouts:
+        extra["readouts_flops"] = 2.0 * per * (n_f + n_test)
     cls = method_class(method)
     if cls.uses_curvature and cls.needs_retain and ctx.verify_recipe and not ctx.force:
         extra["recipe_check_flops"] = 3.0 * fwd * (1 + 2 * STATIONARITY_CG_STEPS)
@@ -105,7 +119,7 @@ def measured_cost(seconds: float, est: CostEstimate | None, ref: CostEstimate) -
 
 
 def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataStream, forget: DataStream,
-                     ctx: ForgetContext, est: CostEstimate | None, target: float = 1.0
+                     ctx: ForgetContext, est: CostEstimate | None, target: float = 1.0, **call
                      ) -> tuple[dict, CostEstimate] | None:
     """The budgeted mode a call runs by default when the full method would cost more than ``target``
     retrainings: (options with the method's ``budget_knob`` set, its estimate), or None (the full method: it
@@ -114,6 +128,7 @@ def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataS
 
     The knob (Newton's ``cg_budget``, NTK's ``cg_budget``, Fisher's ``subsample``) is the largest value whose
     estimate stays within ``target``: the estimates are affine in it, so two of them fix the slope.
+    ``call``: :func:`price_call`'s ``n_test`` and ``readouts``.
     """
     cls = method_class(method)
     knob = getattr(cls, "budget_knob", None)
@@ -127,15 +142,15 @@ def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataS
     full = len(retain) - 1 if knob == "subsample" else int(options.get(replaced[0], cls.options[replaced[0]].default))
     if full < lo:
         return None
-    a, _ = price_call(method, {**options, knob: lo}, model, retain, forget, ctx)
-    b, _ = price_call(method, {**options, knob: 2 * lo}, model, retain, forget, ctx)
+    a, _ = price_call(method, {**options, knob: lo}, model, retain, forget, ctx, **call)
+    b, _ = price_call(method, {**options, knob: 2 * lo}, model, retain, forget, ctx, **call)
     slope = (b.seconds - a.seconds) / lo
     if not slope > 0:
         return None
     k = min(full, lo + int((target * a.retrain_seconds - a.seconds) / slope))
     while k >= lo:
         opts = {**options, knob: k}
-        chosen, _ = price_call(method, opts, model, retain, forget, ctx)
+        chosen, _ = price_call(method, opts, model, retain, forget, ctx, **call)
         if chosen.cost_vs_retrain <= target:
             chosen.details["budgeted"] = f"{knob}={k}"
             return opts, chosen

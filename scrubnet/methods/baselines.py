@@ -133,6 +133,7 @@ class Original(ForgettingMethod):
 
     needs_retain = False
     anchor = "original"
+    forgets = False
     options = {}
 
     def scrub(self, model, retain, forget, ctx):
@@ -195,6 +196,7 @@ class Retrain(ForgettingMethod):
     """
 
     anchor = "retrain"
+    forgets = False  # the gold standard: judged by nothing, the others are judged against it
     options = {"mode": Option(str | None, choices=RETRAIN_MODES)}
 
     @classmethod
@@ -333,6 +335,7 @@ class Hiding(ForgettingMethod):
 
     needs_retain = False
     class_only = True
+    forgets = False  # masks the outputs only: the baseline of what does not count as forgetting
     passes = "0"
     options = {"classifier": Option(str | None)}
 
