@@ -125,7 +125,7 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
              "factory_sha256": factory_source_sha256(spec), "source_weights": str(weights),
              "source_sha256": state_sha256(Path(weights).read_bytes()), "data": str(data), "ok": True,
              "forgetting": None if result.forgetting is None else result.forgetting.to_dict(),
-             "warnings": list(result.warnings),
+             "warnings": list(result.warnings), "cost": dict(result.cost),
              "report": {k: float(v) for k, v in result.report.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return save_checkpoint(out, scrubbed, arch=USER_ARCH, in_shape=list(ud.x.shape[1:]), num_classes=c,

@@ -21,7 +21,7 @@ from scrubnet.experiments.report import format_readout, readout_unit
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
 from scrubnet.methods.base import available_methods, estimate, method_class, protocol_method
 from scrubnet.scrub import scrub_and_measure
-from scrubnet.cost_guard import price_call, recipe_refusal
+from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.baselines import reinitialised
 from scrubnet.training.cost import check_budget, format_bytes, format_seconds
@@ -85,9 +85,14 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
                 reinitialised(net, ctx.seed)
             except ValueError as e:
                 raise UserError(str(e)) from None
-        est, ref = price_call(method, opts, net, as_stream(retain), as_stream(forget_set), ctx)
+        r_s, f_s = as_stream(retain), as_stream(forget_set)
+        est, ref = price_call(method, opts, net, r_s, f_s, ctx)
         if est is None:
             raise UserError(f"method {method!r} declares no cost estimate")
+        if ctx.start is None:  # a user's model: scrubnet.forget runs the budgeted mode when the full one is dearer
+            target = 1.0 if max_cost_vs_retrain is None else min(1.0, max_cost_vs_retrain)
+            budgeted = budgeted_options(method, opts, net, r_s, f_s, ctx, est, target)
+            est = est if budgeted is None else budgeted[1]
         if dry_run:
             _print_estimate(est, ref, recipe_refusal(method, net, as_stream(retain), ctx))
             return True
@@ -108,6 +113,9 @@ def _print_estimate(est, ref, refusal: Optional[str]) -> None:
     console.print(t)
     console.print(f"estimate: {est.summary()}", highlight=False, soft_wrap=True)
     console.print(f"cost_vs_retrain: {est.cost_vs_retrain:.3g}", highlight=False)
+    if est.details.get("budgeted"):
+        console.print(f"budgeted mode (the full method costs more than retraining): {est.details['budgeted']}",
+                      highlight=False)
     if refusal is not None:
         console.print(f"would be refused by the recipe check: {refusal}", highlight=False, soft_wrap=True)
     console.print_json(json.dumps(est.as_dict()))

@@ -302,7 +302,7 @@ class NTKScrub(ForgettingMethod):
         jvp = cost_multipliers(probe_paths(model, x1))["jvp"]
         est = ntk_cost(model, x1, n_retain, n_forget, num_classes, memory_budget_bytes=memory_budget_bytes,
                        solver=solver, cg_max_iter=cg_max_iter, pull=pull, jvp=jvp)
-        est.details["budgeted"] = float(cg_budget is not None)
+        est.details["cg_budgeted"] = float(cg_budget is not None)
         return est
 
     def __init__(self, linearize_at: str = "trained", pull: str | None = None, trapezium: bool = False,
