@@ -322,7 +322,8 @@ class NewtonScrub(ForgettingMethod):
             passes += fis.passes
             peak = max(peak, fis.peak_bytes)
         return CostEstimate("newton", flops + evals, seconds, int(peak), passes,
-                            {"max_iter": max_iter, "solves": solves, "cg_budgeted": float(cg_budget is not None), "jvp_multiplier": jvp,
+                            {"max_iter": max_iter, "solves": solves, "cg_budgeted": float(cg_budget is not None),
+                             "jvp_multiplier": jvp,
                              "seconds_one_solve": one})
 
     def __init__(self, damping: float = 0.0, tol: float = 1e-5, max_iter: int = 300, batch_size: int = 512,
