@@ -178,3 +178,15 @@ def test_ntk_cg_budget_stops_at_its_budget_and_reports_the_residual():
     a = estimate(m, 50, 10, method="ntk", x_probe=x, cg_budget=4)
     b = estimate(m, 50, 10, method="ntk", x_probe=x, solver="cg", cg_max_iter=4)
     assert a.flops == b.flops
+
+
+def test_fisher_budgeted_by_subsample_through_forget_reports_its_variance():
+    m = build_model("mlp", (10,), 3, seed=0, hidden=8)
+    x, y = _data(420)
+    recipe = TrainingRecipe(epochs=1, batch_size=64)
+    full = estimate(m, 400, 20, method="fisher", x_probe=x, recipe=recipe, alpha=1e-6)
+    _, res = scrubnet.forget(m, (x[:400], y[:400]), (x[400:], y[400:]), method="fisher", recipe=recipe, force=True,
+                             alpha=1e-6, max_cost_vs_retrain=0.5 * full.cost_vs_retrain, on_failure="return")
+    k = int(res.cost["budgeted"].split("=")[1])
+    assert res.cost["budgeted"].startswith("subsample=") and 8 <= k < 400
+    assert res.report["fisher_subsample"] == k and res.report["fisher_trace_rel_se"] > 0
