@@ -19,6 +19,8 @@ from torch import nn
 
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, WeightGaussian, get_method
+from scrubnet.methods.base import first_inputs
+from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.readouts.basic import stream_error_and_loss
 from scrubnet.readouts.information import weight_information
@@ -86,11 +88,17 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     recipe = TrainingRecipe() if recipe is None else recipe
     keys = keys or BatchKeys()
+    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    probe = None
+    if num_classes is None:  # only read when the model has no classifier to count its classes
+        try:
+            find_classifier(model, classifier)
+        except ValueError:
+            probe = first_inputs(retain_s) if classifier is None else None
     ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                    classifier=classifier)
+                                    classifier=classifier, probe=probe)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
     scrubber = get_method(method, **method_options)
-    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     res = scrubber(model, retain_s, forget_s, ctx)
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method, recipe=recipe, report=dict(res.info),
                        noise=res.noise)

@@ -37,6 +37,7 @@ from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, pla
 from scrubnet.curvature.ntk import DEFAULT_BUDGET as NTK_BUDGET, activation_numel_per_sample, gram_bytes, \
     ntk_gram_flops, ntk_gram_schedule
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
 
@@ -157,7 +158,7 @@ def costed_methods() -> list[str]:
 def forward_flops(model: nn.Module, x1: Tensor) -> float:
     """FLOPs of one sample's forward pass (matmuls and convolutions), eval mode."""
     with eval_mode(model), torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x1[:1])
+        call_model(model, x1[:1])
     return float(counter.get_total_flops())
 
 
@@ -167,7 +168,7 @@ def train_step_flops(model: nn.Module, x1: Tensor) -> float:
     eval mode; the model's ``.grad`` and buffers are left untouched."""
     params = [p for p in model.parameters() if p.requires_grad]
     with eval_mode(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
-        out = model(x1[:1])
+        out = call_model(model, x1[:1])
         target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
         torch.autograd.grad(F.cross_entropy(out, target), params, allow_unused=True)
     return float(counter.get_total_flops())
@@ -205,7 +206,7 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     x1 = x_probe[:1]
     if num_classes is None:
         with eval_mode(model), torch.no_grad():
-            num_classes = int(model(x1).shape[-1])
+            num_classes = int(call_model(model, x1).shape[-1])
     _DEVICE[0] = x1.device
     est = _COSTS[method](model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(),
                          **options)
