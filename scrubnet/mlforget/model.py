@@ -50,6 +50,7 @@ from scrubnet.mlforget.solve import (
 )
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
+from scrubnet.models.call import floating_to
 
 
 @dataclass
@@ -154,7 +155,7 @@ class MLState:
     def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
         """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
         m = self.model if model is None else model
-        return UserObjective(copy.deepcopy(m).double(), x.double(), y, self.num_classes, self.config.mu,
+        return UserObjective(copy.deepcopy(m).double(), floating_to(x, torch.float64), y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
     def primal_shape(self) -> tuple[int, bool]:

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call, jacrev, vmap
+from torch.func import jacrev, vmap
 
 from scrubnet.models.linearized import LinearizedModel
+from scrubnet.models.call import ModelInputs, call_functional, floating_to
 
 
 def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, target_scale: float,
@@ -52,9 +53,9 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
     buffers = {n: b.double() if b.is_floating_point() else b for n, b in net.named_buffers()}
     if block:
         for i in range(0, len(x), chunk):
-            xb = x[i:i + chunk].double()
+            xb = floating_to(x[i:i + chunk], torch.float64)
             with torch.no_grad():
-                f0 = functional_call(net, (params, buffers), (xb,))
+                f0 = call_functional(net, (params, buffers), xb)
             r = f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()
             phi = xb.reshape(len(xb), -1)
             if len(model.linearized_names) == 2:
@@ -65,15 +66,23 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
     frozen = {n: p for n, p in params.items() if n not in set(lin)}
 
     def f(w, xi):
-        out = functional_call(net, ({**frozen, **w}, buffers), (xi.unsqueeze(0),))
+        out = call_functional(net, ({**frozen, **w}, buffers), xi.unsqueeze(0))
         return out.squeeze(0)
 
+    def f_batch(w, xb):  # (B, c): sample i's row depends on sample i alone (eval mode)
+        return call_functional(net, ({**frozen, **w}, buffers), xb)
+
     for i in range(0, len(x), chunk):
-        xb = x[i:i + chunk].double()
-        jac = vmap(jacrev(f), in_dims=(None, 0))({n: params[n] for n in lin}, xb)
+        xb = floating_to(x[i:i + chunk], torch.float64)
+        if isinstance(xb, ModelInputs):
+            # several inputs (a HuggingFace model): the forward may branch on the mask's values, which vmap over
+            # samples cannot trace; the batch Jacobian (B, c, p) is the same stack of per-sample Jacobians
+            jac = jacrev(f_batch)({n: params[n] for n in lin}, xb)
+        else:
+            jac = vmap(jacrev(f), in_dims=(None, 0))({n: params[n] for n in lin}, xb)
         j = torch.cat([jac[n].reshape(len(xb), num_classes, -1) for n in lin], 2).reshape(len(xb) * num_classes, -1)
         with torch.no_grad():
-            f0 = functional_call(net, (params, buffers), (xb,))
+            f0 = call_functional(net, (params, buffers), xb)
         r = (f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()).reshape(-1, 1)
         yield j, r
 
