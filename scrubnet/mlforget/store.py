@@ -101,6 +101,7 @@ from scrubnet.mlforget.primal import PrimalFactor
 from scrubnet.mlforget.model import MLConfig, MLState, check_forget_ids, forget_all, forget_request
 from scrubnet.models import build_model
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
+from scrubnet.data.stream import inputs_finite
 
 FORMAT = "scrubnet-mlforget/3"
 #: the previous format: the same tables without the record chain; sealed in place on first open
@@ -890,7 +891,7 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
                 state.primal, primal_status = primal, "loaded"
             else:
                 primal_status = "key mismatch"
-        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        if not inputs_finite(x):
             raise StoreError("the data D contain non-finite values (NaN or inf); nothing was changed")
         if factor is not None:
             if key == factor_key(state.model, static, factor.ids):
