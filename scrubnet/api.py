@@ -12,6 +12,7 @@ A failed scrub raises :class:`ScrubFailed` unless ``on_failure="return"``.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import nn
 
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, WeightGaussian, get_method
-from scrubnet.methods.base import first_inputs
+from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.readouts.basic import stream_error_and_loss
@@ -71,6 +72,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain, forget, test: (x, y) tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
         (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
     method, **method_options: a registered method and its options (``scrubnet.methods.available_methods()``).
+    num_classes, classifier: the class count, else read from the classifier (``head``/``fc``/``classifier`` or
+        the dotted name ``classifier``, which is also handed to a method taking a ``classifier`` option), else
+        from the width of the model's output on the first chunk of ``retain``.
     recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     force: run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
@@ -98,6 +102,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
                                     classifier=classifier, probe=probe)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    cls = method_class(method)
+    if classifier is not None and cls is not None and "classifier" not in method_options \
+            and "classifier" in inspect.signature(cls.__init__).parameters:
+        method_options = {**method_options, "classifier": classifier}   # one name for the head, everywhere
     scrubber = get_method(method, **method_options)
     res = scrubber(model, retain_s, forget_s, ctx)
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method, recipe=recipe, report=dict(res.info),

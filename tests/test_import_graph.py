@@ -36,7 +36,7 @@ LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.integrity": 
           "scrubnet.cli": 5, "scrubnet.cli_mlforget": 5, "scrubnet.cli_audit": 5, "scrubnet.cli_dp": 5,
           "scrubnet.cli_study": 5, "scrubnet.cli_own": 5, "scrubnet.cli_serve": 5}
 FORBIDDEN = [("scrubnet.methods", "scrubnet.readouts")]
-OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray", "starlette", "uvicorn", "cryptography"}
+OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray", "starlette", "uvicorn", "cryptography", "transformers"}
 # heavy third-party libraries imported where they are used, so that a command's start-up does not pay for
 # them (scikit-learn, scipy, matplotlib and mnist1d cost ≈ 2 s of the 3.5 s of `scrubnet config --dump`);
 # never a scrubnet module, so the layer checks below still see every edge
