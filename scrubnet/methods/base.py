@@ -125,7 +125,9 @@ def infer_num_classes(model: nn.Module, probe: Inputs | None = None, classifier:
     try:
         return find_classifier(model, classifier)[1].out_features
     except ValueError:
-        if classifier is not None or probe is None:
+        if classifier is not None:
+            raise
+        if probe is None:
             raise ValueError("cannot tell the model's class count: no nn.Linear classifier under head, fc or "
                              "classifier and no data to run it on; give num_classes=C (or classifier='dotted.name')"
                              ) from None
