@@ -5,8 +5,9 @@ __version__ = "0.1.0"
 
 from scrubnet.api import ForgetResult, ScrubFailed, forget  # noqa: E402
 from scrubnet.data.stream import BatchKeys  # noqa: E402
+from scrubnet.models.call import ModelInputs  # noqa: E402
 from scrubnet.methods.base import ForgetContext  # noqa: E402
 from scrubnet.recipe import TrainingRecipe  # noqa: E402
 from scrubnet.methods.cost import CostEstimate, estimate  # noqa: E402  (the public cost model)
 
-__all__ = ["BatchKeys", "CostEstimate", "ForgetContext", "ForgetResult", "ScrubFailed", "TrainingRecipe", "estimate", "forget"]
+__all__ = ["BatchKeys", "CostEstimate", "ForgetContext", "ForgetResult", "ModelInputs", "ScrubFailed", "TrainingRecipe", "estimate", "forget"]
