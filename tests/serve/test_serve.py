@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +27,9 @@ from scrubnet.cli import app  # noqa: E402
 from scrubnet.cli_mlforget import _data_loader, mlforget_app  # noqa: E402
 from scrubnet.mlforget import store  # noqa: E402
 from scrubnet.serve import receipts  # noqa: E402
+from scrubnet.serve.app import create_app  # noqa: E402
+from scrubnet.serve.auth import Token, resolve_token  # noqa: E402
+from scrubnet.serve.http import HTTPError  # noqa: E402
 
 DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
 TRAIN = '{"pretrain_epochs": 2, "max_epochs": 5}'
@@ -353,3 +357,37 @@ def test_serve_refuses_bad_options_before_binding(base_ckpt, tmp_path):
     r = CliRunner().invoke(app, ["serve", str(base_ckpt), "--tokens", str(tmp_path / "none.txt")])
     assert r.exit_code == 2 and "--tokens" in r.output
     assert not (base_ckpt / "receipt-key.pem").exists()  # nothing written before the options are checked
+
+
+def test_the_token_dependency_resolves_identities_and_refuses():
+    tokens = {SUBMIT: Token("alice", frozenset({"submit"})), ADMIN: Token("ops", frozenset({"admin"}))}
+    assert resolve_token({"authorization": f"Bearer {SUBMIT}"}, tokens, "submit").name == "alice"
+    assert resolve_token({"authorization": f"bearer  {ADMIN} "}, tokens, "read").name == "ops"  # admin: every role
+    for headers, role, status, needle in [({}, None, 401, "missing bearer token"),
+                                          ({"authorization": f"Basic {SUBMIT}"}, None, 401, "missing bearer"),
+                                          ({"authorization": "Bearer not-a-known-token-000"}, None, 401, "unknown"),
+                                          ({"authorization": f"Bearer {SUBMIT}"}, "read", 403, "lacks the read")]:
+        with pytest.raises(HTTPError) as e:
+            resolve_token(headers, tokens, role)
+        assert e.value.status == status and needle in e.value.message, headers
+        assert (e.value.headers == {"WWW-Authenticate": "Bearer"}) == (status == 401)
+
+
+def test_serving_a_store_of_the_previous_format_needs_upgrade_and_writes_nothing(base_ckpt, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(base_ckpt, ck)
+    con = sqlite3.connect(str(ck / store.DB))
+    for table in ("requests", "state"):
+        for col in ("digests", "hash"):
+            con.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
+    con.execute("DELETE FROM checkpoint WHERE key = ?", (store.SEAL_KEY,))
+    con.execute("UPDATE checkpoint SET value = ? WHERE key = 'format'", (json.dumps(store.FORMAT_UNSEALED),))
+    con.commit()
+    con.close()
+    before = (ck / store.DB).read_bytes()
+    with pytest.raises(store.StoreError, match=f"run `scrubnet mlforget upgrade {ck}`"):
+        create_app(ck, {}, Ed25519PrivateKey.generate(), _data_loader, start_worker=False)
+    assert (ck / store.DB).read_bytes() == before
+    assert store.upgrade(ck)["upgraded"]
+    app_ = create_app(ck, {}, Ed25519PrivateKey.generate(), _data_loader, start_worker=False)
+    assert app_.state.service.path == ck and not app_.state.worker.is_alive()

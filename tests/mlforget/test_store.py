@@ -1,5 +1,6 @@
 """The ML checkpoint's request store: exactly-once requests under concurrency and real kills, the hash
-chain, refusals, forget-all, migration of the previous ledger format."""
+chain, refusals, forget-all, reads that never write, and `upgrade` of the previous formats."""
+import hashlib
 import json
 import os
 import random
@@ -248,13 +249,23 @@ def _to_legacy(src, dst):
     (dst / "ledger.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
 
 
-def test_legacy_ledger_checkpoint_is_migrated(base_ckpt, tmp_path):
+def test_legacy_ledger_checkpoint_is_migrated_by_upgrade_only(base_ckpt, tmp_path):
     ck = tmp_path / "new"
     shutil.copytree(base_ckpt, ck)
     a, b = deletable(ck, 2, skip=0), deletable(ck, 2, skip=2)
     assert cli_inprocess("forget", ck, "--ids", json.dumps(a))[0] == 0
     old = tmp_path / "old"
     _to_legacy(ck, old)
+    # reading it, or a request, is refused naming the command; nothing is written
+    before = snapshot(old)
+    code, out = cli_inprocess("show", old)
+    assert code == 2 and f"scrubnet mlforget upgrade {old}" in out, out
+    with pytest.raises(store.StoreError, match="scrubnet mlforget upgrade"):
+        store.forget(old, b, data_loader=_data_loader)
+    assert snapshot(old) == before and not (old / store.DB).exists()
+    assert store.upgrade(old) == {"path": str(old), "from": store.LEGACY_FORMAT, "format": store.FORMAT,
+                                  "upgraded": True}
+    assert store.upgrade(old)["upgraded"] is False  # already current: left as it is
     code, out = cli_inprocess("show", old)
     assert code == 0 and "hash chain: valid" in out, out
     assert [r["kind"] for r in store.requests(old)] == ["train", "forget"]
@@ -266,8 +277,9 @@ def test_legacy_ledger_checkpoint_is_migrated(base_ckpt, tmp_path):
     broken = tmp_path / "broken"
     _to_legacy(ck, broken)
     (broken / "state.json").write_text((broken / "state.json").read_text().replace('"seq": 2', '"seq": 5'))
-    code, out = cli_inprocess("show", broken)
-    assert code == 2 and "restore" in out and not (broken / store.DB).exists()
+    with pytest.raises(store.StoreError, match="restore"):
+        store.upgrade(broken)
+    assert not (broken / store.DB).exists()
 
 
 def test_train_refuses_existing_output_and_bad_options(base_ckpt, tmp_path):
@@ -487,13 +499,23 @@ def _to_unsealed(ck):
     con.close()
 
 
-def test_a_store_of_the_previous_format_is_sealed_on_open(chained_ckpt, tmp_path):
+def test_a_store_of_the_previous_format_is_sealed_by_upgrade_only(chained_ckpt, tmp_path):
     ck = tmp_path / "ck"
     shutil.copytree(chained_ckpt, ck)
     _to_unsealed(ck)
+    before = snapshot(ck)
+    code, out = _show_problems(ck)
+    assert code == 2 and f"scrubnet mlforget upgrade {ck}" in out and "scrubnet-mlforget/2" in out, out
+    with pytest.raises(store.StoreError, match="scrubnet mlforget upgrade"):
+        store.forget(ck, deletable(ck, 1, skip=12), data_loader=_data_loader)
+    assert snapshot(ck) == before and static_of(ck)["format"] == store.FORMAT_UNSEALED
+    assert store.upgrade(ck) == {"path": str(ck), "from": store.FORMAT_UNSEALED, "format": store.FORMAT,
+                                 "upgraded": True}
+    assert "sealed as it stood" in static_of(ck)["sealed_from"]
+    sealed = (ck / store.DB).read_bytes()
+    assert store.upgrade(ck)["upgraded"] is False and (ck / store.DB).read_bytes() == sealed
     code, out = _show_problems(ck)
     assert code == 0 and "hash chain: valid" in out, out
-    assert "sealed as it stood" in static_of(ck)["sealed_from"]
     assert store.forget(ck, deletable(ck, 1, skip=12), data_loader=_data_loader)[1]
     _edit(ck, "UPDATE requests SET sigma = 5 WHERE id = 1")
     assert "request #1: field 'sigma' was edited" in _show_problems(ck)[1]
@@ -502,9 +524,52 @@ def test_a_store_of_the_previous_format_is_sealed_on_open(chained_ckpt, tmp_path
     shutil.copytree(chained_ckpt, bad)
     _to_unsealed(bad)
     _edit(bad, "UPDATE requests SET sha256_before = 'deadbeef' WHERE id = 1")
-    code, out = _show_problems(bad)
-    assert code == 2 and "cannot be sealed" in out and "request #1: sha256_before" in out
+    with pytest.raises(store.StoreError, match="cannot be sealed.*request #1: sha256_before"):
+        store.upgrade(bad)
     assert static_of(bad)["format"] == store.FORMAT_UNSEALED
+
+
+def _db_fingerprint(ck):
+    """(sha256, mtime in ns) of the database file."""
+    db = ck / store.DB
+    return hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("fmt", ["current", "unsealed"])
+def test_verify_and_show_never_write_the_database(chained_ckpt, tmp_path, fmt):
+    ck = tmp_path / "ck"
+    shutil.copytree(chained_ckpt, ck)
+    if fmt == "unsealed":
+        _to_unsealed(ck)
+    # an old mtime: a write, however quick, would move it
+    os.utime(ck / store.DB, ns=(1_000_000_000 * 10**9, 1_000_000_000 * 10**9))
+    before, files = _db_fingerprint(ck), snapshot(ck)
+    if fmt == "current":
+        assert store.verify(ck)["valid"] and len(store.requests(ck)) == 2 and store.load(ck)[1]["request_id"] == 1
+        assert _show_problems(ck)[0] == 0
+    else:
+        for read in (store.verify, store.requests, store.load, store.state_record):
+            with pytest.raises(store.StoreError, match="run `scrubnet mlforget upgrade"):
+                read(ck)
+        assert _show_problems(ck)[0] == 2
+    assert _db_fingerprint(ck) == before and snapshot(ck) == files
+
+
+def test_upgrade_of_a_current_store_changes_nothing_and_bad_paths_are_refused(chained_ckpt, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(chained_ckpt, ck)
+    before = snapshot(ck)
+    assert store.upgrade(ck) == {"path": str(ck), "from": store.FORMAT, "format": store.FORMAT, "upgraded": False}
+    assert snapshot(ck) == before
+    with pytest.raises(store.StoreError, match="not found"):
+        store.upgrade(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(store.StoreError, match="not an ML checkpoint"):
+        store.upgrade(tmp_path / "empty")
+    _edit(ck, "UPDATE checkpoint SET value = ? WHERE key = 'format'", (json.dumps("scrubnet-mlforget/9"),))
+    with pytest.raises(store.StoreError, match="cannot be upgraded"):
+        store.upgrade(ck)
+
 
 def test_primal_factor_is_saved_verified_loaded_and_exact(tmp_path):
     """A head-linearised checkpoint trains in the primal, saves primal.safetensors (content-hashed), and its
@@ -597,7 +662,7 @@ def test_a_request_above_its_residual_tolerance_is_never_committed(base_ckpt, tm
     ck = tmp_path / "ck"
     shutil.copytree(base_ckpt, ck)
     before = snapshot(ck)
-    monkeypatch.setattr(store, "DUAL_RESIDUAL_TOL", 0.0)  # no solve can meet it
+    monkeypatch.setattr(store.apply, "DUAL_RESIDUAL_TOL", 0.0)  # no solve can meet it
     with pytest.raises(store.StoreError, match="nothing was committed: the dual solver's relative residual"):
         store.forget(ck, deletable(base_ckpt, 3), sigma=0.0, data_loader=_data_loader)
     assert store.verify(ck)["valid"] and len(store.requests(ck)) == 1

@@ -1,0 +1,29 @@
+"""``GET /v1/log`` (role read): the request log, the model and the record chain's verification."""
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+
+from scrubnet.mlforget import store
+from scrubnet.serve.auth import Token, authorised
+from scrubnet.serve.http import Service
+from scrubnet.serve.routes.model import model_info
+from scrubnet.serve.routes.requests import public_submission
+
+
+def log_info(service: Service) -> dict:
+    """The model, the chain's verification (read-only: it never changes the store), the number queued, the
+    worker's last error and the latest 500 submissions (without their ids)."""
+    rec = store.verify(service.path)
+    subs = store.submissions(service.path, limit=500)
+    return {"model": model_info(service), "chain": {"valid": rec["valid"], "problems": rec["problems"],
+                                                    "requests": len(rec["requests"])},
+            "queued": sum(s["status"] == "queued" for s in subs), "worker_error": service.worker.last_error,
+            "submissions": [{**public_submission(s, full=False), "remaining_information_bound_nats":
+                             (s["receipt"] or {}).get("remaining_information_bound_nats")} for s in subs]}
+
+
+@authorised("read")
+async def get_log(request, service: Service, token: Token):
+    """:func:`log_info` as JSON."""
+    return JSONResponse(await run_in_threadpool(log_info, service))

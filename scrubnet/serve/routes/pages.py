@@ -1,0 +1,60 @@
+"""``GET /operator`` (no token): the operator page. It reads ``/v1/log`` with the token given after ``#``
+(``/operator#token=…``), so the token never reaches the server's logs."""
+from __future__ import annotations
+
+from starlette.responses import HTMLResponse
+
+
+async def operator(request):
+    """The operator page (static HTML; its script fetches the log)."""
+    return HTMLResponse(OPERATOR_PAGE)
+
+
+OPERATOR_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>scrubnet — deletion requests</title>
+<style>
+body{font-family:sans-serif;margin:1.5em;color:#222} table{border-collapse:collapse;font-size:14px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left} .ok{color:#070} .bad{color:#b00}
+code{font-size:13px}
+</style></head>
+<body>
+<h1>Deletion requests</h1>
+<p>Model sha256: <code id="model-sha">…</code> (request #<span id="model-request">…</span>)</p>
+<p>Record chain: <strong id="chain-status">loading…</strong> <span id="chain-problems"></span></p>
+<p>Queued: <span id="queued">…</span></p>
+<table id="log"><thead><tr><th>id</th><th>status</th><th>submitted (UTC)</th><th>finished (UTC)</th>
+<th>ids</th><th>σ</th><th>information bound (nats)</th><th>request #</th><th>receipt</th><th>reason</th></tr></thead>
+<tbody></tbody></table>
+<script>
+const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+function cell(tr, text) { const td = document.createElement("td"); td.textContent = text; tr.appendChild(td); return td; }
+fetch("/v1/log", {headers: {"Authorization": "Bearer " + token}}).then(r => r.json().then(j => [r.status, j]))
+.then(([status, log]) => {
+  if (status !== 200) { document.getElementById("chain-status").textContent = "error: " + log.error; return; }
+  document.getElementById("model-sha").textContent = log.model.sha256;
+  document.getElementById("model-request").textContent = log.model.request_id;
+  const cs = document.getElementById("chain-status");
+  cs.textContent = log.chain.valid ? "valid" : "BROKEN";
+  cs.className = log.chain.valid ? "ok" : "bad";
+  document.getElementById("chain-problems").textContent = log.chain.problems.join("; ");
+  document.getElementById("queued").textContent = log.queued;
+  const body = document.querySelector("#log tbody");
+  for (const s of log.submissions) {
+    const tr = document.createElement("tr");
+    tr.className = "row-" + s.status;
+    cell(tr, s.id); cell(tr, s.status); cell(tr, s.submitted_utc); cell(tr, s.finished_utc || "");
+    cell(tr, s.n_ids); cell(tr, s.sigma === null ? "default" : s.sigma);
+    cell(tr, s.remaining_information_bound_nats === null || s.remaining_information_bound_nats === undefined
+         ? "—" : s.remaining_information_bound_nats.toExponential(2));
+    cell(tr, s.request_id === null ? "" : s.request_id);
+    const rc = cell(tr, "");
+    if (s.receipt) { const a = document.createElement("a"); a.href = "/v1/requests/" + s.id; a.textContent = "receipt";
+                     rc.appendChild(a); }
+    cell(tr, s.reason || "");
+    body.appendChild(tr);
+  }
+  document.body.setAttribute("data-loaded", "yes");
+});
+</script>
+</body></html>
+"""

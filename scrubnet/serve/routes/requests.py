@@ -1,0 +1,143 @@
+"""``POST /v1/requests`` (submit a deletion request) and ``GET /v1/requests/{id}`` (its status and receipt)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+
+from scrubnet.data.ids import IdsFormatError, parse_sample_ids
+from scrubnet.mlforget import store
+from scrubnet.serve import receipts
+from scrubnet.serve.auth import Token, authorised
+from scrubnet.serve.http import HTTPError, Service
+
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
+
+
+def public_submission(sub: dict, full: bool) -> dict:
+    """A submission as the API shows it; ``full`` (admin or the submitter) adds the ids and the salt."""
+    out = {"id": sub["id"], "status": sub["status"], "kind": sub["kind"], "n_ids": len(sub["ids"]),
+           "sigma": sub["sigma"], "submitted_utc": sub["submitted_utc"], "finished_utc": sub["finished_utc"],
+           "reason": sub["reason"], "request_id": sub["request_id"], "ids_sha256": sub["ids_hash"],
+           "receipt": sub["receipt"]}
+    if full:
+        out.update(ids=sub["ids"], salt=sub["salt"], idempotency_key=sub["idempotency_key"])
+    return out
+
+
+async def read_body(request, max_body: int) -> bytes:
+    """The request's body; 413 over ``max_body`` bytes (declared or streamed)."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > max_body):
+        raise HTTPError(413, f"request body over {max_body} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            raise HTTPError(413, f"request body over {max_body} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_ids(body: dict, kind: str, token: Token, max_ids: int) -> list[int]:
+    if kind == "forget_all":
+        if not token.may("admin"):
+            raise HTTPError(403, f"token {token.name!r} lacks the admin role (forget_all)")
+        if body.get("ids") not in (None, []) or body.get("sigma") is not None:
+            raise HTTPError(422, "forget_all takes no ids and no sigma")
+        return []
+    if "ids" not in body:
+        raise HTTPError(422, "ids is required: a JSON list of integer sample ids")
+    if not isinstance(body["ids"], list):
+        raise HTTPError(422, "ids must be a JSON list of integer sample ids")
+    if len(body["ids"]) > max_ids:
+        raise HTTPError(422, f"at most {max_ids} ids per request")
+    try:
+        return parse_sample_ids(json.dumps(body["ids"]), "ids")
+    except IdsFormatError as e:
+        raise HTTPError(422, str(e)) from None
+
+
+def parse_submission(raw: bytes, token: Token, max_ids: int) -> tuple[str, list[int], float | None, str]:
+    """(kind, ids, σ or None, salt in lower-case hex) of a POST body; 422 (or 403 for ``forget_all``
+    without the admin role) naming what is wrong."""
+    try:
+        body = json.loads(raw, parse_constant=lambda c: c)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(422, f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise HTTPError(422, "the body must be a JSON object {\"ids\": [...], \"sigma\": ..., \"salt\": ...}")
+    unknown = sorted(set(body) - {"ids", "sigma", "kind", "salt"})
+    if unknown:
+        raise HTTPError(422, f"unknown field(s) {', '.join(unknown)} (allowed: ids, sigma, kind, salt)")
+    kind = body.get("kind", "forget")
+    if kind not in ("forget", "forget_all"):
+        raise HTTPError(422, f"kind must be 'forget' or 'forget_all', got {kind!r}")
+    ids = _parse_ids(body, kind, token, max_ids)
+    sigma = body.get("sigma")
+    if sigma is not None and (isinstance(sigma, bool) or not isinstance(sigma, (int, float))
+                              or not math.isfinite(sigma) or sigma < 0):
+        raise HTTPError(422, f"sigma must be a finite number ≥ 0, got {json.dumps(sigma)}")
+    salt = body.get("salt")
+    if salt is None:
+        salt = secrets.token_hex(16)
+    elif not (isinstance(salt, str) and re.fullmatch(r"[0-9a-fA-F]{32,128}", salt) and len(salt) % 2 == 0):
+        raise HTTPError(422, "salt must be 32 to 128 hex digits (16 to 64 bytes)")
+    return kind, ids, None if sigma is None else float(sigma), salt.lower()
+
+
+def submitted(sub: dict, created: bool, token: Token) -> JSONResponse:
+    """The answer to a POST: 202 while queued (200 for a replay of a finished one)."""
+    out = public_submission(sub, full=sub["client"] == token.name or token.may("admin"))
+    out["status_url"] = f"/v1/requests/{sub['id']}"
+    out["replayed"] = not created
+    return JSONResponse(out, status_code=202 if sub["status"] == "queued" else 200)
+
+
+@authorised("submit")
+async def post_request(request, service: Service, token: Token):
+    """Queue a deletion request (idempotent per ``Idempotency-Key``); wakes the worker."""
+    raw = await read_body(request, service.max_body)
+    idem = request.headers.get("idempotency-key")
+    if idem is None or not IDEMPOTENCY_KEY.match(idem):
+        raise HTTPError(422, "header Idempotency-Key is required: 1 to 200 characters of A-Z a-z 0-9 . _ : ~ -")
+    kind, ids, sigma, salt = parse_submission(raw, token, service.max_ids)
+    path = service.path
+    first = await run_in_threadpool(store.submission_by_key, path, idem)
+    if first is not None:  # a replay: the first one's result, whatever happened since
+        if (first["kind"], first["ids"], first["sigma"]) != (kind, sorted(ids), sigma):
+            raise HTTPError(422, "this Idempotency-Key was already used for a different request")
+        return submitted(first, False, token)
+    if kind == "forget":
+        try:
+            ids = await run_in_threadpool(store.check_ids_now, path, ids)
+        except store.StoreError as e:
+            raise HTTPError(422, str(e)) from None
+    ids_hash = receipts.ids_sha256(ids, salt)
+    try:
+        sub, created = await run_in_threadpool(store.submit, path, idem, kind, ids, sigma, ids_hash, salt,
+                                               token.name)
+    except store.StoreError as e:
+        raise HTTPError(422, str(e)) from None
+    service.worker.wake.set()
+    return submitted(sub, created, token)
+
+
+@authorised(None)
+async def get_request(request, service: Service, token: Token):
+    """A submission's status (and receipt once applied): role read, or the token that submitted it."""
+    try:
+        sid = int(request.path_params["sid"])
+    except ValueError:
+        raise HTTPError(404, "no such request") from None
+    sub = await run_in_threadpool(store.submission, service.path, sid)
+    if sub is None:
+        raise HTTPError(404, f"no request {sid}")
+    own = sub["client"] == token.name
+    if not (own or token.may("read")):
+        raise HTTPError(403, f"token {token.name!r} lacks the read role (and did not submit request {sid})")
+    return JSONResponse(public_submission(sub, full=own or token.may("admin")))

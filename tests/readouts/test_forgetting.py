@@ -1,0 +1,258 @@
+"""The forgetting verdict without a retrained model.
+
+Calibration on tiny models where memorisation is real (an MLP fitted to zero loss on 200 samples with 30 %
+noisy labels): the retrained model given as the scrub reads ``forgot``, the identity ``did_not_forget``, extra
+training on D_f ``moved_wrong_way``, 3 forget samples ``inconclusive``, a model that does not tell D_r from
+held-out data ``nothing_to_measure``. Then the statistics core on synthetic scores, against slow twins."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from scrubnet.readouts.forgetting import (PerExample, VerdictRules, _counts, _Ranks, chance_width,
+                                          forgetting_verdict, judge_forgetting, per_example_statistics,
+                                          weighted_auc)
+
+D, C = 20, 3
+
+
+def _data(seed: int, n: int, noise: float = 0.3):
+    """Three Gaussian classes in 20 dimensions (fixed means), a fraction ``noise`` of labels redrawn."""
+    mu = torch.randn(C, D, generator=torch.Generator().manual_seed(1000)) * 0.6
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    x = mu[y] + torch.randn(n, D, generator=g)
+    flip = torch.rand(n, generator=g) < noise
+    return x, torch.where(flip, torch.randint(0, C, (n,), generator=g), y)
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(D, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, C))
+
+
+def _train(model: nn.Module, x, y, steps: int = 300, lr: float = 1e-2) -> nn.Module:
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+@pytest.fixture(scope="module")
+def world():
+    """D_f (25), D_r (175), held-out (500); the model fitted on D_f ∪ D_r and the one retrained on D_r."""
+    torch.set_num_threads(1)
+    x, y = _data(0, 200)
+    forget, retain, held = (x[:25], y[:25]), (x[25:], y[25:]), _data(100, 500)
+    original = _train(_mlp(0), x, y)
+    retrained = _train(_mlp(50), *retain)
+    return dict(forget=forget, retain=retain, held=held, original=original, retrained=retrained, x=x, y=y)
+
+
+def _verdict(w, before, after, forget=None):
+    return forgetting_verdict(before, after, forget or w["forget"], w["retain"], w["held"])
+
+
+def test_retrained_model_as_the_scrub_reads_forgot(world):
+    v = _verdict(world, world["original"], world["retrained"])
+    assert v.verdict == "forgot" and not v.failed, v.summary
+    assert v.auc_before_ci[0] > 0.7  # the original memorised D_f: it looks like training data
+    assert v.auc_after_ci[0] < 0.5 < v.auc_after_ci[1]  # the retrained model cannot tell D_f from unseen data
+    assert v.distance_change_ci[1] < 0  # a significant move toward 0.5
+    assert v.auc_forget_retain_before == pytest.approx(0.5, abs=0.15)  # D_f was a member like D_r
+    assert v.auc_forget_retain_after < v.auc_forget_retain_before - 0.1  # now D_r looks more like training data
+    assert (v.n_forget, v.n_heldout, v.n_retain) == (25, 500, 175)
+
+
+def test_identity_reads_did_not_forget(world):
+    v = _verdict(world, world["original"], world["original"])
+    assert v.verdict == "did_not_forget" and v.failed, v.summary
+    assert v.auc_after == v.auc_before and v.auc_after_ci == v.auc_before_ci  # paired: the same resamples
+    assert v.distance_change_ci == (0.0, 0.0)
+
+
+def test_extra_training_on_the_forget_set_reads_moved_wrong_way(world):
+    moderate = _train(_mlp(0), world["x"], world["y"], steps=40, lr=3e-3)  # D_f only partly memorised
+    more = _train(copy.deepcopy(moderate), *world["forget"], steps=50, lr=3e-3)
+    v = _verdict(world, moderate, more)
+    assert v.verdict == "moved_wrong_way" and v.failed, v.summary
+    assert v.auc_after_ci[0] > v.auc_before_ci[1] and v.distance_change_ci[0] > 0
+
+
+def test_three_forget_samples_read_inconclusive(world):
+    f3 = tuple(t[:3] for t in world["forget"])
+    for after in (world["original"], world["retrained"]):
+        v = _verdict(world, world["original"], after, forget=f3)
+        assert v.verdict == "inconclusive" and not v.failed and v.n_forget == 3, v.summary
+
+
+def test_model_that_cannot_tell_retain_from_heldout_reads_nothing_to_measure():
+    """A linear model fitted on 4000 clean samples generalises: its D_r and held-out data look alike."""
+    torch.set_num_threads(1)
+    x, y = _data(200, 4000, noise=0.0)
+    torch.manual_seed(0)
+    linear = _train(nn.Linear(D, C), x, y, steps=200)
+    v = forgetting_verdict(linear, linear, (x[:25], y[:25]), (x[25:], y[25:]), _data(300, 500, noise=0.0))
+    assert v.verdict == "nothing_to_measure" and not v.failed, v.summary
+    assert v.auc_retain_heldout_ci[0] < 0.5 < v.auc_retain_heldout_ci[1]
+
+
+# --- per-example statistics -----------------------------------------------------------------------------------
+
+def test_per_example_statistics_are_the_cross_entropy_and_the_margin_of_each_sample(world):
+    model = world["original"].train()
+    x, y = world["held"]
+    s = per_example_statistics(model, (x, y))
+    with torch.no_grad():
+        logits = model.eval()(x).double()
+    model.train()
+    assert np.allclose(s.loss, F.cross_entropy(logits, y, reduction="none").detach().numpy())
+    for i in (0, 7, 123):
+        other = max(float(logits[i, k]) for k in range(C) if k != int(y[i]))
+        assert s.margin[i] == pytest.approx(float(logits[i, y[i]]) - other)
+    assert model.training  # the mode is restored
+    loaded = per_example_statistics(model, DataLoader(TensorDataset(x, y), batch_size=64))
+    assert np.allclose(loaded.loss, s.loss) and (loaded.labels == y.numpy()).all()
+    sub = per_example_statistics(model, TensorDataset(x, y), max_examples=50, seed=3)
+    idx = torch.randperm(500, generator=torch.Generator().manual_seed(3))[:50].sort().values
+    assert np.allclose(sub.loss, s.loss[idx.numpy()]) and len(sub) == 50
+
+
+# --- the statistics core --------------------------------------------------------------------------------------
+
+def _brute_auc(pos, neg, w):
+    num = sum(wj * ((p > q) + 0.5 * (p == q)) for p in pos for q, wj in zip(neg, w))
+    return num / (len(pos) * sum(w))
+
+
+def test_weighted_auc_against_the_double_loop_with_ties_and_weights():
+    rng = np.random.default_rng(0)
+    pos, neg = rng.integers(0, 6, 17).astype(float), rng.integers(0, 6, 23).astype(float)  # many ties
+    w = rng.uniform(0, 2, 23)
+    assert weighted_auc(pos, neg, w) == pytest.approx(_brute_auc(pos, neg, w), abs=1e-12)
+    assert weighted_auc(pos, neg) == pytest.approx(_brute_auc(pos, neg, np.ones(23)), abs=1e-12)
+
+
+def test_bootstrap_by_counts_equals_the_auc_of_the_resampled_arrays():
+    rng = np.random.default_rng(1)
+    pos, neg, w = rng.normal(1, 1, 9), rng.normal(0, 1, 13), rng.uniform(0.5, 2, 13)
+    cp, cn = _counts(rng, 9, 4), _counts(rng, 13, 4)
+    fast = _Ranks(pos, neg).auc(cp, cn * w[None])
+    for b in range(4):
+        ip, jn = np.repeat(np.arange(9), cp[b].astype(int)), np.repeat(np.arange(13), cn[b].astype(int))
+        assert fast[b] == pytest.approx(_brute_auc(pos[ip], neg[jn], w[jn]), abs=1e-12)
+
+
+def test_chance_width_is_the_spread_of_auc_between_two_samples_of_one_distribution():
+    rng = np.random.default_rng(2)
+    aucs = [weighted_auc(rng.normal(size=25), rng.normal(size=500)) for _ in range(3000)]
+    assert chance_width(25, 500) == pytest.approx(2 * 1.959964 * np.std(aucs), rel=0.06)
+    assert chance_width(25, 500) == pytest.approx(2 * 1.959964 * np.sqrt(526 / (12 * 25 * 500)))
+
+
+def _pe(scores, labels=None):
+    s = np.asarray(scores, float)
+    return PerExample(loss=-s, margin=s, labels=np.zeros(len(s), int) if labels is None else np.asarray(labels))
+
+
+def _judge(f_b, f_a, h, r, **kw):
+    return judge_forgetting(_pe(f_b), _pe(f_a), _pe(h), _pe(h), _pe(r), **kw)
+
+
+@pytest.mark.parametrize("after_mean, verdict, overshoot_verdict", [
+    (0.0, "forgot", "forgot"), (1.0, "partly", "partly"), (2.0, "did_not_forget", "did_not_forget"),
+    (3.5, "moved_wrong_way", "moved_wrong_way"), (-2.0, "partly", "moved_wrong_way"),
+    (-0.8, "partly", "moved_wrong_way")])
+def test_rules_on_synthetic_scores(after_mean, verdict, overshoot_verdict):
+    rng = np.random.default_rng(3)
+    noise, h, r = rng.normal(size=60), rng.normal(size=400), rng.normal(2.0, 1.0, 300)
+    v = _judge(2.0 + noise, after_mean + noise, h, r)
+    assert v.verdict == verdict, v.summary
+    assert (after_mean < 0) == ("overshot" in v.summary)
+    v2 = _judge(2.0 + noise, after_mean + noise, h, r, rules=VerdictRules(overshoot_fails=True))
+    assert v2.verdict == overshoot_verdict, v2.summary
+    assert v.auc_before_ci[0] > 0.8 and v.n_forget == 60 and v.n_heldout == 400
+
+
+def test_nothing_to_measure_when_retain_or_forget_does_not_look_like_training_data():
+    rng = np.random.default_rng(4)
+    h, f = rng.normal(size=400), rng.normal(2.0, 1.0, 60)
+    assert _judge(f, f - 2, h, rng.normal(size=300)).verdict == "nothing_to_measure"  # D_r like held-out
+    g = rng.normal(size=200)  # D_f never looked like training data (D_r did): no before-to-after to read
+    v = _judge(g, g, h, rng.normal(2.0, 1.0, 300))
+    assert v.verdict == "nothing_to_measure" and v.auc_before_ci[1] < 0.6, v.summary
+    v = _judge(g - 3, g - 3, h, rng.normal(2.0, 1.0, 300))  # e.g. mislabelled D_f against ordinary held-out data
+    assert v.verdict == "nothing_to_measure" and "atypical" in v.summary, v.summary
+    # too few examples to tell whether D_f looked like training data (interval reaches 0.5 and 0.6)
+    w = _judge(g[:25] + 0.3, g[:25] + 0.3, h, rng.normal(2.0, 1.0, 300))
+    assert w.verdict == "inconclusive" and w.auc_before_ci[0] < 0.55 < 0.6 < w.auc_before_ci[1], w.summary
+    # ... but pushing such a D_f toward training-like is a move the wrong way
+    assert _judge(g, g + 3, h, rng.normal(2.0, 1.0, 300)).verdict == "moved_wrong_way"
+
+
+def test_inconclusive_follows_the_sample_count_not_a_collapsed_bootstrap():
+    rng = np.random.default_rng(5)
+    h, r = rng.normal(size=400), rng.normal(3.0, 1.0, 300)
+    for n, verdict in ((3, "inconclusive"), (12, "inconclusive"), (30, "did_not_forget")):
+        f = np.full(n, 50.0)  # far above every held-out score: every resample gives AUC 1, width 0
+        v = _judge(f, f, h, r)
+        assert v.verdict == verdict and v.auc_after_ci == (1.0, 1.0), (n, v.summary)
+
+
+def test_held_out_is_matched_to_the_forget_sets_labels():
+    """D_f all of class 1, scored like held-out class 1; held-out class 0 scores far lower. Unmatched, the AUC
+    would be ≈ 0.75; matched it is ≈ 0.5 and the verdict is forgot."""
+    rng = np.random.default_rng(6)
+    h = np.r_[rng.normal(-3, 1, 300), rng.normal(0, 1, 300)]
+    h_lab = np.r_[np.zeros(300, int), np.ones(300, int)]
+    r, r_lab = np.r_[rng.normal(-1, 1, 200), rng.normal(2, 1, 200)], np.r_[np.zeros(200, int), np.ones(200, int)]
+    f_b, f_a, f_lab = rng.normal(2, 1, 80), rng.normal(0, 1, 80), np.ones(80, int)
+    v = judge_forgetting(_pe(f_b, f_lab), _pe(f_a, f_lab), _pe(h, h_lab), _pe(h, h_lab), _pe(r, r_lab))
+    assert weighted_auc(f_a, h) > 0.7 and v.auc_after == pytest.approx(weighted_auc(f_a, h[300:]))
+    assert v.verdict == "forgot", v.summary
+    # a forget label absent from the held-out data: those examples are left out and counted
+    f_lab2 = np.r_[np.ones(70, int), np.full(10, 2)]
+    v2 = judge_forgetting(_pe(f_b, f_lab2), _pe(f_a, f_lab2), _pe(h, h_lab), _pe(h, h_lab), _pe(r, r_lab))
+    assert v2.n_forget == 70
+
+
+def test_the_statistic_is_chosen_on_retain_never_on_forget():
+    rng = np.random.default_rng(7)
+    h, r = rng.normal(size=(2, 400)), rng.normal(size=(2, 300))
+    r[1] += 2.0  # the margin separates D_r from held-out data, the loss does not
+    f = rng.normal(size=(2, 50))
+    f[0] -= 5.0  # the loss would separate D_f far better: the choice must not look at it
+    mk = lambda a: PerExample(loss=-a[0], margin=a[1], labels=np.zeros(a.shape[1], int))  # noqa: E731
+    v = judge_forgetting(mk(f), mk(f), mk(h), mk(h), mk(r))
+    assert v.statistic == "margin" and abs(v.statistic_aucs["margin"] - 0.5) > 0.3
+    assert judge_forgetting(mk(f), mk(f), mk(h), mk(h), mk(r), statistic="loss").statistic == "loss"
+
+
+def test_bootstrap_is_seeded_and_paired():
+    rng = np.random.default_rng(8)
+    f, h, r = rng.normal(2, 1, 40), rng.normal(size=300), rng.normal(2, 1, 200)
+    a, b = _judge(f, f - 1, h, r), _judge(f, f - 1, h, r)
+    assert a.to_dict() == b.to_dict()
+    c = _judge(f, f - 1, h, r, rules=VerdictRules(seed=1))
+    assert c.auc_after == a.auc_after and c.auc_after_ci != a.auc_after_ci
+    assert a.summary.startswith(a.verdict) and "n_forget=40" in a.summary
+
+
+def test_bad_inputs_are_refused():
+    z = _pe(np.zeros(5))
+    with pytest.raises(ValueError, match="at least one"):
+        judge_forgetting(_pe([]), _pe([]), z, z, z)
+    with pytest.raises(ValueError, match="same examples"):
+        judge_forgetting(z, _pe(np.zeros(4)), z, z, z)
+    with pytest.raises(ValueError, match="one length"):
+        PerExample(np.zeros(3), np.zeros(2), np.zeros(3, int))
+    with pytest.raises(ValueError, match="not finite"):
+        judge_forgetting(_pe([1.0, np.nan, 2.0, 3.0, 4.0]), z, z, z, z, statistic="margin")
+    with pytest.raises(ValueError, match="statistic"):
+        judge_forgetting(z, z, z, z, z, statistic="entropy")
