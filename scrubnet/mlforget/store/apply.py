@@ -44,13 +44,13 @@ from pathlib import Path
 
 import torch
 
+from scrubnet.data.stream import inputs_finite
 from scrubnet.mlforget.model import MLConfig, check_forget_ids, forget_all, forget_request
 from scrubnet.mlforget.store.blobs import (_check_finite_model, _read_factor, _read_primal, _write_factor,
                                            _write_weights, factor_key, weights_bytes)
 from scrubnet.mlforget.store.chain import _seal_request, _seal_state
 from scrubnet.mlforget.store.db import _empty_model, _load_state, _open, _write_transaction
 from scrubnet.mlforget.store.schema import (FACTOR, PRIMAL_FORMAT, REQUEST_COLUMNS, WEIGHTS, StoreError,
-from scrubnet.data.stream import inputs_finite
                                             _insert_request, _now, _pause, _read_state, _row_to_request, _sha)
 
 
