@@ -62,7 +62,7 @@ class BatchKeys:
     extra: tuple[str, ...] = ("attention_mask", "token_type_ids", "position_ids", "pixel_mask", "head_mask",
                               "inputs_embeds", "decoder_input_ids", "decoder_attention_mask", "bbox",
                               "visual_embeds", "visual_attention_mask", "visual_token_type_ids", "langs",
-                              "global_attention_mask", "token_type")
+                              "global_attention_mask")
     ignore_extra: bool = False
 
     def split(self, batch) -> tuple[Inputs, Tensor]:
