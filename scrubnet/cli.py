@@ -41,8 +41,10 @@ from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn, get_split,
     run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
 from scrubnet.curvature.progress import progress_reporter
-from scrubnet.methods.base import ForgetContext, available_methods, get_method, method_class, protocol_method
-from scrubnet.methods.cost import check_budget, estimate
+from scrubnet.methods.base import (available_methods, estimate, get_method, method_class, protocol_context,
+                                   protocol_method)
+from scrubnet.scrub import scrub_and_measure
+from scrubnet.training.cost import check_budget
 from scrubnet.models import MODELS
 from scrubnet.models.user import USER_ARCH
 
@@ -388,9 +390,9 @@ def _load_for_forgetting(checkpoint: Path, forget_ids: Optional[Path], device: t
     if meta.get("start"):
         start, _ = load_checkpoint(Path(checkpoint).parent / meta["start"], expect_arch=meta["arch"])
         start = start.to(device)
-    w0 = {k: v.detach().clone() for k, v in (start or model).named_parameters()}
-    ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=int(meta.get("seed") or 0),
-                        forget_class=split.forget_class, split=split, start=start)
+    ctx = protocol_context(start or model, cfg.train, num_classes=split.num_classes, seed=int(meta.get("seed") or 0),
+                           forget_class=split.forget_class, split=split)
+    ctx.start = start  # retraining needs the checkpoint's own start model; without one it is refused
     return model, meta, split, ctx, cfg
 
 
@@ -467,10 +469,11 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
         ctx.seed = seed
     if budget(model, split.retain, split.forget, ctx.num_classes, ctx.config):
         return
-    with _progress_with_eta():
-        res = m(model, split.retain, split.forget, ctx)
-    if not res.ok:  # nothing is written for a scrub that did not do what it claims
-        raise UserError(f"method {method!r} failed: " + "; ".join(res.reasons))
+    with _progress_with_eta():  # the one scrub path: the same failure rules as scrubnet.forget
+        checked = scrub_and_measure(m, model, split.retain, split.forget, ctx)
+    if not checked.ok:  # nothing is written for a scrub that did not do what it claims
+        raise UserError(f"method {method!r} failed: " + "; ".join(checked.reasons))
+    res = checked.scrub
     extra = {"role": "scrubbed", "method": method, "method_options": opts, "forget_ids": split.forget_idx.tolist(),
              "source": str(checkpoint), "source_sha256": meta["sha256"],
              "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}}

@@ -20,7 +20,7 @@ from scrubnet.checkpoint import read_meta, save_checkpoint, sidecar_path, state_
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.splits import validate_forget_ids
 from scrubnet.data.user import UserData, load_user_data
-from scrubnet.methods.objective import RecipeMismatch
+from scrubnet.recipe.objective import RecipeMismatch
 from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256,
                                   load_user_weights, read_state_dict)

@@ -16,6 +16,7 @@ from scrubnet.data.files import load_image_folder
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.models import build_model
+from tests.conftest import protocol_ctx
 from tests.test_cli import TINY_TOML
 
 runner = CliRunner()
@@ -115,7 +116,7 @@ def test_non_finite_data_is_refused_on_entry(method):
     model = build_model("mlp", (40,), 3, seed=0, hidden=8)
     x, y = torch.randn(30, 40), torch.randint(0, 3, (30,))
     x[4, 7] = float("nan")
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in model.named_parameters()}, num_classes=3)
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in model.named_parameters()}, num_classes=3)
     with pytest.raises(ValueError, match="non-finite"):
         get_method(method)(model, (x[5:], y[5:]), (x[:5], y[:5]), ctx)
     x[4, 7] = float("inf")

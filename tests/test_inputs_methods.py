@@ -10,7 +10,7 @@ import scrubnet
 from scrubnet.data.stream import as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.fisher import fisher_noise
-from scrubnet.methods.lqf import LQFConfig, LQFDiverged, train_lqf
+from scrubnet.training.lqf import LQFConfig, LQFDiverged, train_lqf
 from scrubnet.mlforget import ml_from_network
 from scrubnet.models.call import ModelInputs
 from scrubnet.recipe import TrainingRecipe

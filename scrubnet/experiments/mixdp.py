@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from scrubnet._config import strict_from_dict, tiny_mode, under_defaults
-from scrubnet.audit.stats import auc_score
+from scrubnet.readouts.roc import auc_score
 from scrubnet.data import DataConfig, load_split
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
 from scrubnet.models import MODELS, build_model

@@ -10,8 +10,7 @@ permutation, a ``DataLoader`` by its own batches), D_f is small by nature and re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,42 +22,8 @@ from scrubnet.methods.base import ForgetContext, ForgettingMethod
 from scrubnet.models import freeze_batchnorm
 from scrubnet.models.call import call_model, cat_inputs
 
-# The method seam (methods declare their options and cost on the class; the cost engine sits below the
-# methods) is recognised by ForgettingMethod.check_options; before it, the same declarations are kept as
-# documentation and the costs go to methods/cost.py's registry keyed by name.
-SEAM = hasattr(ForgettingMethod, "check_options")
-if SEAM:
-    from scrubnet.methods.base import Option
-    from scrubnet.training.cost import fisher_diagonal_cost, train_cost
-    _register_cost = None
-else:
-    from scrubnet.methods.cost import _fisher_cost, _train_cost, register_cost as _register_cost
-    from scrubnet.training import TrainConfig
-
-    @dataclass(frozen=True)
-    class Option:
-        """A method option's type, range spec (``"> 0"``, ``"(0, 1]"``, …), allowed values and default."""
-
-        type: Any
-        range: str | None = None
-        choices: tuple | None = None
-        default: Any = None
-
-    def train_cost(model, x1, n_train, epochs, batch_size, eval_forwards=0.0):
-        """``epochs`` training epochs over ``n_train`` samples in batches of ``batch_size``."""
-        return _train_cost(model, x1, n_train, epochs, TrainConfig(batch_size=int(batch_size)), eval_forwards)
-
-    def fisher_diagonal_cost(model, x1, n_r, kind="true", batch_size=None):
-        """The Fisher diagonal on ``n_r`` samples."""
-        return _fisher_cost(model, x1, n_r, kind=kind, batch_size=batch_size)
-
-
-def declares_cost(cls):
-    """Class decorator (above ``@register``): the method's ``cost`` classmethod made known to ``estimate`` —
-    a no-op where ``estimate`` reads it from the class itself."""
-    if _register_cost is not None:
-        _register_cost(cls.name)(cls.cost)
-    return cls
+from scrubnet.methods.base import Option  # noqa: F401  (re-exported for the field's modules)
+from scrubnet.training.cost import fisher_diagonal_cost, train_cost  # noqa: F401  (likewise)
 
 
 #: optimisers the field's methods are written with

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, forget_in_memory, generator_for,
+from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
                                      guarded_epochs, kl_to_targets, make_optimiser, mixed_batches, step, train_cost,
                                      train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
@@ -124,7 +124,6 @@ class _Subset(DataStream):
         return self.base.take(self.idx[torch.as_tensor(idx, dtype=torch.long)])
 
 
-@declares_cost
 @register("bad-teacher")
 class BadTeacher(ForgettingMethod):
     """Bad-Teacher distillation (module docstring). Streams D_r (an indexable source).

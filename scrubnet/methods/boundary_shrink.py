@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, float_inputs, forget_in_memory,
+from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory,
                                      generator_for, guarded_epochs, make_optimiser, step, tensor_batches, train_cost,
                                      train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
@@ -69,7 +69,6 @@ def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, ba
     return torch.cat(labels), torch.cat(advs)
 
 
-@declares_cost
 @register("boundary-shrink")
 class BoundaryShrink(ForgettingMethod):
     """Boundary Shrink (module docstring): class forgetting only; uses D_f alone.

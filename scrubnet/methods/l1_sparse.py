@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, generator_for, guarded_epochs,
+from scrubnet.methods._field import (Option, check_positive, generator_for, guarded_epochs,
                                      make_optimiser, step, stream_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models.call import call_model
@@ -49,7 +49,6 @@ def l1_norm(model: nn.Module) -> Tensor:
     return sum(p.abs().sum() for p in model.parameters() if p.requires_grad)
 
 
-@declares_cost
 @register("l1-sparse")
 class L1Sparse(ForgettingMethod):
     """ℓ1-sparse fine-tuning on D_r (module docstring). Streams D_r.

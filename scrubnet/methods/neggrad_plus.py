@@ -12,7 +12,7 @@ from torch import Tensor, nn
 import torch.nn.functional as F
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, forget_in_memory, generator_for,
+from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
                                      guarded_epochs, make_optimiser, step, stream_batches, tensor_batches, train_cost,
                                      train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
@@ -54,7 +54,6 @@ class _Cycle:
             return next(self.it)
 
 
-@declares_cost
 @register("neggrad-plus")
 class NegGradPlus(ForgettingMethod):
     """NegGrad+ (module docstring).

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, forget_in_memory, generator_for,
+from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
                                      guarded_epochs, make_optimiser, mixed_batches, step, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models import eval_mode
@@ -82,7 +82,6 @@ def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor
     return out
 
 
-@declares_cost
 @register("salun")
 class SalUn(ForgettingMethod):
     """SalUn (module docstring). Streams D_r (an indexable source: its batches mix D_r and D_f).

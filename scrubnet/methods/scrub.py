@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, distill_kl, forget_in_memory,
+from scrubnet.methods._field import (Option, check_positive, distill_kl, forget_in_memory,
                                      generator_for, guarded_epochs, make_optimiser, step, stream_batches,
                                      tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
@@ -47,15 +47,15 @@ def scrub_max_loss(student: nn.Module, teacher: nn.Module, x, T: float) -> Tenso
     return -distill_kl(call_model(student, x), t, T)
 
 
-def scrub_min_loss(student: nn.Module, teacher: nn.Module, x, y: Tensor, T: float, alpha: float,
-                   gamma: float) -> Tensor:
+def scrub_min_loss(student: nn.Module, teacher: nn.Module, x, y: Tensor, T: float, kl_weight: float,
+                   ce_weight: float) -> Tensor:
     """The min-step loss on a retain batch.
 
     Parameters
     ----------
     student, teacher : nn.Module
     x, y : inputs (B, ...) and int64 labels (B,)
-    T, alpha, gamma : float
+    T, kl_weight, ce_weight : float
         Temperature and the weights of the KL and of the cross-entropy.
 
     Returns
@@ -66,10 +66,9 @@ def scrub_min_loss(student: nn.Module, teacher: nn.Module, x, y: Tensor, T: floa
     with torch.no_grad():
         t = call_model(teacher, x)
     s = call_model(student, x)
-    return gamma * F.cross_entropy(s, y) + alpha * distill_kl(s, t, T)
+    return ce_weight * F.cross_entropy(s, y) + kl_weight * distill_kl(s, t, T)
 
 
-@declares_cost
 @register("scrub")
 class Scrub(ForgettingMethod):
     """SCRUB (module docstring). Streams D_r.
@@ -83,7 +82,7 @@ class Scrub(ForgettingMethod):
         Adam settings (defaults 5e-4, 0.1).
     T : float
         Distillation temperature (default 4).
-    alpha, gamma : float
+    kl_weight, ce_weight : float
         Weights of the KL and the cross-entropy in the min-steps (defaults 0.5, 1).
     retain_batch, forget_batch : int
         Batch sizes (defaults 32, 64).
@@ -94,18 +93,18 @@ class Scrub(ForgettingMethod):
     in_default_run = False
     options = {"epochs": Option(int, ">= 1", default=10), "msteps": Option(int, ">= 0", default=3),
                "lr": Option(float, "> 0", default=5e-4), "weight_decay": Option(float, ">= 0", default=0.1),
-               "T": Option(float, "> 0", default=4.0), "alpha": Option(float, ">= 0", default=0.5),
-               "gamma": Option(float, ">= 0", default=1.0), "retain_batch": Option(int, ">= 1", default=32),
+               "T": Option(float, "> 0", default=4.0), "kl_weight": Option(float, ">= 0", default=0.5),
+               "ce_weight": Option(float, ">= 0", default=1.0), "retain_batch": Option(int, ">= 1", default=32),
                "forget_batch": Option(int, ">= 1", default=64)}
 
     def __init__(self, epochs: int = 10, msteps: int = 3, lr: float = 5e-4, weight_decay: float = 0.1,
-                 T: float = 4.0, alpha: float = 0.5, gamma: float = 1.0, retain_batch: int = 32,
+                 T: float = 4.0, kl_weight: float = 0.5, ce_weight: float = 1.0, retain_batch: int = 32,
                  forget_batch: int = 64):
         check_positive(epochs=epochs, lr=lr, T=T, retain_batch=retain_batch, forget_batch=forget_batch)
         if not int(msteps) >= 0:
             raise ValueError(f"msteps must be ≥ 0, got {msteps!r}")
         self.epochs, self.msteps, self.lr, self.weight_decay = int(epochs), int(msteps), float(lr), float(weight_decay)
-        self.T, self.alpha, self.gamma = float(T), float(alpha), float(gamma)
+        self.T, self.kl_weight, self.ce_weight = float(T), float(kl_weight), float(ce_weight)
         self.retain_batch, self.forget_batch = int(retain_batch), int(forget_batch)
 
     def run(self, model: nn.Module, retain, forget, ctx: ForgetContext, on_step: StepHook | None = None
@@ -132,7 +131,7 @@ class Scrub(ForgettingMethod):
                     step(opt, loss)
                     counts["scrub_max_steps"] += 1
             for xb, yb in stream_batches(retain, self.retain_batch, g, dev):
-                loss = scrub_min_loss(student, teacher, xb, yb, self.T, self.alpha, self.gamma)
+                loss = scrub_min_loss(student, teacher, xb, yb, self.T, self.kl_weight, self.ce_weight)
                 if on_step is not None:
                     on_step("min", loss, xb, yb, student)
                 step(opt, loss)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, fisher_diagonal_cost, forget_in_memory,
+from scrubnet.methods._field import (Option, check_positive, fisher_diagonal_cost, forget_in_memory,
                                      generator_for, mixed_batches, tensor_batches)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.fisher import stream_fisher
@@ -33,14 +33,14 @@ from scrubnet.models.call import call_model
 IMPORTANCES = ("fisher", "batch")
 
 
-def dampening(f_d: Tensor, f_f: Tensor, alpha: float, lam: float) -> tuple[Tensor, Tensor]:
+def dampening(f_d: Tensor, f_f: Tensor, selection_threshold: float, dampening_constant: float) -> tuple[Tensor, Tensor]:
     """SSD's selection and dampening factors for one parameter tensor.
 
     Parameters
     ----------
     f_d, f_f : Tensor, the parameter's shape
         Importances on D and on D_f (≥ 0).
-    alpha, lam : float
+    selection_threshold, dampening_constant : float
         α (selection) and λ (dampening).
 
     Returns
@@ -50,8 +50,9 @@ def dampening(f_d: Tensor, f_f: Tensor, alpha: float, lam: float) -> tuple[Tenso
     factor : Tensor
         min(λ·F_D/F_f, 1) where selected, 1 elsewhere.
     """
-    selected = f_f > alpha * f_d
-    ratio = torch.where(selected, lam * f_d / torch.where(selected, f_f, torch.ones_like(f_f)), torch.ones_like(f_f))
+    selected = f_f > selection_threshold * f_d
+    ratio = torch.where(selected, dampening_constant * f_d / torch.where(selected, f_f, torch.ones_like(f_f)),
+                        torch.ones_like(f_f))
     return selected, torch.clamp(ratio, max=1.0)
 
 
@@ -83,16 +84,15 @@ def batch_importance(model: nn.Module, batches) -> dict[str, Tensor]:
     return {k: v / max(n, 1) for k, v in acc.items()}
 
 
-@declares_cost
 @register("ssd")
 class SSD(ForgettingMethod):
     """Selective Synaptic Dampening (module docstring). Streams D_r.
 
     Parameters
     ----------
-    alpha : float
+    selection_threshold : float
         Selection weighting α: a weight is dampened when F_f > α·F_D (default 10).
-    lam : float
+    dampening_constant : float
         Dampening constant λ: the factor is min(λ·F_D/F_f, 1) (default 1).
     importance : {"fisher", "batch"}
         Per-sample Fisher diagonals (default) or the released code's squared batch gradients (module docstring).
@@ -107,19 +107,22 @@ class SSD(ForgettingMethod):
     streams = True
     passes = "1"
     in_default_run = False
-    options = {"alpha": Option(float, "> 0", default=10.0), "lam": Option(float, "> 0", default=1.0),
+    options = {"selection_threshold": Option(float, "> 0", default=10.0),
+               "dampening_constant": Option(float, "> 0", default=1.0),
                "importance": Option(str, None, default="fisher", choices=IMPORTANCES),
                "kind": Option(str, None, default="empirical", choices=FISHER_KINDS),
                "batch_size": Option(int | None, ">= 1", default=None)}
 
-    def __init__(self, alpha: float = 10.0, lam: float = 1.0, importance: str = "fisher", kind: str = "empirical",
-                 batch_size: int | None = None):
-        check_positive(alpha=alpha, lam=lam, batch_size=batch_size)
+    def __init__(self, selection_threshold: float = 10.0, dampening_constant: float = 1.0, importance: str = "fisher",
+                 kind: str = "empirical", batch_size: int | None = None):
+        check_positive(selection_threshold=selection_threshold, dampening_constant=dampening_constant,
+                       batch_size=batch_size)
         if kind not in FISHER_KINDS:
             raise ValueError(f"kind must be one of {', '.join(FISHER_KINDS)}, got {kind!r}")
         if importance not in IMPORTANCES:
             raise ValueError(f"importance must be one of {', '.join(IMPORTANCES)}, got {importance!r}")
-        self.alpha, self.lam, self.kind, self.batch_size = float(alpha), float(lam), kind, batch_size
+        self.selection_threshold, self.dampening_constant = float(selection_threshold), float(dampening_constant)
+        self.kind, self.batch_size = kind, batch_size
         self.importance = importance
 
     def importances(self, model, retain, forget, ctx) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -146,17 +149,18 @@ class SSD(ForgettingMethod):
             for name, p in model.named_parameters():
                 if name not in f_d:
                     continue
-                selected, factor = dampening(f_d[name], f_f[name], self.alpha, self.lam)
+                selected, factor = dampening(f_d[name], f_f[name], self.selection_threshold, self.dampening_constant)
                 p.mul_(factor.to(p.dtype))
                 n_sel += int(selected.sum())
                 n_all += p.numel()
         res = ScrubResult(model.eval(), info={"ssd_selected_fraction": n_sel / max(n_all, 1)})
         if n_sel == 0:
             n_f, n = len(forget), len(forget) + len(retain)
-            res.fail(f"SSD selected no weight (no importance ratio F_f/F_D above α = {self.alpha:g}); with "
-                     f"per-sample importances that is certain when N_f/N = {n_f}/{n} ≥ 1/α: lower alpha or use "
+            res.fail(f"SSD selected no weight (no importance ratio F_f/F_D above α = {self.selection_threshold:g}); "
+                     f"with per-sample importances that is certain when N_f/N = {n_f}/{n} ≥ 1/α: lower "
+                     "selection_threshold or use "
                      "importance='batch'" if self.importance == "fisher" else
-                     f"SSD selected no weight (no importance ratio F_f/F_D above α = {self.alpha:g})")
+                     f"SSD selected no weight (no importance ratio F_f/F_D above α = {self.selection_threshold:g})")
         return res
 
     @classmethod

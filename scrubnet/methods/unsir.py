@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, declares_cost, float_inputs, forget_in_memory,
+from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory,
                                      generator_for, guarded_epochs, make_optimiser, mixed_batches, step,
                                      stream_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
@@ -78,7 +78,6 @@ def error_maximising_noise(model: nn.Module, shape: tuple[int, ...], cls: int, *
     return noise.detach(), trace
 
 
-@declares_cost
 @register("unsir")
 class UNSIR(ForgettingMethod):
     """UNSIR (module docstring): class forgetting only. Streams D_r (an indexable source: impair mixes in noise).

@@ -3,7 +3,6 @@ architectures scrubnet supports (MLP, BatchNorm CNN, residual CNN, attention mod
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 import time
 
@@ -112,7 +111,8 @@ def test_ssd_dampens_exactly_the_selected_weights_by_the_stated_factor():
     names = [k for k, _ in model.named_parameters()]
     f_d = fisher_diag_loop(model, torch.cat([xr, xf]), torch.cat([yr, yf]), kind="empirical")
     f_f = fisher_diag_loop(model, xf, yf, kind="empirical")
-    out = get_method("ssd", alpha=alpha, lam=lam)(model, (xr, yr), (xf, yf), _ctx(model)).model
+    out = get_method("ssd", selection_threshold=alpha, dampening_constant=lam)(model, (xr, yr), (xf, yf),
+                                                                               _ctx(model)).model
     n_sel = 0
     for name, p0, p1 in zip(names, model.parameters(), out.parameters()):
         sel = f_f[name] > alpha * f_d[name]
@@ -133,7 +133,7 @@ def test_ssd_batch_importance_is_the_squared_batch_gradient_and_no_selection_is_
         torch.testing.assert_close(f_d[name], a ** 2)
         torch.testing.assert_close(f_f[name], b ** 2)
     # per-sample importances: F_D ≥ (N_f/N)·F_f, so α ≥ N/N_f selects nothing — reported, not silent
-    res = get_method("ssd", alpha=16.0)(model, (xr, yr), (xf, yf), _ctx(model))
+    res = get_method("ssd", selection_threshold=16.0)(model, (xr, yr), (xf, yf), _ctx(model))
     assert not res.ok and "N_f/N = 2/32" in res.reasons[0]
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), res.model.parameters()))
 
@@ -146,7 +146,7 @@ def _kl(t_logits, s_logits, T):
 def test_scrub_alternates_max_steps_on_forget_and_min_steps_on_retain_with_the_stated_losses():
     model, retain, forget = _net(), _data(8, 1), _data(4, 2)
     T, alpha, gamma = 2.0, 0.3, 0.9
-    meth = Scrub(epochs=3, msteps=2, lr=1e-2, T=T, alpha=alpha, gamma=gamma, retain_batch=4, forget_batch=2)
+    meth = Scrub(epochs=3, msteps=2, lr=1e-2, T=T, kl_weight=alpha, ce_weight=gamma, retain_batch=4, forget_batch=2)
     teacher = copy.deepcopy(model)
     seen = []
 
@@ -265,7 +265,7 @@ def test_every_field_method_runs_on_every_architecture(arch):
     for name in FIELD:
         t0 = time.perf_counter()
         # a whole class is 1/3 of D here: per-sample SSD can select weights only for α < N/N_f = 3
-        res = get_method(name, **({"alpha": 2.0} if name == "ssd" else {}))(model, retain, fset, ctx)
+        res = get_method(name, **({"selection_threshold": 2.0} if name == "ssd" else {}))(model, retain, fset, ctx)
         assert time.perf_counter() - t0 < 5.0, name
         assert res.ok, name
         assert all(torch.isfinite(v).all() for v in res.model.state_dict().values() if v.is_floating_point())
@@ -274,7 +274,7 @@ def test_every_field_method_runs_on_every_architecture(arch):
 
 
 def test_every_field_method_has_a_cost_estimate_that_grows_with_its_epochs():
-    estimate = getattr(base, "estimate", None) or importlib.import_module("scrubnet.methods.cost").estimate
+    estimate = base.estimate
     model = build_model("mlp", (1, 8, 8), 3, hidden=16)
     for name in FIELD:
         est = estimate(model, 200, 20, method=name, in_shape=(1, 8, 8))

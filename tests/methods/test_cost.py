@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 import scrubnet
 from scrubnet.cli import app
 from scrubnet.curvature.fisher import fisher_diag
-from scrubnet.methods.cost import BudgetExceeded, check_budget, estimate, forward_flops
+from scrubnet.methods.base import estimate
+from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops
 from scrubnet.models import build_model
+from tests.conftest import protocol_ctx
 from tests.test_cli import train_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +172,7 @@ def test_newton_passes_are_its_cg_iterations_and_scale_with_max_iter():
     m = build_model("mlp", (10,), 3, seed=0, hidden=16).eval()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(60, 10, generator=g), torch.randint(3, (60,), generator=g)
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in m.named_parameters()}, num_classes=3)
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in m.named_parameters()}, num_classes=3)
     for k in (3, 7):
         res = get_method("newton", max_iter=k, tol=1e-30, safeguard="none", retain_loss_tolerance=None,
                          retain_error_tolerance=None)(m, (x[:50], y[:50]), (x[50:], y[50:]), ctx)

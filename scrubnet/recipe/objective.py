@@ -4,7 +4,7 @@ The recipe (:class:`scrubnet.recipe.TrainingRecipe`) states what the model minim
 
     L_r(w) = (1/N_r) Σ_{i∈D_r} ℓ(f_w(x_i), y_i) + (wd/2)·‖M ⊙ (w − c)‖²,
 
-with M the mask of decayed parameters (those in ``ctx.w0``) and c the decay centre (``ctx.w0``: the given w_0,
+with M the mask of decayed parameters (those in the recipe's centre) and c the decay centre (``ctx.center(model)``: the given w_0,
 or zeros for ordinary weight decay). Curvature methods (Newton, Fisher, NTK, LQF) are local: they assume w sits
 near a minimum of L_r (up to the small gradient D_f contributes). :func:`stationarity` measures how far it is:
 
@@ -107,6 +107,9 @@ class Stationarity:
 def stationarity(model: nn.Module, retain: DataStream, recipe: TrainingRecipe, w0: dict[str, Tensor] | None,
                  *, batch_size: int = 512, cg_steps: int = None) -> Stationarity:
     """Measure how far ``model`` is from a minimum of the recipe's retain objective (module docstring)."""
+    if recipe.target_scale != 1.0:
+        raise ValueError(f"the stationarity check measures ½‖f − onehot(y)‖²; a recipe target scale of "
+                         f"{recipe.target_scale:g} is not supported (pass force=True to skip the check)")
     loss, wd = recipe.curvature_loss, float(recipe.wd)
     cg_steps = STATIONARITY_CG_STEPS if cg_steps is None else int(cg_steps)
     w = torch.cat([p.detach().reshape(-1) for p in trainable_params(model).values()])

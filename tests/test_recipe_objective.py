@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from scrubnet.data.stream import as_stream
-from scrubnet.methods.objective import STATIONARITY_THRESHOLD, RecipeMismatch, check_stationarity, stationarity
+from scrubnet.recipe.objective import STATIONARITY_THRESHOLD, RecipeMismatch, check_stationarity, stationarity
 from scrubnet.recipe import TrainingRecipe
 
 

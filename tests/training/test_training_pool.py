@@ -5,7 +5,7 @@ from torch import nn
 
 from scrubnet.models import build_model
 from scrubnet.training import TrainConfig, finetune, finetune_start, retrain
-from scrubnet.training_pool import finetune_many, retrain_many
+from scrubnet.training.pool import finetune_many, retrain_many
 
 
 def _data(n, d=12, c=3, seed=0):

@@ -47,9 +47,10 @@ from scrubnet.models.linearized import LinearizedModel
 
 @dataclass
 class LQFConfig:
-    """LQF hyperparameters. ``wd`` = λ of (λ/2)‖w − w0‖²; ``kfac_damping`` defaults to ``wd``."""
+    """LQF hyperparameters. ``target_scale`` = s of the MSE target s·onehot(y) (15, the paper's); ``wd`` = the
+    decay coefficient λ of (λ/2)‖w − w0‖²; ``kfac_damping`` defaults to ``wd``."""
 
-    alpha: float = 15.0
+    target_scale: float = 15.0
     wd: float = 1e-4
     lr: float = 0.1
     momentum: float = 0.9
@@ -66,8 +67,8 @@ class LQFConfig:
             raise ValueError(f"optimizer must be 'kfac', 'sgd' or 'adam', got {self.optimizer!r}")
         if not self.wd > 0:
             raise ValueError(f"wd (λ) must be positive, got {self.wd}")
-        if self.alpha <= 0:
-            raise ValueError(f"alpha must be positive, got {self.alpha}")
+        if self.target_scale <= 0:
+            raise ValueError(f"target_scale must be positive, got {self.target_scale}")
 
 
 def lqf_model(start: nn.Module, cfg: LQFConfig) -> LinearizedModel:
@@ -78,7 +79,7 @@ def lqf_model(start: nn.Module, cfg: LQFConfig) -> LinearizedModel:
 def lqf_loss(model: LinearizedModel, x: Tensor, y: Tensor, cfg: LQFConfig, num_classes: int) -> Tensor:
     """L on a batch (differentiable w.r.t. Δw)."""
     out = call_model(model, x)
-    target = cfg.alpha * F.one_hot(y, num_classes).to(out.dtype)
+    target = cfg.target_scale * F.one_hot(y, num_classes).to(out.dtype)
     reg = sum((d ** 2).sum() for d in model.delta)
     return 0.5 * ((out - target) ** 2).sum() / len(y) + 0.5 * cfg.wd * reg
 
@@ -152,7 +153,7 @@ def full_loss(model: LinearizedModel, x: Tensor, y: Tensor, cfg: LQFConfig, num_
     total = 0.0
     for i in range(0, len(y), cfg.chunk):
         out = call_model(model, x[i:i + cfg.chunk])
-        total += 0.5 * float(((out - cfg.alpha * F.one_hot(y[i:i + cfg.chunk], num_classes).to(out.dtype)) ** 2).sum())
+        total += 0.5 * float(((out - cfg.target_scale * F.one_hot(y[i:i + cfg.chunk], num_classes).to(out.dtype)) ** 2).sum())
     return total / len(y) + 0.5 * cfg.wd * float(sum((d ** 2).sum() for d in model.delta))
 
 
@@ -175,7 +176,7 @@ class _Quadratic:
             xb, yb = self.x[i:i + self.cfg.chunk], self.y[i:i + self.cfg.chunk]
             with torch.no_grad():
                 f0 = self.model.core_forward(xb)
-            b += self.model.vjp(xb, self.cfg.alpha * F.one_hot(yb, self.c).to(f0.dtype) - f0)
+            b += self.model.vjp(xb, self.cfg.target_scale * F.one_hot(yb, self.c).to(f0.dtype) - f0)
         return b / len(self.y)
 
 
@@ -206,7 +207,7 @@ def influence_on_prediction(model: LinearizedModel, x: Tensor, y: Tensor, i: int
     w = model.delta_flat()
     xi = x[i:i + 1]
     f_i = call_model(model, xi)
-    r_i = f_i - cfg.alpha * F.one_hot(y[i:i + 1], num_classes).to(f_i.dtype)
+    r_i = f_i - cfg.target_scale * F.one_hot(y[i:i + 1], num_classes).to(f_i.dtype)
     v = (model.vjp(xi, r_i) + cfg.wd * w) / (n - 1)
     if inverse == "cg":
         keep = torch.ones(n, dtype=torch.bool, device=x.device)

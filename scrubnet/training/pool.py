@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from torch.func import grad, stack_module_state, vmap
 
 from scrubnet.device import seeded_generator
-from scrubnet.training import TrainConfig, TrainHistory, replace_forgotten
+from scrubnet.training.loops import TrainConfig, TrainHistory, replace_forgotten
 from scrubnet.models.call import call_functional
 
 

@@ -4,7 +4,8 @@ Every scrubbing method needs the objective the model minimised. The recipe state
 
     L(w) = (1/N) Σ_i ℓ(f_w(x_i), y_i) + (wd/2)·‖w − c‖²
 
-with ℓ the cross-entropy (``loss="cross_entropy"``) or ½‖f − onehot(y)‖² (``loss="mse"``, LQF-style models),
+with ℓ the cross-entropy (``loss="cross_entropy"``) or ½‖f − s·onehot(y)‖² (``loss="mse"``, LQF-style models;
+s = ``target_scale``, 1 by default, LQF's 15),
 ``wd`` the weight-decay coefficient and ``c`` its centre (``wd_center``): ``None`` is ordinary weight decay
 (c = 0, what ``torch.optim.SGD(weight_decay=wd)`` minimises, the default), a dict of tensors a pull toward a
 known start w_0 (scrubnet's own fine-tuning protocol, :meth:`TrainingRecipe.scrubnet_protocol`). The optimiser
@@ -21,6 +22,7 @@ A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_
     loss = "cross_entropy"     # or "mse"
     wd = 5e-4                  # ≥ 0
     wd_center = "zero"         # or the path of a safetensors file holding w_0 (relative to the TOML file)
+    target_scale = 1.0         # s of the MSE target s·onehot(y) (loss = "mse" only)
     lr = 0.01
     momentum = 0.9
     batch_size = 128
@@ -36,7 +38,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from scrubnet._config import ConfigValueError, check_table_keys, check_value
-from scrubnet.training import TrainConfig
+from scrubnet.training.loops import TrainConfig
 
 try:
     import tomllib
@@ -50,7 +52,7 @@ RECIPE_LOSSES = {"cross_entropy": "ce", "mse": "mse"}
 PROTOCOL_BASELINE_EPOCHS = 10
 
 #: allowed ranges of the numeric recipe keys
-RECIPE_RANGES = {"wd": ">= 0", "lr": "> 0", "momentum": "[0, 1)", "batch_size": ">= 1", "epochs": ">= 0"}
+RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "lr": "> 0", "momentum": "[0, 1)", "batch_size": ">= 1", "epochs": ">= 0"}
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class TrainingRecipe:
     """The objective and optimiser the model was trained with (module docstring).
 
     loss:       ``"cross_entropy"`` or ``"mse"``.
-    wd:         weight-decay coefficient; objective = mean loss + (wd/2)‖w − c‖².
+    wd:         the decay coefficient; objective = mean loss + (wd/2)‖w − c‖².
     wd_center:  c as {parameter name: tensor}; ``None`` = 0 (ordinary weight decay). Parameters absent from
                 the dict feel no decay.
+    target_scale: s of the MSE loss's target s·onehot(y) (1 unless the model was trained like LQF, 15).
     lr, momentum, batch_size, epochs, freeze_bn: the SGD settings the fine-tuning baselines reuse (BatchNorm
                 layers kept in eval mode while they train when ``freeze_bn``).
     """
@@ -68,6 +71,7 @@ class TrainingRecipe:
     loss: str = "cross_entropy"
     wd: float = 0.0
     wd_center: dict[str, Tensor] | None = field(default=None, compare=False, repr=False)
+    target_scale: float = 1.0
     lr: float = 0.01
     momentum: float = 0.9
     batch_size: int = 128
@@ -80,6 +84,9 @@ class TrainingRecipe:
         for key, spec in RECIPE_RANGES.items():
             check_value(f"recipe.{key}", getattr(self, key), int if key in ("batch_size", "epochs") else float,
                         spec)
+        if self.loss != "mse" and self.target_scale != 1.0:
+            raise ValueError(f"recipe.target_scale applies to the MSE loss only, got {self.target_scale:g} with "
+                             f"{self.loss!r}")
         if self.wd_center is not None:
             if not isinstance(self.wd_center, dict) or not all(isinstance(v, Tensor) for v in self.wd_center.values()):
                 raise TypeError("recipe.wd_center must be None or a dict of tensors (parameter name → w_0)")
@@ -100,7 +107,8 @@ class TrainingRecipe:
 
     def describe(self) -> str:
         """The objective in words, e.g. ``mean CE + (0.03/2)‖w − w_0‖²``."""
-        data = "mean CE" if self.loss == "cross_entropy" else "mean ½‖f − onehot(y)‖²"
+        scale = "" if self.target_scale == 1.0 else f"{self.target_scale:g}·"
+        data = "mean CE" if self.loss == "cross_entropy" else f"mean ½‖f − {scale}onehot(y)‖²"
         if self.wd == 0:
             return data
         return f"{data} + ({self.wd:g}/2)‖w − {'w_0' if self.pulls_to_start else '0'}‖²"
@@ -194,5 +202,6 @@ class TrainingRecipe:
     def to_dict(self) -> dict:
         """The recipe's scalar settings (``wd_center`` as ``"zero"`` or ``"given"``) for reports and sidecars."""
         return {"loss": self.loss, "wd": self.wd, "wd_center": "given" if self.pulls_to_start else "zero",
+                "target_scale": self.target_scale,
                 "lr": self.lr, "momentum": self.momentum, "batch_size": self.batch_size, "epochs": self.epochs,
                 "freeze_bn": self.freeze_bn}

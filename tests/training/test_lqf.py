@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from scrubnet.methods.lqf import (
+from scrubnet.training.lqf import (
     LQFConfig,
     full_loss,
     influence_on_prediction,
