@@ -166,3 +166,23 @@ def test_hiding_names_classifier_option_for_a_nested_head(data):
                              classifier="bert.classifier", retain_error_tolerance=1.0)
     w0, w1 = wrapped.bert.classifier.weight, got.bert.classifier.weight
     assert not torch.equal(w0[0], w1[0]) and torch.equal(w0[1:], w1[1:])
+
+
+@pytest.mark.parametrize("method", ["fisher", "ntk", "ntk-fisher", "newton"])
+def test_curvature_methods_read_the_mask(data, method):
+    b, f = data
+    m = tiny_bert()
+    opts = dict(recipe=TrainingRecipe(wd=1e-2), force=True, on_failure="return", readouts=True,
+                retain_error_tolerance=1.0)
+    got, res = scrubnet.forget(m, Dicts(b), Dicts(f), method=method, **opts)
+    for part, batch in (("retain", b), ("forget", f)):
+        err, loss = hand_error_and_loss(got, batch)
+        assert res.readouts[f"{part}_error"] == pytest.approx(err, abs=1e-6)
+        assert res.readouts[f"{part}_loss"] == pytest.approx(loss, rel=1e-5)
+    # the same scrub from the same inputs given as tensors; without the mask it is another scrub
+    same, _ = scrubnet.forget(m, (as_inputs(b), b["labels"]), (as_inputs(f), f["labels"]), method=method, **opts)
+    assert max_weight_gap(same, got) < 1e-5
+    unmasked = {k: v for k, v in b.items() if k != "attention_mask"}
+    other, _ = scrubnet.forget(m, Dicts(unmasked), Dicts({k: v for k, v in f.items() if k != "attention_mask"}),
+                               method=method, **opts)
+    assert max_weight_gap(other, got) > 1e-6
