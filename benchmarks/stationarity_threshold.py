@@ -1,4 +1,4 @@
-"""The measurement behind the stationarity check's threshold (docs/decisions.md, "Stationarity check").
+"""The measurement behind the stationarity check's threshold (docs/decisions/own-model.md, "Stationarity check").
 
 Ratio Δ/L_r (:mod:`scrubnet.recipe.objective`) for models that do and do not match the recipe they are judged
 with:

@@ -266,7 +266,7 @@ def test_dataset_flag_keeps_the_toml_class_lists(tmp_path):
     _image_folder(tmp_path / "imgs", {f"k{i}": 6 for i in range(4)})
     cfg = tmp_path / "c.toml"
     cfg.write_text('[data]\ntask_classes = [1, 2]\ncore_classes = [0]\nn_train_per_class = 2\nn_test_per_class = 1\n')
-    from scrubnet.cli import _build_config
+    from scrubnet.cli.run import _build_config
     built = _build_config(cfg, "imagefolder", tmp_path / "imgs", None, None, None, None, None, None, None)
     assert built.data.task_classes == [1, 2] and built.data.core_classes == [0]
     built = _build_config(None, "imagefolder", tmp_path / "imgs", None, None, None, None, None, None, None)

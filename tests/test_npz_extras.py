@@ -87,7 +87,7 @@ def test_hf_directory_with_mask_through_the_cli(tmp_path):
 
 
 def test_an_integer_input_the_model_cannot_take_is_named_with_its_dtype(tmp_path):
-    from scrubnet.cli_own import OwnModelError, num_outputs
+    from scrubnet.own_model import OwnModelError, num_outputs
 
     net = torch.nn.Linear(4, 3)
     with pytest.raises(OwnModelError, match="x int64 \\(4,\\)"):

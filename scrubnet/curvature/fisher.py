@@ -355,7 +355,7 @@ def plan_fisher(model: nn.Module, x1: Inputs, n: int, *, kind: str = "true", met
     # gradients of every column for a large enough batch (≥ BATCHED_MIN_BATCH samples, or all n): small nets,
     # where one plain backward per column is dominated by per-call overhead and small GEMMs; otherwise one
     # column per plain backward (on a large net faster on CPU than a batched one, and the output gradients of
-    # one column only are alive). "Fisher at scale" in docs/decisions.md.
+    # one column only are alive). "Fisher at scale" in docs/decisions/index.md.
     linear_only = not rest and all(k.kind in ("linear", "bn") for _, _, k in plan.values())
     kc = cols if linear_only or batched_columns(work // per_sample(cols), n, batch_size) else 1
     if batch_size is None:

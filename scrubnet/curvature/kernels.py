@@ -1,5 +1,5 @@
 """Per-layer curvature kernels: one registry of the closed forms that the Fisher diagonal, the NTK Gram and
-K-FAC share ("Curvature kernels" in docs/decisions.md).
+K-FAC share ("Curvature kernels" in docs/decisions/index.md).
 
 Every consumer runs one forward pass with hooks that keep each layer's input ``a`` (B, ...) and then
 back-propagates K cotangents to the layer *outputs* only, giving ``g`` (K, B, ...) — the gradient of K

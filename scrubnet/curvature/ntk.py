@@ -24,7 +24,7 @@ What is here (and where): the NTK is built in parts —
 
 Why this algorithm: on CPU a layerwise per-row-gradient / outer-product kernel beat ``vmap(jacrev)``
 5.6–25× (ResNet-18, one thread); the c backward passes go to the layer outputs only (no weight gradients).
-Measured figures (``benchmarks/ntk_scale.py``) are in the README and docs/decisions.md ("NTK cost").
+Measured figures (``benchmarks/ntk_scale.py``) are in the README and docs/decisions/ntk.md ("NTK cost").
 
 Memory: ``memory_budget_bytes`` bounds the large buffers (3/5 for the held factors, 1/5 for the capture
 of one micro-batch, 1/5 for the contraction temporaries); sizes are derived from it with a one-sample probe

@@ -67,7 +67,7 @@ def ntk_gram(model: nn.Module, x: Inputs, x2: Inputs | None = None, *,
     ``method``: "auto" (per layer the cheaper of explicit/ghost, :meth:`JacobianRows.contraction_flops`),
     "explicit" or "ghost" (ghost where the kernel is factored).
 
-    Algorithm ("NTK cost" in docs/decisions.md): the samples of x are captured (one forward + c backward
+    Algorithm ("NTK cost" in docs/decisions/index.md): the samples of x are captured (one forward + c backward
     passes to the layer outputs) **once** per held chunk into compact factors — per layer the smaller of
     its per-row gradients and its capture (input, output gradients), the ghost factors for ghost layers —
     sized so that, when it fits in 3/5 of the budget, the whole of x is one chunk and every Jacobian row is

@@ -1,6 +1,6 @@
 """The NTK Gram's schedule: how the compact Jacobian factors of the samples are held, contracted and, when
 they do not fit in the memory budget, split into layer groups or sample chunks ("NTK cost" and "NTK memory"
-in docs/decisions.md).
+in docs/decisions/index.md).
 
 * :class:`_GramPlan` — per layer the cheaper of two exact contractions:
     explicit: Θ_l = G_l G_lᵀ with per-row gradients G_l (rows × numel);
@@ -299,7 +299,7 @@ def _symmetric_schedule(engine: JacobianRows, x: Inputs, n: int, method: str, it
     """How to contract a symmetric Gram whose factors do not fit: [(plan of a layer group, chunk size)].
 
     Two ways; the one with fewer FLOPs beyond the contraction itself wins (:func:`_schedule_flops`:
-    captures, per-row gradients built and rebuilt; "NTK memory" in docs/decisions.md):
+    captures, per-row gradients built and rebuilt; "NTK memory" in docs/decisions/index.md):
     * all layers at once, the samples in chunks: a chunk pair needs both chunks held, so chunks are half
       of what fits, and the snake order of :func:`_symmetric_gram` captures 1 + k(k−1)/2 chunks;
     * layer groups, packed from the output side so that each group's factors of **all** samples fit (a

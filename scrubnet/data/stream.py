@@ -19,7 +19,7 @@ arguments, in every method and readout); without, a plain tensor. Any other fiel
 field, an unknown dict key) with the way to name it — never dropped silently — unless
 ``BatchKeys(ignore_extra=True)`` explicitly says to ignore it.
 
-The streaming rule (docs/decisions.md, "Streaming user data"): full-batch quantities (mean losses, gradients,
+The streaming rule (docs/decisions/index.md, "Streaming user data"): full-batch quantities (mean losses, gradients,
 Fisher diagonals, readouts) are sums over chunks divided by the number of samples, so no method or readout
 needs D_r in memory at once. Every chunk is checked finite as it is read.
 """

@@ -397,7 +397,7 @@ class ForgettingMethod(ABC):
             if not inputs_finite(x):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
         # forward-mode AD has no rule for the fused CPU attention kernels: the math kernel computes the same
-        # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions.md, "SDPA under forward-mode AD")
+        # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions/own-model.md, "SDPA under forward-mode AD")
         with jvp_safe_attention():
             res = self.scrub(model, retain, forget, ctx)
         require_finite_model(res.model, f"method {self.name!r} returned a model that")

@@ -1,6 +1,6 @@
 """The baselines of the papers: Original, Retrain, Finetune, NegGrad, Random labels, Hiding.
 
-Decisions where the papers differ (docs/decisions.md, "Baselines and re-learn time"):
+Decisions where the papers differ (docs/decisions/baselines.md, "Baselines and re-learn time"):
 * Finetune: 10 epochs on D_r at the fine-tuning lr, same objective as fine-tuning (mean CE + the L2 pull
   toward w_0 with the protocol's wd), momentum as in fine-tuning.
 * NegGrad: 10 epochs on all of D where each D_f sample's loss is negated and capped at chance level:

@@ -1,4 +1,4 @@
-"""Fisher forgetting ("Eternal Sunshine"; the noise step of "Forgetting Outside the Box"). Decisions: docs/decisions.md.
+"""Fisher forgetting ("Eternal Sunshine"; the noise step of "Forgetting Outside the Box"). Decisions: docs/decisions/index.md.
 
 The deterministic part of the scrub is the identity, h(w) = w (the diagonal Fisher is too crude for a Newton
 step); forgetting comes from Gaussian noise shaped by the inverse Fisher of the retain set:
@@ -21,7 +21,7 @@ we keep the value itself).
 (:func:`alpha_for_budget`, default :data:`DEFAULT_LOSS_BUDGET` nats), relative to the model at hand.
 **scrubnet's protocol uses α = 3e-6** (:data:`DEFAULT_ALPHA`, the class's ``protocol_options``), chosen on the embedded default experiment instead of the
 authors' 1e-6 (tuned for 32×32 images), which barely moves the MLP; the measured trade-off is in
-docs/decisions.md ("Fisher forgetting"), and ``scrubnet sweep --method fisher`` shows the whole curve.
+docs/decisions/fisher-newton.md ("Fisher forgetting"), and ``scrubnet sweep --method fisher`` shows the whole curve.
 
 The result carries the Gaussian N(μ, diag v) it sampled from; :meth:`FisherForgetting.noise_at` gives the
 same procedure at another model (its own Fisher), from which the evaluator computes the white-box bound

@@ -9,7 +9,7 @@ and the scrub is one Newton step on it,
     h(w) = w − H⁻¹ ∇L_r(w),   H = G_r + (wd + damping)·I,
 
 with G_r the Gauss–Newton matrix of the mean loss on D_r (= true Fisher for cross-entropy; the PSD
-Levenberg–Marquardt replacement of the Hessian; docs/decisions.md, "Newton scrub"), applied matrix-free (JVP + VJP, see
+Levenberg–Marquardt replacement of the Hessian; docs/decisions/fisher-newton.md, "Newton scrub"), applied matrix-free (JVP + VJP, see
 :mod:`scrubnet.curvature.ggn`) inside :func:`scrubnet.curvature.solvers.conjugate_gradient`. The gradient
 includes the pull term wd·(w − w_0); parameters absent from the recipe's centre get no pull. ``damping`` (default 0:
 the pull already makes H positive definite), the CG ``tol`` and ``max_iter`` and what CG achieved are
@@ -30,11 +30,11 @@ noise the distributions are point masses and the bound is infinite; the evaluato
 ``weight_distance_ratio`` = ‖h(w_o) − w_r‖ / ‖w_o − w_r‖ says whether the step moved toward the retrain
 model (< 1).
 
-**Safeguard** (:func:`retain_newton_step`; "Newton safeguard" in docs/decisions.md): the step is accepted only
+**Safeguard** (:func:`retain_newton_step`; "Newton safeguard" in docs/decisions/index.md): the step is accepted only
 where L_r decreases — Levenberg–Marquardt damping on the Gauss–Newton model (default), Armijo backtracking,
 or the paper's plain step (``safeguard="none"``). On the embedded default (MLP on MNIST-1D, wd 0.03) the
 plain step raises L_r on every seed and reaches the retrain band only by that overshoot; the safeguarded
-step lowers L_r and stays next to the original on the forget readouts (figures in docs/decisions.md).
+step lowers L_r and stays next to the original on the forget readouts (figures in docs/decisions/index.md).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     The Gauss–Newton model m(δ) = L_r(w) − gᵀδ + ½ δᵀHδ (H = G_r + wd·M, δ = the CG solution) is only a
     model of L_r: on networks with BatchNorm and ReLU its minimiser can land where L_r is much larger (a
     2-D CNN on the digits measured L_r 1.02 → 1.93, retain error 0 → 64 %). So the step is only accepted
-    when L_r decreases (Newton safeguard in docs/decisions.md):
+    when L_r decreases (Newton safeguard in docs/decisions/index.md):
 
     * ``safeguard="lm"`` (default): Levenberg–Marquardt. Accept δ(μ) when the ratio ρ = (actual decrease) /
       (decrease predicted by m) is ≥ ¼; otherwise set μ ← max(10μ, δᵀHδ/‖δ‖²) (the curvature along the
@@ -149,7 +149,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
         raise ValueError("the Newton scrub needs a non-empty retain set")
     w = get_flat(model)
     mask, anchor = pull_mask_and_anchor(model, w0)
-    if streamed:  # sums over chunks (docs/decisions.md, "Streaming rule")
+    if streamed:  # sums over chunks (docs/decisions/own-model.md, "Streaming rule")
         data_loss, g_data = stream_loss_and_grad(model, retain, loss=loss, batch_size=batch_size)
     else:
         data_loss, g_data = mean_loss_and_grad(model, *retain, loss=loss, batch_size=batch_size)

@@ -1,6 +1,6 @@
 """NTK one-shot scrubbing ("Forgetting Outside the Box"), computed matrix-free; and NTK + Fisher noise.
 
-Decisions: docs/decisions.md, "NTK scrub". Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
+Decisions: docs/decisions/ntk.md, "NTK scrub". Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
 c classes, J_S the (|S|·c × p) Jacobian of the logits on a set S at the linearisation point w* (eval mode),
 Θ_S = J_S J_Sᵀ, λ_S = wd·|S| (the training loss is a *mean* CE + (wd/2)‖w − w_0‖²), r_S the per-sample
 residual (CE: softmax(f) − onehot(y), i.e. the loss Hessian in logit space replaced by I; MSE:
@@ -27,7 +27,7 @@ w_0, as in the code). The evaluator compares the step with w(D_r) − w(D) (``we
 ‖w(D_r) − w(D)‖/‖scale·δw‖, ``weight_step_cosine``, ``weight_distance_ratio``; see
 :func:`scrubnet.readouts.information.weight_step_geometry`).
 
-Defaults (measurements in docs/decisions.md, "NTK scrub"):
+Defaults (measurements in docs/decisions/ntk.md, "NTK scrub"):
 
 * ``pull="w0"`` (default) vs the code's ``pull="point"``: with the pull toward w(D) the linearised
   problem ignores the balance (1/N)Jᵀr ≈ −wd(w(D) − w_0) that holds at the trained weights, so δw is tiny

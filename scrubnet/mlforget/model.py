@@ -1,6 +1,6 @@
 """The Mixed-Linear (ML) model: core weights trained non-linearly on D_core, user weights linear around them.
 
-Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions.md,
+Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions/mlforgetting.md,
 "ML-Forgetting"):
 
 1. **Core data.** D_core = the pre-training data (the core classes, used by ``pretrain`` to build w_0, as
@@ -9,7 +9,7 @@ Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is 
    = all of D, the core 30 % included but never deletable — the thesis's own Fig. 6.5 protocol ("the user
    data is 100 % of the Aircrafts, so the 30 % appears in both sets"); ``user_data='rest'`` = D minus the core
    part. 'all' keeps the ML model closer to the non-linear original's test error (the linear part then also
-   learns from the core 30 %, which the original saw too; figures in docs/decisions.md, "ML-Forgetting").
+   learns from the core 30 %, which the original saw too; figures in docs/decisions/mlforgetting.md, "ML-Forgetting").
 2. **Core weights** w_c: a copy of the fine-tuning start w_0 (pre-trained backbone + fresh task head) with its
    ReLUs turned into Leaky-ReLUs (LQF's advice: Leaky-ReLUs linearise better), fine-tuned *non-linearly* with
    cross-entropy on the task part of D_core using the protocol's :func:`scrubnet.training.finetune`.

@@ -5,7 +5,7 @@ info as ``solver``):
 
 * **dual** when the user-data Gram has at most ``dual_max_rows`` rows (N·c ≤ 5000 by default: the float64
   eigenvectors then take ≤ 200 MB; above, the one-off eigendecomposition, O((Nc)³), outgrows the CG path; see
-  docs/decisions.md, "ML-Forgetting solvers") — the Gram
+  docs/decisions/mlforgetting.md, "ML-Forgetting solvers") — the Gram
   built once per checkpoint, a Schur complement per request (:mod:`scrubnet.mlforget.dual`); direct, so
   exact to rounding;
 * **cg** otherwise — the Newton step Δ = H_{D_r}⁻¹ g_{D_r}(w_u) by conjugate gradient on JVP/VJP products

@@ -17,7 +17,7 @@ near a minimum of L_r (up to the small gradient D_f contributes). :func:`station
 Newton step expects to shed; k = :data:`STATIONARITY_CG_STEPS`. At a minimum Δ ≈ 0,
 while a model trained without the pull the recipe claims (w_0 = its random initialisation) can shed almost the
 whole pull term, ratio ≈ 1. :func:`check_stationarity` refuses when ``ratio`` exceeds
-:data:`STATIONARITY_THRESHOLD` (the measurement that set it is in docs/decisions.md, "Stationarity check").
+:data:`STATIONARITY_THRESHOLD` (the measurement that set it is in docs/decisions/own-model.md, "Stationarity check").
 
 Everything is a sum over chunks of the :class:`~scrubnet.data.stream.DataStream` divided by N_r: 1 + k passes
 over D_r (one for L_r and g, one per CG step), memory one chunk's forward and backward.

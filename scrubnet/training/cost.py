@@ -10,7 +10,7 @@ method's options, with the helpers here (:func:`train_cost`, :func:`fisher_diago
 * ``seconds``     — flops / (measured float32 GEMM rate of this process × the method's calibrated efficiency):
                     the rate is timed once per process and device (:func:`matmul_rate`; CPU: process CPU time; median of 3
                     1024³ products); the efficiencies (:data:`EFFICIENCY`) are measured ratios of achieved to
-                    GEMM rate ("Cost model" in docs/decisions.md);
+                    GEMM rate ("Cost model" in docs/decisions/index.md);
 * ``peak_bytes``  — working memory above the model and the data (the method's buffers under its budget);
 * ``passes``      — forward+backward passes over the data (per-sample units: one forward and one backward of
                     every sample of the set it runs on count as one).
@@ -39,7 +39,7 @@ from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
 # achieved FLOP rate / float32 GEMM rate, one thread, fitted by least squared log-ratio on the cases of
-# benchmarks/cost_check.py ("Cost model" in docs/decisions.md): "train" = SGD steps (forward + backward +
+# benchmarks/cost_check.py ("Cost model" in docs/decisions/index.md): "train" = SGD steps (forward + backward +
 # optimiser, batch 128); "newton" = batched matrix-free passes (Newton's GGN products, NTK's VJP/JVP and CG
 # products, no-grad evaluation forwards); "ntk" = the NTK Gram and its float64 Cholesky factorisations
 EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.58, "newton": 0.57}

@@ -56,7 +56,7 @@ class TrainConfig:
     lr: float = 0.01
     momentum: float = 0.9
     wd: float = 0.03              # coefficient of (wd/2)‖w − w_0‖² during fine-tuning (papers: 0.1; see
-    #                               docs/decisions.md, "Training protocol")
+    #                               docs/decisions/conventions.md, "Training protocol")
     batch_size: int = 128
     extra_epochs: int = 5         # epochs after the first zero-training-error epoch
     min_epochs: int = 1

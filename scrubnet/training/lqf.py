@@ -2,7 +2,7 @@
 
 Model: f_lin(x) = f_{w0}(x) + J(x)·Δw (:class:`~scrubnet.models.linearized.LinearizedModel`, Leaky-ReLU,
 BatchNorm in eval mode, all or a chosen set of layers linearised). Loss (eq. 5.3, normalised as a mean
-with ½ so that its Hessian is H = F + λI with F = (1/N) Σ J_nᵀ J_n; docs/decisions.md, "LQF"):
+with ½ so that its Hessian is H = F + λI with F = (1/N) Σ J_nᵀ J_n; docs/decisions/ntk.md, "LQF"):
 
     L(Δw) = (1/N) Σ_n ½‖f_lin(x_n) − α·onehot(y_n)‖² + (λ/2)‖Δw‖²          (α = 15; ‖Δw‖ = ‖w − w0‖)
 
@@ -15,7 +15,7 @@ Optimisers (``LQFConfig.optimizer``):
 * :func:`solve_lqf` gives the exact minimiser by conjugate gradient on JVP/VJP products (for tests, for
   the influence formula, and whenever the data fit).
 
-Influence (multiclass, sign corrected; docs/decisions.md, "LQF"): removing sample i and retraining (mean loss over
+Influence (multiclass, sign corrected; docs/decisions/ntk.md, "LQF"): removing sample i and retraining (mean loss over
 the N−1 others) changes the test prediction by
 
     Δf(x_t) = f_{w*}(x_t) − f_{w*_{−i}}(x_t) = −J_t H_{−i}⁻¹ (J_iᵀ r_i + λ w*)/(N − 1),

@@ -111,14 +111,14 @@ def test_cli_dry_run_prints_the_estimate_and_writes_nothing(trained, tmp_path):
 
 
 def test_cli_refuses_over_budget_before_any_work(trained, tmp_path, monkeypatch):
-    import scrubnet.cli as cli
+    import scrubnet.cli.forget as cli
 
     class NoWork:
         def __call__(self, *a, **k):
             raise AssertionError("the method ran despite the refusal")
 
-    real_get = cli.get_method
-    monkeypatch.setattr(cli, "get_method", lambda name, **o: (real_get(name, **o), NoWork())[1])
+    real_get = cli.protocol_method
+    monkeypatch.setattr(cli, "protocol_method", lambda name, **o: (real_get(name, **o), NoWork())[1])
     out = tmp_path / "x.safetensors"
     for extra, needle in ((["--max-seconds", "1e-9"], "estimated"), (["--memory", "1KB"], "peak memory")):
         r = _forget(trained, out, *extra)

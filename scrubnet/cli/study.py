@@ -6,7 +6,8 @@
 
 Writes results.json (config, every run's FIM-trace / weight-norm / effective-lr curves, the analysis with the
 correlations and verdicts, the readiness readout, the trajectory PCA), report.md and the figures. Bad input
-gives one line ``error: …`` and exit code 2 before any work, and nothing is written.
+(including an --out that is a file or not writable) gives one line ``error: …`` and exit code 2 before any
+work, and nothing is written.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 import typer
 
+from scrubnet.cli.common import UserError, require_out_dir, threads_option
 from scrubnet.experiments.config import read_toml
 from scrubnet.experiments.critical_periods import FIGURES, CriticalPeriodsConfig, run_study
 
@@ -30,11 +31,11 @@ def build_cp_config(config: Optional[Path], seeds: Optional[int], epochs: Option
     d: dict = {}
     if config is not None:
         if not config.is_file():
-            raise ValueError(f"configuration file not found: {config}")
+            raise UserError(f"configuration file not found: {config}")
         d = read_toml(config)
     if seeds is not None:
         if seeds < 1:
-            raise ValueError("--seeds must be at least 1")
+            raise UserError("--seeds must be at least 1")
         d["seeds"] = list(range(seeds))
     if epochs is not None:
         d["epochs"] = epochs
@@ -43,7 +44,7 @@ def build_cp_config(config: Optional[Path], seeds: Optional[int], epochs: Option
     try:
         return CriticalPeriodsConfig.from_dict(d)
     except TypeError as e:
-        raise ValueError(f"bad critical-periods configuration: {e}") from None
+        raise UserError(f"bad critical-periods configuration: {e}") from None
 
 
 def critical_periods(out: Path = typer.Option(..., "--out", help="output directory (results.json, report.md, "
@@ -54,16 +55,12 @@ def critical_periods(out: Path = typer.Option(..., "--out", help="output directo
                                                             "both)"),
                      config: Optional[Path] = typer.Option(None, help="TOML file with any CriticalPeriodsConfig "
                                                            "field"),
-                     threads: int = typer.Option(1, help="torch CPU threads (1: reproducible across machines)"),
+                     threads: int = threads_option("torch CPU threads (1: reproducible across machines)"),
                      quiet: bool = typer.Option(False, help="no per-run progress lines")):
     """Critical periods of regularisation: weight decay interrupted / delayed / in a sliding window, with the
     Fisher-trace, weight-norm and effective-lr curves → results.json, report.md, figures."""
-    if threads < 1:
-        raise ValueError("--threads must be at least 1")
     cfg = build_cp_config(config, seeds, epochs, datasets)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    torch.set_num_threads(threads)
+    require_out_dir(out)  # before any work, as dp and audit do
     result = run_study(cfg, out, log=None if quiet else (lambda m: print(m, file=sys.stderr)))
     for ds in cfg.datasets:
         c = result["analysis"][ds]["correlations"]

@@ -1,5 +1,6 @@
 """``scrubnet mlforget``: train a Mixed-Linear model into a checkpoint directory and apply forgetting
-requests to it (each applied exactly once and recorded in the checkpoint's SQLite request store; see\n:mod:`scrubnet.mlforget.store`).
+requests to it (each applied exactly once and recorded in the checkpoint's SQLite request store; see
+:mod:`scrubnet.mlforget.store`).
 
     scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
@@ -13,22 +14,16 @@ Bad input gives one line ``error: …`` on stderr and exit code 2; nothing parti
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-import torch
 import typer
 
 from scrubnet._config import tiny_mode
+from scrubnet.cli.common import UserError, json_option, read_ids, require_cpu, require_writable, threads_option
 from scrubnet.data import DataConfig, load_split
-from scrubnet.data.ids import parse_sample_ids
-from scrubnet.data.splits import SplitError
-from scrubnet.device import resolve_device
+from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.pipeline import train_ml
@@ -38,100 +33,37 @@ from scrubnet.training import TrainConfig
 mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="ML-Forgetting on checkpoints: train, forget, forget-all, show.")
 
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
-
-
-def _handle(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, SplitError, FileNotFoundError, KeyError, TypeError) as e:
-            _fail(str(e.args[0]) if e.args else type(e).__name__)
-    return wrapper
-
-
 DEVICE_HELP = ("auto | cpu | cuda; the mixed-linear computations run on the CPU, so auto means the CPU here "
                "and cuda is refused")
 
 
-def require_cpu(device: str, what: str = "ML-Forgetting on checkpoints") -> None:
-    """The mixed-linear computations run on the CPU: validate ``device`` and refuse an explicit GPU."""
-    if resolve_device(device).type != "cpu" and device.strip().lower() != "auto":
-        raise ValueError(f"--device {device}: {what} runs on the CPU only (use --device cpu or auto)")
-
-
-def _json_option(text: Optional[str], what: str) -> dict:
-    if not text:
-        return {}
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{what} must be a JSON object")
-    return d
-
-
-def parse_ids(ids: Optional[str], ids_file: Optional[Path]) -> list[int]:
-    """Sample ids from ``--ids`` or a file, in the formats of ``scrubnet forget``: integers separated by
-    whitespace or commas (``#`` comments), or a JSON list of integers."""
-
-    if (ids is None) == (ids_file is None):
-        raise ValueError("give the sample ids with exactly one of --ids or --forget-ids (a file)")
-    if ids_file is not None:
-        if not ids_file.is_file():
-            raise ValueError(f"ids file not found: {ids_file}")
-        out = parse_sample_ids(ids_file.read_text(), f"ids file {ids_file}")
-    else:
-        out = parse_sample_ids(ids, "--ids")
-    if not out:
-        raise ValueError("no sample ids given")
-    return out
-
-
 def _checkpoint(positional: Optional[Path], option: Optional[Path]) -> Path:
     if (positional is None) == (option is None):
-        raise ValueError("give the checkpoint directory once: as the argument or with --checkpoint")
+        raise UserError("give the checkpoint directory once: as the argument or with --checkpoint")
     return positional if positional is not None else option
-
-
-def _set_threads(threads: int) -> None:
-    if threads < 1:
-        raise ValueError("--threads must be at least 1")
-    torch.set_num_threads(threads)
 
 
 CHECKPOINT_ARG = typer.Argument(None, help="ML checkpoint directory (or --checkpoint)", show_default=False)
 CHECKPOINT_OPT = typer.Option(None, "--checkpoint", help="ML checkpoint directory", show_default=False)
-THREADS_OPT = typer.Option(1, help="torch CPU threads (1: numbers independent of the core count)")
+THREADS_HELP = "torch CPU threads (1: numbers independent of the core count)"
 
 
-def _fingerprint_v1(split) -> str:
-    """The data fingerprint that checkpoints of the ledger format recorded: the split's fingerprint
-    followed by its forget ids (kept only to check migrated checkpoints)."""
-    h = hashlib.sha256()
-    for t in (split.x_core, split.y_core, split.x, split.y, split.x_test, split.y_test, split.forget_idx):
-        h.update(np.ascontiguousarray(t.detach().cpu().numpy()).tobytes())
-    return h.hexdigest()
+def _configs(dataset: str, data_dir: Optional[Path], data_options, model_options, train_options, ml_options):
+    """(DataConfig, TrainConfig, MLConfig, architecture options): SCRUBNET_TINY's sizes, then the JSON options."""
+    tiny = TINY_EXPERIMENT if tiny_mode() else {}  # SCRUBNET_TINY=1: the tiny experiment's sizes
+    try:
+        dcfg = DataConfig.from_dict({**tiny.get("data", {}), "dataset": dataset,
+                                     "data_dir": str(data_dir) if data_dir else None,
+                                     **json_option(data_options, "--data-options")})
+        tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **tiny.get("train", {}),
+                                      **json_option(train_options, "--train-options")})
+        mcfg = ml_config_from_options(json_option(ml_options, "--ml-options"))
+    except TypeError as e:  # an unknown field of a configuration
+        raise UserError(str(e)) from None
+    mopts = {**tiny.get("model_options", {}), **json_option(model_options, "--model-options")}
+    return dcfg, tcfg, mcfg, mopts
 
 
-def _data_loader(meta: dict):
-    split = load_split(DataConfig.from_dict(meta["data"]))
-    if meta.get("data_fingerprint_v1") and _fingerprint_v1(split) != meta["data_fingerprint_v1"]:
-        raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "
-                         "it was trained on (fingerprint mismatch)")
-    if meta.get("data_fingerprint") and split.fingerprint() != meta["data_fingerprint"]:
-        raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "
-                         "it was trained on (fingerprint mismatch)")
-    return split.x, split.y
-
-
-@mlforget_app.command()
-@_handle
 def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory (must not exist)"),
           dataset: str = typer.Option("mnist1d", help="mnist1d | digits | cifar10 | cifar100 | imagefolder"),
           data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset"),
@@ -142,25 +74,17 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
           train_options: Optional[str] = typer.Option(None, help="JSON object of TrainConfig fields (core)"),
           ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, linearize, "
                                                    "…) and solver fields (solver, cg_tol, precond)"),
-          threads: int = THREADS_OPT,
+          threads: int = threads_option(THREADS_HELP),
           device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Pre-train, train the core weights (CE) and the user weights (linear, MSE); save the checkpoint.
 
     The data configuration's forget set (the default experiment's D_f, also written by `scrubnet train` as
     forget_ids.txt) is kept out of the never-forgettable core, so those ids can always be forgotten."""
     require_cpu(device)
-    _set_threads(threads)
     if out.exists():
-        raise ValueError(f"--out {out} already exists; choose a new checkpoint directory")
-    _check_writable_parent(out)
-    tiny = TINY_EXPERIMENT if tiny_mode() else {}  # SCRUBNET_TINY=1: the tiny experiment's sizes
-    dcfg = DataConfig.from_dict({**tiny.get("data", {}), "dataset": dataset,
-                                 "data_dir": str(data_dir) if data_dir else None,
-                                 **_json_option(data_options, "--data-options")})
-    tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **tiny.get("train", {}),
-                                  **_json_option(train_options, "--train-options")})
-    mcfg = ml_config_from_options(_json_option(ml_options, "--ml-options"))
-    mopts = {**tiny.get("model_options", {}), **_json_option(model_options, "--model-options")}
+        raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
+    require_writable(out)
+    dcfg, tcfg, mcfg, mopts = _configs(dataset, data_dir, data_options, model_options, train_options, ml_options)
     split = load_split(dcfg)
     state = train_ml(split, mcfg, tcfg, seed, model_name=model, model_options=mopts)
     save_new(out, state, arch=model, in_shape=split.input_shape, arch_options=mopts, data=dcfg.to_dict(),
@@ -169,16 +93,6 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
                f"(never forgettable), {state.model.num_linearized} user weights")
 
 
-def _check_writable_parent(out: Path) -> None:
-    parent = out.parent if str(out.parent) else Path(".")
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {parent} is not a writable directory")
-
-
-@mlforget_app.command()
-@_handle
 def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
            ids: Optional[str] = typer.Option(None, help="sample ids (positions in D): '3,17 42' or '[3, 17, 42]'"),
            ids_file: Optional[Path] = typer.Option(None, "--forget-ids", "--ids-file",
@@ -187,16 +101,15 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
            budget_nats: Optional[float] = typer.Option(None, "--budget-nats",
                                                        help="certified request: stop CG once KL(scrubbed ‖ "
                                                             "retrained) at σ is proven ≤ this many nats"),
-           threads: int = THREADS_OPT,
+           threads: int = threads_option(THREADS_HELP),
            device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Forget a set of user samples: one request, applied exactly once, recorded in the store."""
     require_cpu(device)
-    _set_threads(threads)
     ckpt = _checkpoint(checkpoint, checkpoint_opt)
-    id_list = parse_ids(ids, ids_file)
+    id_list = read_ids(ids, ids_file)
     if budget_nats is not None and not (budget_nats > 0 and budget_nats < float("inf")):
-        raise ValueError(f"--budget-nats must be a finite number > 0, got {budget_nats}")
-    record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=_data_loader, budget_nats=budget_nats)
+        raise UserError(f"--budget-nats must be a finite number > 0, got {budget_nats}")
+    record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=ml_data_loader, budget_nats=budget_nats)
     if applied:
         info = record["solver"]
         if info.get("factor_file_problem"):
@@ -213,30 +126,24 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
         typer.echo(f"request already applied as #{record['id']} (nothing done)")
 
 
-@mlforget_app.command("forget-all")
-@_handle
 def forget_all_cmd(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
-                   threads: int = THREADS_OPT,
+                   threads: int = threads_option(THREADS_HELP),
                    device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Forget all user data: the user weights are set to 0 (the model becomes the core model)."""
     require_cpu(device)
-    _set_threads(threads)
     record, applied = forget_everything(_checkpoint(checkpoint, checkpoint_opt))
     typer.echo(f"request #{record['id']}: user weights set to 0 ({record['n_ids']} user samples forgotten; the "
                "core samples stay in the core weights)" if applied
                else f"forget-all already applied as #{record['id']} (nothing done)")
 
 
-@mlforget_app.command()
-@_handle
 def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
          as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object"),
-         threads: int = THREADS_OPT,
+         threads: int = threads_option(THREADS_HELP),
          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Print the requests and verify the record chain: every field of the checkpoint's static record, of each
     request and of the state, and the chain of weight hashes (exit 2 naming any edited field)."""
     require_cpu(device)
-    _set_threads(threads)
     rec = verify(_checkpoint(checkpoint, checkpoint_opt))
     st = rec["state"]
     if as_json:
@@ -251,8 +158,4 @@ def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[P
                    + ("; user weights dropped (forget-all)" if st["user_weights_dropped"] else ""))
         typer.echo("hash chain: valid" if rec["valid"] else "hash chain: BROKEN")
     if not rec["valid"]:
-        raise ValueError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))
-
-
-if __name__ == "__main__":
-    mlforget_app()
+        raise UserError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))

@@ -13,27 +13,23 @@ audit resumes, a second audit in the same OUT reuses the originals and retrains)
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from scrubnet.atomic_io import prepare_output_dir, require_writable
+from scrubnet.atomic_io import prepare_output_dir
 from scrubnet.audit.engine import make_engine
 from scrubnet.audit.logits_file import audit_logits_files
 from scrubnet.audit.report import write_logits_audit
 from scrubnet.audit.run import EPS_MODELS_RANGE, POOL_RANGE, default_plan, run_audit
+from scrubnet.cli.common import QUIET_OPTION, UserError, console, require_out_dir, threads_option
 from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig, load_config
 from scrubnet.experiments.runner import get_split, resolve_methods
 from scrubnet.methods.base import method_class
 from scrubnet.methods.user_methods import load_user_method
-
-console = Console(width=None if sys.stdout.isatty() else 120)
 
 #: the files `scrubnet audit` writes into --out (``--overwrite`` deletes these; the model cache stays)
 AUDIT_OUTPUTS = ("audit.json", "audit.md", "roc.png", "epsilon_hist.png")
@@ -51,13 +47,13 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
           ray_cpus: Optional[int] = typer.Option(None, "--ray-cpus", help="CPUs of a local Ray (default: all)"),
           max_retries: int = typer.Option(3, "--max-retries", help="Ray: re-runs of a task whose worker died"),
           config: Optional[Path] = typer.Option(None, help="TOML experiment configuration (as for `run`)"),
-          seed: Optional[int] = typer.Option(None, help="audit seed (default: the experiment's first seed)"),
-          threads: int = typer.Option(1, help="torch threads per task"),
+          seed: Optional[int] = typer.Option(None, help="audit seed, ≥ 0 (default: the experiment's first seed)"),
+          threads: int = threads_option("torch threads per task"),
           device: str = typer.Option("auto", "--device", help="auto | cpu | cuda, resolved where each task runs "
                                                                "(auto: CUDA when the worker has a GPU)"),
           overwrite: bool = typer.Option(False, help="replace the results of an earlier audit in --out (its "
                                          "model cache is kept and reused)"),
-          quiet: bool = typer.Option(False, help="no progress bar"),
+          quiet: bool = QUIET_OPTION,
           method: Optional[list[str]] = typer.Option(
               None, "--method", help="your own method as module:Class (a ForgettingMethod subclass), audited with "
                                      "the others; repeatable"),
@@ -68,22 +64,14 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
 
     --out must be new, empty, or hold only the model cache of an interrupted audit (which resumes); an
     earlier audit's results are replaced only with --overwrite."""
-    # input errors are ValueErrors: scrubnet.cli registers this command through handle_errors (exit 2)
-    if threads < 1:
-        raise ValueError("--threads must be at least 1")
-    torch.set_num_threads(threads)
     resolve_device(device)  # validate here; Ray workers resolve "auto" on their own machine
+    if seed is not None and seed < 0:
+        raise UserError(f"--seed must be ≥ 0, got {seed}")
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+        raise UserError(f"--out {out} exists and is not a directory")
     if logits:
-        if method or methods is not None or config is not None or pool is not None or eps_models is not None:
-            raise ValueError("--logits audits the given files only: drop --method/--methods/--config/--pool/--eps-models")
-        require_writable(out)
-        res = audit_logits_files(list(logits), seed=0 if seed is None else seed)
-        prepare_output_dir(out, overwrite, AUDIT_OUTPUTS, resumable=("cache",))
-        res = {"config": {"logits_files": [str(p) for p in logits]}, **res}
-        write_logits_audit(res, out)
-        console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}")
+        _audit_logits(out, list(logits), seed, overwrite, other_inputs=bool(
+            method or methods is not None or config is not None or pool is not None or eps_models is not None))
         return
     user = [load_user_method(spec) for spec in (method or [])]
     cfg = load_config(config) if config else ExperimentConfig.from_dict({})
@@ -94,14 +82,14 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     if methods is not None:
         cfg.methods = [m.strip() for m in methods.split(",") if m.strip()]
         if not cfg.methods:
-            raise ValueError("--methods: empty list")
+            raise UserError("--methods: empty list")
     default_plan(["original"], pool=pool, eps_models=eps_models)  # ranges, before the data are built
-    require_writable(out)
+    require_out_dir(out)
     split = get_split(cfg)
     # class-only methods (hiding) need a whole forgotten class; the pool's forget sets are per-example subsets
     chosen = [m for m in resolve_methods(cfg, split) if not method_class(m).class_only]
     if not chosen:
-        raise ValueError("no method to audit (class-only methods cannot be audited on per-example forget sets)")
+        raise UserError("no method to audit (class-only methods cannot be audited on per-example forget sets)")
     plan = default_plan(chosen, pool=pool, eps_models=eps_models)
     prepare_output_dir(out, overwrite, AUDIT_OUTPUTS, resumable=("cache",))  # every input checked: now clean
     eng = make_engine(engine, address=address, num_cpus=ray_cpus, max_retries=max_retries)
@@ -113,6 +101,18 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     print_summary(results)
     console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}, roc.png, epsilon_hist.png "
                   f"({results['seconds']:.0f} s)")
+
+
+def _audit_logits(out: Path, logits: list[Path], seed: Optional[int], overwrite: bool, other_inputs: bool) -> None:
+    """``--logits``: audit pools trained elsewhere (no pool is trained here)."""
+    if other_inputs:
+        raise UserError("--logits audits the given files only: drop --method/--methods/--config/--pool/--eps-models")
+    require_out_dir(out)
+    res = audit_logits_files(logits, seed=0 if seed is None else seed)
+    prepare_output_dir(out, overwrite, AUDIT_OUTPUTS, resumable=("cache",))
+    res = {"config": {"logits_files": [str(p) for p in logits]}, **res}
+    write_logits_audit(res, out)
+    console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}")
 
 
 def print_summary(results: dict) -> None:

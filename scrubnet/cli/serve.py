@@ -11,14 +11,13 @@ naming every mismatch.
 from __future__ import annotations
 
 import ipaddress
-import json
 from pathlib import Path
 from typing import Optional
 
-import torch
 import typer
 
-from scrubnet.cli_mlforget import _data_loader, _fail, _handle, parse_ids
+from scrubnet.cli.common import UserError, fail, read_ids, read_json_file, threads_option
+from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.mlforget import store
 from scrubnet.serve import receipts
 from scrubnet.serve.app import create_app, read_tokens
@@ -37,12 +36,11 @@ def _cached_loader():
 
     def load(meta: dict):
         if "xy" not in cache:
-            cache["xy"] = _data_loader(meta)
+            cache["xy"] = ml_data_loader(meta)
         return cache["xy"]
     return load
 
 
-@_handle
 def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (scrubnet mlforget train)"),
           tokens: Path = typer.Option(..., "--tokens", help="file of lines 'TOKEN ROLES [NAME]'; roles: "
                                       "submit, read, admin (comma-separated)"),
@@ -52,21 +50,18 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
                                              "default CHECKPOINT/receipt-key.pem, created with its .pub on first "
                                              "start"),
           max_body: int = typer.Option(1 << 20, help="largest request body accepted, bytes (413 above)"),
-          threads: int = typer.Option(1, help="torch CPU threads")):
+          threads: int = threads_option("torch CPU threads")):
     """Serve one ML checkpoint: queue deletion requests, apply them in order, sign a receipt for each."""
     if uvicorn is None:
-        raise ValueError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
+        raise UserError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise ValueError(f"--host {host!r} is not an IP address") from None
+        raise UserError(f"--host {host!r} is not an IP address") from None
     if not 0 < port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {port}")
+        raise UserError(f"--port must be in 1..65535, got {port}")
     if not 1024 <= max_body <= 1 << 30:
-        raise ValueError("--max-body must be in 1024..2^30 bytes")
-    if threads < 1:
-        raise ValueError("--threads must be at least 1")
-    torch.set_num_threads(threads)
+        raise UserError("--max-body must be in 1024..2^30 bytes")
     token_table = read_tokens(tokens)
     store.verify(checkpoint)  # a missing or damaged checkpoint is refused before binding
     key = key or checkpoint / "receipt-key.pem"
@@ -78,8 +73,6 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
-@receipt_app.command("verify")
-@_handle
 def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),
                key: Path = typer.Option(..., "--key", help="the server's public key (PEM or hex; GET /v1/key)"),
                weights: Optional[Path] = typer.Option(None, "--weights", help="weights file whose sha256 must be "
@@ -89,35 +82,24 @@ def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'rece
                salt: Optional[str] = typer.Option(None, "--salt", help="the salt returned with your request"),
                previous: Optional[Path] = typer.Option(None, "--previous", help="the previous receipt, to check the "
                                                        "chain link"),
-               threads: int = typer.Option(1, help="torch CPU threads (verifying a receipt needs one)")):
+               threads: int = threads_option("torch CPU threads (verifying a receipt needs one)")):
     """Check a receipt offline: signature, key, chain link, weights hash and your ids (exit 2 naming any
     mismatch)."""
-    if threads < 1:
-        raise ValueError("--threads must be at least 1")
-    torch.set_num_threads(threads)
 
-    def read_json(p: Path, what: str):
-        try:
-            return json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{what} not found: {p}") from None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{what} {p} is not readable JSON: {e}") from None
-
-    rec = read_json(receipt, "receipt")
+    rec = read_json_file(receipt, "receipt")
     if isinstance(rec, dict) and "receipt" in rec and isinstance(rec["receipt"], dict):
         rec = rec["receipt"]  # the whole GET /v1/requests/ID answer
     pub = receipts.load_public_key(key)
-    id_list = parse_ids(ids, ids_file) if (ids is not None or ids_file is not None) else None
+    id_list = read_ids(ids, ids_file, "--ids or --ids-file") if (ids is not None or ids_file is not None) else None
     if weights is not None and not weights.is_file():
-        raise ValueError(f"weights file not found: {weights}")
-    prev = read_json(previous, "previous receipt") if previous is not None else None
+        raise UserError(f"weights file not found: {weights}")
+    prev = read_json_file(previous, "previous receipt") if previous is not None else None
     problems = receipts.verify_receipt(rec, pub, weights=weights.read_bytes() if weights else None, ids=id_list,
                                        salt=salt, previous=prev)
     if problems:
         for p in problems:
             typer.echo(f"MISMATCH {p}")
-        _fail(f"receipt {receipt} does not verify: " + "; ".join(problems))
+        fail(f"receipt {receipt} does not verify: " + "; ".join(problems))
     checked = ["signature", "key"] + (["weights"] if weights else []) + (["ids"] if id_list is not None else []) \
         + (["chain link"] if prev is not None else [])
     typer.echo(f"receipt {receipt}: request #{rec['request_id']} verifies ({', '.join(checked)})")

@@ -1,4 +1,5 @@
-"""``scrubnet forget`` and ``scrubnet evaluate`` on the user's own model: ``--model FILE.py:FACTORY`` (or
+"""Scrubbing and evaluating the user's own model (what ``scrubnet forget`` and ``scrubnet evaluate`` run for
+``--model``): the model from ``--model FILE.py:FACTORY`` (or
 ``MODULE:FACTORY``), ``--weights`` (safetensors or a ``torch.save`` state_dict), ``--data`` (an ``.npz`` or an
 image folder) and ``--recipe R.toml`` (how the model was trained, :class:`scrubnet.TrainingRecipe`).
 
@@ -17,7 +18,6 @@ from torch import Tensor, nn
 
 from scrubnet.api import forget as scrub_model
 from scrubnet.checkpoint import read_meta, save_checkpoint, sidecar_path, state_sha256, weights_sha256
-from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.splits import validate_forget_ids
 from scrubnet.data.user import UserData, load_user_data
 from scrubnet.recipe.objective import RecipeMismatch
@@ -71,13 +71,6 @@ def num_outputs(model: nn.Module, x) -> int:
     return int(out.shape[1])
 
 
-def read_ids(path: Path, n: int) -> Tensor:
-    """Forget ids (positions in x_train) from a file, in the project's id format, validated against n."""
-    if not path.is_file():
-        raise OwnModelError(f"forget-ids file not found: {path}")
-    return validate_forget_ids(parse_sample_ids(path.read_text(), f"forget-ids file {path}"), n)
-
-
 def whole_class(y: Tensor, idx: Tensor) -> int | None:
     """The class c when D_f is exactly the samples of class c in D, else None."""
     classes = y[idx].unique()
@@ -103,16 +96,17 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
     return model.to(device), meta, ud, c
 
 
-def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: Path, method: str,
+def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int], method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
                device: torch.device, before_scrub=None) -> dict | None:
-    """Scrub D_f (``forget_ids``) from the user's model and write ``out`` (+ sidecar); returns the sidecar.
+    """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
+    returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
     ``before_scrub(model, retain, forget, num_classes)`` runs once the inputs are loaded and checked (the CLI's
     cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
     model, _, ud, c = _load_all(spec, options, weights, data, device)
-    idx = read_ids(forget_ids, len(ud.y))
+    idx = validate_forget_ids(forget_ids, len(ud.y))
     keep = torch.ones(len(ud.y), dtype=torch.bool)
     keep[idx] = False
     retain = (ud.x[keep].to(device), ud.y[keep].to(device))
@@ -146,7 +140,7 @@ def _set_readouts(model: nn.Module, sets: dict[str, tuple[Tensor, Tensor]], pref
     return out
 
 
-def evaluate_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: Path | None,
+def evaluate_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int] | None,
                  reference: Path | None, device: torch.device) -> dict[str, float]:
     """Error and loss (mean CE) on D_r, D_f and the test set (D and test without forget ids), and with a
     ``reference`` (weights of the same factory, e.g. retrained without D_f) its readouts, the mean L1 distance
@@ -157,7 +151,7 @@ def evaluate_own(*, spec: str, options: dict[str, Any], weights: Path, data: Pat
         raise OwnModelError(f"--weights {weights} were scrubbed on other data than {data} (data fingerprints "
                             "differ)")
     if forget_ids is not None:
-        idx = read_ids(forget_ids, len(ud.y))
+        idx = validate_forget_ids(forget_ids, len(ud.y))
     elif meta and meta.get("forget_ids"):
         idx = validate_forget_ids(meta["forget_ids"], len(ud.y))
     else:

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 import typer
 
 from scrubnet.atomic_io import prepare_output_dir
+from scrubnet.cli.common import UserError, threads_option
 from scrubnet.experiments.config import read_toml
 from scrubnet.experiments.mixdp import MixDPConfig, run_mixdp
 
@@ -32,9 +32,9 @@ def _floats(text: str, what: str) -> list[float]:
     try:
         vals = [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise ValueError(f"{what} {text!r}: expected comma-separated numbers") from None
+        raise UserError(f"{what} {text!r}: expected comma-separated numbers") from None
     if not vals:
-        raise ValueError(f"{what} is empty")
+        raise UserError(f"{what} is empty")
     return vals
 
 
@@ -44,7 +44,7 @@ def build_dp_config(config: Optional[Path], eps: Optional[str], delta: Optional[
     d: dict = {}
     if config is not None:
         if not config.is_file():
-            raise ValueError(f"configuration file not found: {config}")
+            raise UserError(f"configuration file not found: {config}")
         d = read_toml(config)
     if eps is not None:
         d["epsilons"] = _floats(eps, "--eps")
@@ -54,12 +54,12 @@ def build_dp_config(config: Optional[Path], eps: Optional[str], delta: Optional[
         d["sigma"] = sigma
     if seeds is not None:
         if not 1 <= seeds <= 100:
-            raise ValueError(f"--seeds must lie in [1, 100], got {seeds}")
+            raise UserError(f"--seeds must lie in [1, 100], got {seeds}")
         d["seeds"] = list(range(seeds))
     try:
         return MixDPConfig.from_dict(d)
     except TypeError as e:
-        raise ValueError(f"bad dp configuration: {e}") from None
+        raise UserError(f"bad dp configuration: {e}") from None
 
 
 def dp(out: Path = typer.Option(..., "--out", help="output directory (results.json, report.md, figures)"),
@@ -71,16 +71,13 @@ def dp(out: Path = typer.Option(..., "--out", help="output directory (results.js
        config: Optional[Path] = typer.Option(None, help="TOML file with any MixDP configuration field"),
        seeds: Optional[int] = typer.Option(None, help="number of seeds, 1 to 100 (default 3)"),
        overwrite: bool = typer.Option(False, help="replace the files of an earlier dp run in --out"),
-       threads: int = typer.Option(1, help="torch CPU threads (1: reproducible across machines)"),
+       threads: int = threads_option("torch CPU threads (1: reproducible across machines)"),
        quiet: bool = typer.Option(False, help="no per-seed progress lines")):
     """Mixed differential privacy: AdaMix and its baselines over ε and seeds → results.json, report.md, figures.
 
     --out must be new or empty; with --overwrite an earlier run's files there are deleted first."""
-    if threads < 1:
-        raise ValueError("--threads must be at least 1")
     cfg = build_dp_config(config, eps, delta, sigma, seeds)
     prepare_output_dir(out, overwrite, DP_OUTPUTS, DP_OUTPUT_PATTERNS)
-    torch.set_num_threads(threads)
     report = run_mixdp(cfg, out, log=None if quiet else (lambda m: print(m, file=sys.stderr)))
     s = report["summary"]
     for key in ("only-public", "paragon") + tuple(f"{m}@{e:g}" for e in cfg.epsilons
