@@ -57,6 +57,7 @@ from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
 from scrubnet.data.stream import DataStream
 from scrubnet.recipe.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 
 
 SAFEGUARDS = ("backtrack", "lm", "none")
@@ -80,7 +81,7 @@ def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: str, wd: 
     total, n = 0.0, 0
     with torch.no_grad(), eval_mode(probe):
         for xb, yb in _batches(retain, batch_size):
-            total += float(per_sample_loss(probe(xb), yb, loss).sum())
+            total += float(per_sample_loss(call_model(probe, xb), yb, loss).sum())
             n += len(yb)
     pull = mask * (flat - anchor)
     return total / n + 0.5 * wd * float(pull @ pull)
@@ -93,7 +94,7 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
     wrong, ce, n = 0, 0.0, 0
     with torch.no_grad(), eval_mode(probe):
         for xb, yb in _batches(retain, batch_size):
-            logits = probe(xb)
+            logits = call_model(probe, xb)
             wrong += int((logits.argmax(1) != yb).sum())
             ce += float(per_sample_loss(logits, yb, "ce").sum())
             n += len(yb)

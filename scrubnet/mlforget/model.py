@@ -48,7 +48,7 @@ from scrubnet.mlforget.solve import (
     fit_user_weights_sgd,
     newton_step,
 )
-from scrubnet.models.call import as_float64
+from scrubnet.models.call import floating_to
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -159,7 +159,7 @@ class MLState:
     def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
         """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
         m = self.model if model is None else model
-        return UserObjective(copy.deepcopy(m).double(), as_float64(x), y, self.num_classes, self.config.mu,
+        return UserObjective(copy.deepcopy(m).double(), floating_to(x, torch.float64), y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
     def primal_shape(self) -> tuple[int, bool]:

@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call
 
 from scrubnet.mlforget.rows import per_sample_jacobian
-from scrubnet.models.call import as_float64, call_functional
 from scrubnet.models.linearized import LinearizedModel
+from scrubnet.models.call import call_functional, floating_to
 
 
 def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, target_scale: float,
@@ -54,9 +53,9 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
     buffers = {n: b.double() if b.is_floating_point() else b for n, b in net.named_buffers()}
     if block:
         for i in range(0, len(x), chunk):
-            xb = x[i:i + chunk].double()
+            xb = floating_to(x[i:i + chunk], torch.float64)
             with torch.no_grad():
-                f0 = functional_call(net, (params, buffers), (xb,))
+                f0 = call_functional(net, (params, buffers), xb)
             r = f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()
             phi = xb.reshape(len(xb), -1)
             if len(model.linearized_names) == 2:
@@ -65,7 +64,7 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
         return
     lin = list(model.linearized_names)
     for i in range(0, len(x), chunk):
-        xb = as_float64(x[i:i + chunk])
+        xb = floating_to(x[i:i + chunk], torch.float64)
         j = per_sample_jacobian(net, params, buffers, lin, xb, num_classes).reshape(len(xb) * num_classes, -1)
         with torch.no_grad():
             f0 = call_functional(net, (params, buffers), xb)
