@@ -35,7 +35,7 @@ import contextlib
 from pathlib import Path
 
 from scrubnet.mlforget import store
-from scrubnet.serve import receipts
+from scrubnet.serve import anchor, receipts
 from scrubnet.serve.auth import ROLES, Token, authorised, read_tokens, resolve_token
 from scrubnet.serve.http import HTTPError, Service
 from scrubnet.serve.worker import Worker, issue_receipts
@@ -91,8 +91,10 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     Parameters
     ----------
     checkpoint : str or Path
-        An ML checkpoint of the current store format (verified read-only here; a previous format is refused
-        with a ``StoreError`` naming ``scrubnet mlforget upgrade``).
+        An ML checkpoint of the current store format, verified read-only here against its chain, its signed
+        receipts and its signed head (:func:`scrubnet.serve.anchor.verify`): a record that does not verify
+        is refused with a ``StoreError`` naming every problem; a previous format is refused with one naming
+        ``scrubnet mlforget upgrade``.
     tokens : dict
         ``{bearer token: Token}`` (:func:`read_tokens`).
     key : Ed25519PrivateKey
@@ -114,7 +116,10 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     if Starlette is None:
         raise ValueError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     path = Path(checkpoint)
-    store.verify(path)  # refuses a missing, unreadable or old-format checkpoint before serving; writes nothing
+    check = anchor.verify(path, key.public_key())  # read-only; an old format is refused (StoreError)
+    if not check["valid"]:
+        raise store.StoreError(f"{path}: the record does not verify, refusing to serve it: "
+                               + "; ".join(check["problems"]))
     worker = Worker(path, key, data_loader)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids)
