@@ -76,7 +76,7 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
     warnings += startup.check_modes(key=key)
     private = receipts.load_private_key(key)
     app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body)  # anchored verify
-    for w in warnings:
+    for w in warnings + app.state.warnings:
         typer.echo(f"warning: {w}", err=True)
     sock = startup.bind(host, port)  # a busy port: one error line, exit 2, before claiming to serve
     typer.echo(f"serving {checkpoint} on http://{host}:{port} (public key {receipts.public_key_hex(private)})")

@@ -10,6 +10,8 @@ A receipt is a JSON object (format ``RECEIPT_FORMAT``)::
     sigma, remaining_information_bound_nats  σ and the bound on the information left (see below)
     solver                                   every figure the solver recorded (the store's whole info dict)
     record_hash, previous_record_hash        the request's link in the store's record chain and its predecessor's
+    record_digests                           sha256 of every field of the request's row (as the chain computes
+                                             them): a verifier names the field edited after signing
     previous_receipt_sha256                  sha256 of the previous receipt this server issued (null for the first)
     public_key                               the signer's Ed25519 public key (hex, 32 bytes)
     signature                                Ed25519 over the canonical JSON of every other field (hex)

@@ -24,6 +24,7 @@ code{font-size:13px}
 <p>Model sha256: <code id="model-sha">…</code> (request #<span id="model-request">…</span>)</p>
 <p>Record chain: <strong id="chain-status">loading…</strong> <span id="chain-problems"></span></p>
 <p>Queued: <span id="queued">…</span></p>
+<p>Worker: <strong id="worker">…</strong></p>
 <table id="log"><thead><tr><th>id</th><th>status</th><th>submitted (UTC)</th><th>finished (UTC)</th>
 <th>ids</th><th>σ</th><th>information bound (nats)</th><th>request #</th><th>receipt</th><th>reason</th></tr></thead>
 <tbody></tbody></table>
@@ -48,6 +49,9 @@ fetch("/v1/log", {headers: {"Authorization": "Bearer " + token}}).then(r => r.js
   cs.className = log.chain.valid ? "ok" : "bad";
   document.getElementById("chain-problems").textContent = log.chain.problems.join("; ");
   document.getElementById("queued").textContent = log.queued;
+  const wk = document.getElementById("worker");
+  wk.textContent = log.worker_halted ? log.worker_error : (log.worker_error ? "retrying: " + log.worker_error : "running");
+  wk.className = log.worker_halted ? "bad" : "ok";
   const body = document.querySelector("#log tbody");
   for (const s of log.submissions) {
     const tr = document.createElement("tr");
