@@ -1,6 +1,6 @@
 """The Mixed-Linear (ML) model: core weights trained non-linearly on D_core, user weights linear around them.
 
-Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions.md,
+Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions/mlforgetting.md,
 "ML-Forgetting"):
 
 1. **Core data.** D_core = the pre-training data (the core classes, used by ``pretrain`` to build w_0, as
@@ -9,7 +9,7 @@ Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is 
    = all of D, the core 30 % included but never deletable — the thesis's own Fig. 6.5 protocol ("the user
    data is 100 % of the Aircrafts, so the 30 % appears in both sets"); ``user_data='rest'`` = D minus the core
    part. 'all' keeps the ML model closer to the non-linear original's test error (the linear part then also
-   learns from the core 30 %, which the original saw too; figures in docs/decisions.md, "ML-Forgetting").
+   learns from the core 30 %, which the original saw too; figures in docs/decisions/mlforgetting.md, "ML-Forgetting").
 2. **Core weights** w_c: a copy of the fine-tuning start w_0 (pre-trained backbone + fresh task head) with its
    ReLUs turned into Leaky-ReLUs (LQF's advice: Leaky-ReLUs linearise better), fine-tuned *non-linearly* with
    cross-entropy on the task part of D_core using the protocol's :func:`scrubnet.training.finetune`.
@@ -48,6 +48,7 @@ from scrubnet.mlforget.solve import (
     fit_user_weights_sgd,
     newton_step,
 )
+from scrubnet.models.call import as_float64
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -125,6 +126,8 @@ class MLState:
     primal: PrimalFactor | None = None  # the p×p user-weight system, eigendecomposed once (primal requests)
     prefix: PrefixSplit | None = None  # the frozen prefix and its features cache (:meth:`space`)
     prefix_checked: bool = False
+    base_sha256: str | None = None  # forgettable fine-tuning: sha256 of the pretrained model's state_dict
+    user_weights: dict | None = None  # forgettable fine-tuning: which weights are the user's (the spec given)
 
     def remaining_ids(self) -> Tensor:
         """User ids not yet forgotten (sorted)."""
@@ -141,7 +144,9 @@ class MLState:
         the network splits after a frozen prefix (:mod:`scrubnet.mlforget.prefix`), else (``model``,
         ``x_all``). Both give the same J, residuals and user weights (same names and order)."""
         if not self.prefix_checked:
-            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8])
+            # a prefix is cut from a traced graph of one tensor input; extra inputs (ModelInputs) run whole
+            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8]) \
+                if isinstance(x_all, Tensor) else None
             self.prefix_checked = True
         if self.prefix is None:
             return self.model, x_all
@@ -154,7 +159,7 @@ class MLState:
     def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
         """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
         m = self.model if model is None else model
-        return UserObjective(copy.deepcopy(m).double(), x.double(), y, self.num_classes, self.config.mu,
+        return UserObjective(copy.deepcopy(m).double(), as_float64(x), y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
     def primal_shape(self) -> tuple[int, bool]:
