@@ -20,7 +20,7 @@ pytest.importorskip("cryptography", reason='receipts need the serve extra: pip i
 from typer.testing import CliRunner  # noqa: E402
 
 from scrubnet.cli import app  # noqa: E402
-from scrubnet.cli_mlforget import mlforget_app  # noqa: E402
+from scrubnet.cli.mlforget import mlforget_app  # noqa: E402
 from scrubnet.mlforget import store  # noqa: E402
 from scrubnet.mlforget.store.chain import _seal_all  # noqa: E402
 from scrubnet.serve import anchor  # noqa: E402
