@@ -178,7 +178,7 @@ def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: 
     one in finite precision: when a bound is accepted the true residual b − A x_k is formed (one product) and
     ‖r_true − r_k‖/λ_min is added (A⁻¹ of the gap). Returns (x, info with ``iterations``,
     ``weight_error_bound``, ``residual_bound`` (the plain ‖b − A x‖/λ_min of the returned x), ``converged``,
-    ``matvecs``)."""
+    ``matvecs``, ``rayleigh_max`` = the largest pᵀAp/pᵀp seen, a lower estimate of λ_max(A))."""
     nu = lam_min * precond_lam_min
     x = torch.zeros_like(b)
     r = b.clone()
@@ -188,9 +188,9 @@ def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: 
     plain = float(torch.linalg.vector_norm(r)) / lam_min
     if plain <= target or rz == 0.0:
         return x, {"iterations": 0, "weight_error_bound": plain, "residual_bound": plain, "converged": True,
-                   "matvecs": 0}
+                   "matvecs": 0, "rayleigh_max": lam_min}
     gam_nu = 1.0 / nu
-    it, matvecs = 0, 0
+    it, matvecs, rayleigh = 0, 0, lam_min
     bound = plain
     while it < max_iter:
         ap = matvec(p)
@@ -198,6 +198,7 @@ def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: 
         pap = float(torch.sum(p * ap))
         if pap <= 0:
             break
+        rayleigh = max(rayleigh, pap / float(torch.sum(p * p)))
         alpha = rz / pap
         x = x + alpha * p
         r = r - alpha * ap
@@ -221,7 +222,7 @@ def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: 
         plain = float(torch.linalg.vector_norm(b - matvec(x))) / lam_min
         matvecs += 1
     return x, {"iterations": it, "weight_error_bound": bound, "residual_bound": plain, "converged": bound <= target,
-               "matvecs": matvecs}
+               "matvecs": matvecs, "rayleigh_max": rayleigh}
 
 
 def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: torch.Generator | None = None,
@@ -246,7 +247,8 @@ def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: 
                         gnorm, loss, 0.0,
                         {"converged": bool(ci["converged"]), "preconditioner": "nystrom" if precond is not None
                          else "none", "weight_error_bound": ci["weight_error_bound"],
-                         "residual_bound": ci["residual_bound"], "hvp_products": ci["matvecs"]})
+                         "residual_bound": ci["residual_bound"], "hvp_products": ci["matvecs"],
+                         "rayleigh_max": ci["rayleigh_max"]})
         info.seconds = time.perf_counter() - t0
         return delta, info
     if cfg.solver != "sgd":
