@@ -487,6 +487,8 @@ def _cg_step(state: MLState, lin, h: Tensor, y_all: Tensor, remaining: Tensor, w
             break
         tries.append(0.99 * slack)
     ex["precond_build_s"] = (t2 - t1) if built else 0.0
+    if target is not None:
+        ex["certified_solves"] = len(tries)
     if target is not None and not ex["converged"]:
         raise ValueError(f"the certified request did not reach its budget of {budget} nats within "
                          f"{solver.cg_max_iter} CG iterations (proven weight error "
