@@ -71,8 +71,8 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     torch.set_num_threads(1)
     from scrubnet.curvature.fisher import fisher_diag
     from scrubnet.methods import get_method
-    from scrubnet.methods.base import ForgetContext
-    from scrubnet.methods.cost import estimate, matmul_rate
+    from scrubnet.methods.base import estimate, protocol_context
+    from scrubnet.training.cost import matmul_rate
     from scrubnet.models import build_model
     from scrubnet.training import TrainConfig
 
@@ -84,8 +84,6 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     n_f = max(1, n // 10)
     n_r = n - n_f
     retain, forget = (x[:n_r], y[:n_r]), (x[n_r:], y[n_r:])
-    w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-
     def job(ret, fgt, warm: bool):
         """The method's work on (ret, fgt); returns the count of iterations/epochs it ran (None: fixed)."""
         if method == "fisher":
@@ -94,10 +92,10 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
         if method == "retrain":
             # random labels: the zero-error stopping rule never fires, so exactly max_epochs epochs run
             cfg = TrainConfig(max_epochs=1 if warm else work["epochs"])
-            ctx = ForgetContext(w0=w0, config=cfg, num_classes=c, start=model, retrain_mode="remove")
+            ctx = protocol_context(model, cfg, num_classes=c, retrain_mode="remove")
             get_method("retrain", mode="remove")(model, ret, fgt, ctx)
             return cfg.max_epochs
-        ctx = ForgetContext(w0=w0, config=TrainConfig(), num_classes=c)
+        ctx = protocol_context(model, TrainConfig(), num_classes=c)
         if method == "finetune":
             ep = 1 if warm else work["epochs"]
             get_method("finetune", epochs=ep)(model, ret, fgt, ctx)
@@ -178,7 +176,7 @@ def main(argv=None) -> None:
         ratios = [r["ratio"] for r in rows if r["method"] == method]
         print(f"ratio_{method}: {statistics.median(ratios):.3g}  (cases: {', '.join(f'{q:.2f}' for q in ratios)})")
     print()
-    from scrubnet.methods.cost import EFFICIENCY
+    from scrubnet.training.cost import EFFICIENCY
     for kind in dict.fromkeys(KIND[r["method"]] for r in rows):
         logs = [math.log(r["ratio"]) for r in rows if KIND[r["method"]] == kind]
         gm = math.exp(sum(logs) / len(logs))   # least squared log-ratio: divide the efficiency by the geometric mean

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from scrubnet.methods.cost import estimate, format_bytes, format_seconds, matmul_rate
+from scrubnet.training.cost import estimate, format_bytes, format_seconds, matmul_rate
 from scrubnet.models import build_model
 
 MODELS = {"resnet18 ×1.0 (3×32×32, c = 10)": ("resnet18", (3, 32, 32), 10, {"width": 1.0}),

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from scrubnet.curvature.fisher import fisher_diag, fisher_diag_loop, plan_fisher
-from scrubnet.methods.cost import measure_gemm_rate
+from scrubnet.training.cost import measure_gemm_rate
 from scrubnet.models import build_model
 
 MODELS = {"resnet18": dict(shape=(3, 32, 32), classes=10, n=256, options={"width": 1.0}),

@@ -7,11 +7,11 @@ class 0), per seed:
 
 * **standard**: the protocol's fine-tuned MLP w(D) and its retrained twin w(D_r) (same seed, same schedule);
   the ``ntk`` method's direction δw (its defaults: linearised at w(D), pull toward w_0, CE residuals).
-* **LQF**: the same pre-trained start, fine-tuned with LQF (``scrubnet.methods.lqf``: f_lin(x) = f_{w0}(x) +
+* **LQF**: the same pre-trained start, fine-tuned with LQF (``scrubnet.training.lqf``: f_lin(x) = f_{w0}(x) +
   J(x)Δw, ½‖f − 15·onehot‖² + (λ/2)‖Δw‖², λ = 1e-4, K-FAC-preconditioned SGD with damping 0.1,
   ``--lqf-epochs`` epochs) on D and, for
   the retrained twin, on D_r; the ``ntk`` direction with the matching loss (``loss="mse"``,
-  ``mse_target_scale`` = 15, wd = λ). The network is linear in Δw, so the NTK step is the exact answer of
+  the recipe's ``target_scale`` = 15, wd = λ). The network is linear in Δw, so the NTK step is the exact answer of
   the *converged* linear problem; ``LQF-exact`` also solves both problems to their optimum (CG) to show it.
 
 Printed per (run, model), mean ± std over seeds: ``scale`` = ‖w(D_r) − w(D)‖/‖δw‖ (1 = the unit step has the
@@ -32,8 +32,8 @@ from scrubnet.data.registry import DataConfig
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import prepare_seed
 from scrubnet.methods import ForgetContext, get_method
-from scrubnet.methods.lqf import LQFConfig, solve_lqf, train_lqf
-from scrubnet.training import TrainConfig
+from scrubnet.training.lqf import LQFConfig, solve_lqf, train_lqf
+from scrubnet.recipe import TrainingRecipe
 
 
 # LQF's default K-FAC damping (= λ = 1e-4) diverges on this MLP (training loss 59 → 3e4 in 20 epochs);
@@ -76,9 +76,10 @@ def run(protocol: str, seeds: list[int], lqf_epochs: int) -> dict[str, list[dict
         lqf_cfg = LQFConfig(epochs=lqf_epochs, kfac_damping=KFAC_DAMPING)
         orig, _ = train_lqf(sr.start, sr.split.x, sr.split.y, c, lqf_cfg, seed=seed)
         ret, _ = train_lqf(sr.start, *retain, c, lqf_cfg, seed=seed)
-        lctx = ForgetContext(w0={k: torch.zeros_like(v) for k, v in orig.named_parameters() if v.requires_grad},
-                             config=TrainConfig(wd=lqf_cfg.wd), num_classes=c, seed=seed)
-        ntk_mse = get_method("ntk", loss="mse", mse_target_scale=lqf_cfg.alpha)
+        # LQF's objective as a recipe: ½‖f − s·onehot(y)‖² + (λ/2)‖w‖² over the linearised model's Δw
+        recipe = TrainingRecipe(loss="mse", target_scale=lqf_cfg.target_scale, wd=lqf_cfg.wd)
+        lctx = ForgetContext(recipe=recipe, num_classes=c, seed=seed)
+        ntk_mse = get_method("ntk")
         rows["LQF"].append(geometry(ntk_mse, orig, ret, retain, forget, lctx))
         orig_x, _ = solve_lqf(orig, sr.split.x, sr.split.y, c, lqf_cfg)
         ret_x, _ = solve_lqf(ret, *retain, c, lqf_cfg)

@@ -43,8 +43,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.ntk import DEFAULT_BUDGET, iter_jacobian_rows, ntk_gram_flops
-from scrubnet.methods import ForgetContext, get_method
-from scrubnet.methods.cost import measure_gemm_rate
+from scrubnet.methods import get_method, protocol_context
+from scrubnet.training.cost import measure_gemm_rate
 from scrubnet.models import build_model
 from scrubnet.training import TrainConfig, train_epochs
 
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
     sys.stdout.flush()
 
     # 1. the NTK scrub
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
-                        config=TrainConfig(wd=0.1), num_classes=args.classes, seed=0)
+    ctx = protocol_context(start, TrainConfig(wd=0.1), num_classes=args.classes, seed=0)
     method = get_method("ntk", memory_budget_bytes=budget, solver="cholesky")
     with PeakRSS() as mem_scrub:
         t0, c0 = time.perf_counter(), time.process_time()

@@ -1,4 +1,4 @@
-"""Benchmark: K fine-tunings of the default experiment trained vmapped (``scrubnet.training_pool``) against one
+"""Benchmark: K fine-tunings of the default experiment trained vmapped (``scrubnet.training.pool``) against one
 at a time (``scrubnet.training.finetune``), measured side by side in one run.
 
 The models are those of an audit pool of the embedded experiment: the MLP 40-256-256-5 from one pre-trained
@@ -30,7 +30,7 @@ from torch import nn
 from scrubnet.data import DataConfig, load_split
 from scrubnet.models import build_model
 from scrubnet.training import TrainConfig, finetune, finetune_start, pretrain
-from scrubnet.training_pool import finetune_many
+from scrubnet.training.pool import finetune_many
 
 
 def setup(k: int):

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from scrubnet.cli_mlforget import _data_loader
+from scrubnet.experiments.checkpoints import ml_data_loader as _data_loader
 from scrubnet.mlforget import store
 from scrubnet.serve import receipts
 

@@ -1,6 +1,6 @@
-"""The measurement behind the stationarity check's threshold (docs/decisions.md, "Stationarity check").
+"""The measurement behind the stationarity check's threshold (docs/decisions/own-model.md, "Stationarity check").
 
-Ratio Δ/L_r (:mod:`scrubnet.methods.objective`) for models that do and do not match the recipe they are judged
+Ratio Δ/L_r (:mod:`scrubnet.recipe.objective`) for models that do and do not match the recipe they are judged
 with:
 
 1. the default experiment's original model (seed 0), judged with scrubnet's protocol (pull toward w_0): matches;
@@ -22,7 +22,7 @@ from scrubnet.data.stream import as_stream
 from scrubnet.device import seeded_generator
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import prepare_seed
-from scrubnet.methods.objective import STATIONARITY_THRESHOLD, stationarity
+from scrubnet.recipe.objective import STATIONARITY_THRESHOLD, stationarity
 from scrubnet.models import build_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import sgd_loop
@@ -37,7 +37,7 @@ def main() -> None:
         sr = prepare_seed(cfg, seed)
         retain = as_stream(sr.split.retain)
         proto = sr.ctx.recipe
-        rows.append((f"seed {seed}: protocol model, protocol recipe", stationarity(sr.original, retain, proto, sr.ctx.w0)))
+        rows.append((f"seed {seed}: protocol model, protocol recipe", stationarity(sr.original, retain, proto, sr.ctx.center(sr.original))))
         plain = copy.deepcopy(sr.start)
         sgd_loop(plain, sr.split.x, sr.split.y, lr=cfg.train.lr, momentum=0.9, batch_size=128, max_epochs=60,
                  generator=seeded_generator(seed, "cpu"), weight_decay=5e-4)
@@ -45,7 +45,7 @@ def main() -> None:
         rows.append((f"seed {seed}: plain SGD + wd 5e-4, right recipe",
                      stationarity(plain, retain, right, right.center_for(plain))))
         rows.append((f"seed {seed}: plain SGD + wd 5e-4, quick-start pull to w_0",
-                     stationarity(plain, retain, proto, sr.ctx.w0)))
+                     stationarity(plain, retain, proto, sr.ctx.center(sr.original))))
         nodecay = TrainingRecipe(wd=0.0)
         rows.append((f"seed {seed}: plain SGD + wd 5e-4, recipe says wd 0",
                      stationarity(plain, retain, nodecay, nodecay.center_for(plain))))

@@ -4,71 +4,42 @@
                                        recipe=TrainingRecipe(wd=5e-4))
 
 builds the :class:`~scrubnet.methods.ForgetContext` from the recipe, the model and the data
-(:meth:`ForgetContext.from_recipe`), runs the method (the stationarity check first for a curvature method),
-and returns the scrubbed model with a :class:`ForgetResult`: ``ok`` and the reasons, the method's report,
-the readouts when asked (error and loss on D_r, D_f and a test set, streamed in chunks) and, for a noisy
-method given a ``reference`` model (e.g. one retrained without D_f), the white-box information bound.
-A failed scrub raises :class:`ScrubFailed` unless ``on_failure="return"``.
+(:meth:`ForgetContext.from_recipe`) and runs the method through :func:`scrubnet.scrub.scrub_and_measure`, the
+one scrub path every entry point shares (the stationarity check first for a curvature method, the method's
+own failure, the retain-error rule). It returns the scrubbed model with a :class:`ForgetResult`: ``ok`` and the
+reasons, the method's report, the readouts when asked (error and loss on D_r, D_f and a test set, streamed in
+chunks) and, for a noisy method given a ``reference`` model (e.g. one retrained without D_f), the white-box
+information bound. A failed scrub raises :class:`ScrubFailed` unless ``on_failure="return"``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from scrubnet.data.stream import BatchKeys, as_stream
-from scrubnet.methods import ForgetContext, WeightGaussian, get_method
+from scrubnet.methods import ForgetContext, get_method
 from scrubnet.recipe import TrainingRecipe
-from scrubnet.readouts.basic import stream_error_and_loss
-from scrubnet.readouts.information import weight_information
+from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
 
 ON_FAILURE = ("raise", "return")
 
-
-class ScrubFailed(RuntimeError):
-    """The method did not do what it claims; ``.result`` holds the :class:`ForgetResult` (model included)."""
-
-    def __init__(self, result: "ForgetResult"):
-        self.result = result
-        super().__init__(f"method {result.method!r} failed: " + "; ".join(result.reasons))
-
-
-@dataclass
-class ForgetResult:
-    """What :func:`forget` reports.
-
-    ok, reasons:  whether the scrub did what it claims, and why not (one sentence each).
-    method:       the method's name; recipe: the recipe used.
-    report:       the method's own numbers (seconds, solver iterations and residuals, step lengths, α …).
-    noise:        the Gaussian a noisy method sampled the weights from (None for a deterministic one).
-    bounds:       ``info_weights_nats`` = KL(scrub's Gaussian ‖ the same procedure at ``reference``) when a
-                  reference was given to a noisy method.
-    readouts:     error/loss on retain, forget (and test) of the scrubbed and the input model, when asked.
-    """
-
-    ok: bool
-    reasons: list[str]
-    method: str
-    recipe: TrainingRecipe
-    report: dict[str, float] = field(default_factory=dict)
-    noise: WeightGaussian | None = None
-    bounds: dict[str, float] = field(default_factory=dict)
-    readouts: dict[str, float] = field(default_factory=dict)
+__all__ = ["ForgetResult", "ON_FAILURE", "ScrubFailed", "forget"]
 
 
 def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: TrainingRecipe | None = None, *,
            seed: int = 0, on_failure: str = "raise", num_classes: int | None = None,
            forget_class: int | None = None, classifier: str | None = None, force: bool = False,
            readouts: bool = False, test=None, reference: nn.Module | None = None,
-           keys: BatchKeys | None = None, chunk_size: int = 512, retain_error_tolerance: float = 0.05,
-           **method_options: Any
+           keys: BatchKeys | None = None, chunk_size: int = 512,
+           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
     retain, forget, test: (x, y) tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
         (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
-    method, **method_options: a registered method and its options (``scrubnet.methods.available_methods()``).
+    method, **method_options: a registered method and its options (``scrubnet.methods.available_methods()``;
+        checked against the method's declared option rules).
     recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     force: run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
@@ -80,43 +51,16 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
 
     Returns (scrubbed model, :class:`ForgetResult`). ``model`` is not modified.
     """
-    if not 0 <= retain_error_tolerance <= 1:
-        raise ValueError(f"retain_error_tolerance must be in [0, 1], got {retain_error_tolerance}")
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
-    recipe = TrainingRecipe() if recipe is None else recipe
     keys = keys or BatchKeys()
     ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
                                     classifier=classifier)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
     scrubber = get_method(method, **method_options)
-    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
-    res = scrubber(model, retain_s, forget_s, ctx)
-    out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method, recipe=recipe, report=dict(res.info),
-                       noise=res.noise)
-    if reference is not None and res.noise is not None:
-        other = scrubber.noise_at(reference, retain_s, forget_s, ctx)
-        if other is not None:
-            out.bounds.update(weight_information(res.noise.mean, res.noise.var, other.mean, other.var))
-    # the honesty check every method gets: a scrub that costs the retain set more than a few points of error
-    # is reported as failed, whatever the method thinks of itself
-    err_in, loss_in = stream_error_and_loss(model, retain_s)
-    err_out, loss_out = stream_error_and_loss(res.model, retain_s)
-    out.report.update(retain_error_before=err_in, retain_error_after=err_out)
-    if err_out - err_in > retain_error_tolerance:
-        out.ok = False
-        out.reasons.append(f"the retain error rose from {100 * err_in:.1f} % to {100 * err_out:.1f} %, more than "
-                           f"the tolerance of {100 * retain_error_tolerance:g} points")
-    if readouts:
-        out.readouts.update(retain_error=err_out, retain_loss=loss_out, original_retain_error=err_in,
-                            original_retain_loss=loss_in)
-        sets = {"forget": forget_s}
-        if test is not None:
-            sets["test"] = as_stream(test, keys, chunk_size)
-        for part, data in sets.items():
-            for tag, m in (("", res.model), ("original_", model)):
-                err, loss = stream_error_and_loss(m, data)
-                out.readouts[f"{tag}{part}_error"], out.readouts[f"{tag}{part}_loss"] = err, loss
+    out = scrub_and_measure(scrubber, model, as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size),
+                            ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
+                            readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size))
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
-    return res.model, out
+    return out.model, out

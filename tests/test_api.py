@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import scrubnet
 from scrubnet import ScrubFailed, TrainingRecipe
-from scrubnet.methods.objective import RecipeMismatch
+from scrubnet.recipe.objective import RecipeMismatch
 from tests.user_models import NormMLP, ResCNN, TinyViT, images, train_plain
 
 WD = 5e-4

@@ -217,7 +217,7 @@ def test_damaged_cache_entries_are_named_and_recomputed(local_run, tmp_path, cap
 def test_cli_audit_ranges_and_unwritable_out_refused_before_any_work(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import scrubnet.cli_audit as cli_audit
+    import scrubnet.cli.audit as cli_audit
     from scrubnet.cli import app
 
     def must_not_run(*a, **k):

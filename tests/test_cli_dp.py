@@ -88,7 +88,7 @@ def test_dp_cli_bad_input_writes_nothing(tmp_path):
 
 
 def test_dp_cli_out_of_range_and_unwritable_refused_before_any_work(tmp_path, monkeypatch):
-    import scrubnet.cli_dp as cli_dp
+    import scrubnet.cli.dp as cli_dp
 
     def must_not_run(*a, **k):
         raise AssertionError("the protocol ran")

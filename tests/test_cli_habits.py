@@ -14,6 +14,7 @@ from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import available_methods
 from scrubnet.methods.fisher import head_param_names
 from scrubnet.models import find_classifier
+from tests.conftest import protocol_ctx
 
 runner = CliRunner()
 
@@ -88,7 +89,7 @@ def test_classifier_is_found_by_its_usual_names(attr, sequential, expected):
         opts = {}
     assert head_param_names(model, 3, opts.get("classifier")) == {f"{expected}.weight", f"{expected}.bias"}
     # Hiding re-initialises exactly the forgotten row of that layer
-    ctx = ForgetContext(w0={}, num_classes=3, forget_class=1)
+    ctx = protocol_ctx(w0={}, num_classes=3, forget_class=1)
     x, y = torch.randn(4, 6), torch.tensor([0, 1, 2, 1])
     out = get_method("hiding", **opts)(model, (x, y), (x, y), ctx).model
     before, after = model.get_submodule(expected).weight, out.get_submodule(expected).weight

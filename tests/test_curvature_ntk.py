@@ -304,16 +304,17 @@ def test_gram_schedule_forecast_matches_the_run(monkeypatch):
     """``ntk_gram_schedule`` (what the cost model and --dry-run show) names the schedule ``ntk_gram`` runs:
     held at a large budget (no extra FLOPs), layer groups or chunks with extra captures at small ones."""
     from scrubnet.curvature import ntk as ntk_mod
+    from scrubnet.curvature import ntk_gram as gram_mod
     model, x = _case("resnet18", (3, 6, 6), {"width": 0.05}, n=9)
     seen = set()
     for budget in (20_000, 60_000, 150_000, 1 << 30):
         forecast = ntk_mod.ntk_gram_schedule(model, x[:1], len(x), memory_budget_bytes=budget)
         ran = []
-        real = ntk_mod._symmetric_gram
-        monkeypatch.setattr(ntk_mod, "_symmetric_gram",
+        real = gram_mod._symmetric_gram
+        monkeypatch.setattr(gram_mod, "_symmetric_gram",
                             lambda plan, xx, th, chunk, micro, b: ran.append(-(-len(xx) // chunk)) or real(plan, xx, th, chunk, micro, b))
         ntk_gram(model, x, memory_budget_bytes=budget)
-        monkeypatch.setattr(ntk_mod, "_symmetric_gram", real)
+        monkeypatch.setattr(gram_mod, "_symmetric_gram", real)
         if forecast["schedule"] == "held":
             assert ran == [] and forecast["extra_flops"] == 0.0
         else:

@@ -45,7 +45,7 @@ def test_protocol_lives_on_the_device(seed_run):
     for model in (sr.start, sr.original, sr.retrain):
         assert all(t.device.type == device for t in model.state_dict().values())
     assert sr.split.x.device.type == device and sr.split.forget_idx.device.type == device
-    assert all(v.device.type == device for v in sr.ctx.w0.values())
+    assert all(v.device.type == device for v in sr.ctx.center(sr.start).values())
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -4,13 +4,12 @@ Layers, lowest first (a module may import its own layer and the ones below):
 
     0  scrubnet._config, scrubnet.atomic_io, scrubnet.integrity, scrubnet.device
     1  scrubnet.models, scrubnet.data
-    2  scrubnet.training, scrubnet.training_pool, scrubnet.recipe, scrubnet.curvature, scrubnet.diagnostics
-    3  scrubnet.methods, scrubnet.mlforget, scrubnet.readouts, scrubnet.audit.stats (with the statistics it
-       builds on: scrubnet.audit.reference, scrubnet.audit.uncertainty), scrubnet.checkpoint, scrubnet.privacy
-    4  scrubnet.experiments, scrubnet.audit (a pool of experiments), scrubnet.api (scrubnet.forget),
-       scrubnet.serve (the HTTP service)
-    5  scrubnet.cli, scrubnet.cli_mlforget, scrubnet.cli_audit, scrubnet.cli_dp, scrubnet.cli_study,
-       scrubnet.cli_own, scrubnet.cli_serve
+    2  scrubnet.training, scrubnet.recipe, scrubnet.curvature, scrubnet.diagnostics
+    3  scrubnet.methods, scrubnet.mlforget, scrubnet.readouts, scrubnet.checkpoint, scrubnet.privacy
+    4  scrubnet.scrub (the one scrub path), scrubnet.experiments, scrubnet.audit (a pool of experiments),
+       scrubnet.api (scrubnet.forget), scrubnet.serve (the HTTP service), scrubnet.own_model (scrubbing the user's
+       own model files)
+    5  scrubnet.cli (the package: one module per command group)
 
 plus: methods never import readouts (scrub, then measure), and data/models/curvature/training never import
 checkpoint IO. Imports inside functions are allowed only for optional dependencies.
@@ -27,14 +26,13 @@ import scrubnet
 ROOT = Path(scrubnet.__file__).parent
 LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.integrity": 0, "scrubnet.device": 0,
           "scrubnet.models": 1, "scrubnet.data": 1,
-          "scrubnet.training": 2, "scrubnet.training_pool": 2, "scrubnet.recipe": 2, "scrubnet.curvature": 2,
+          "scrubnet.training": 2, "scrubnet.recipe": 2, "scrubnet.curvature": 2,
           "scrubnet.diagnostics": 2,
-          "scrubnet.methods": 3, "scrubnet.mlforget": 3, "scrubnet.readouts": 3, "scrubnet.audit.stats": 3,
-          "scrubnet.audit.reference": 3, "scrubnet.audit.uncertainty": 3,
-          "scrubnet.checkpoint": 3, "scrubnet.privacy": 3,
-          "scrubnet.experiments": 4, "scrubnet.audit": 4, "scrubnet.api": 4, "scrubnet.serve": 4,
-          "scrubnet.cli": 5, "scrubnet.cli_mlforget": 5, "scrubnet.cli_audit": 5, "scrubnet.cli_dp": 5,
-          "scrubnet.cli_study": 5, "scrubnet.cli_own": 5, "scrubnet.cli_serve": 5}
+          "scrubnet.methods": 3, "scrubnet.mlforget": 3, "scrubnet.readouts": 3, "scrubnet.checkpoint": 3,
+          "scrubnet.privacy": 3,
+          "scrubnet.scrub": 4, "scrubnet.experiments": 4, "scrubnet.audit": 4, "scrubnet.api": 4, "scrubnet.serve": 4,
+          "scrubnet.own_model": 4,
+          "scrubnet.cli": 5}
 FORBIDDEN = [("scrubnet.methods", "scrubnet.readouts")]
 OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray", "starlette", "uvicorn", "cryptography"}
 # heavy third-party libraries imported where they are used, so that a command's start-up does not pay for

@@ -16,6 +16,7 @@ from scrubnet.data.files import load_image_folder
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.models import build_model
+from tests.conftest import protocol_ctx
 from tests.test_cli import TINY_TOML
 
 runner = CliRunner()
@@ -115,7 +116,7 @@ def test_non_finite_data_is_refused_on_entry(method):
     model = build_model("mlp", (40,), 3, seed=0, hidden=8)
     x, y = torch.randn(30, 40), torch.randint(0, 3, (30,))
     x[4, 7] = float("nan")
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in model.named_parameters()}, num_classes=3)
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in model.named_parameters()}, num_classes=3)
     with pytest.raises(ValueError, match="non-finite"):
         get_method(method)(model, (x[5:], y[5:]), (x[:5], y[:5]), ctx)
     x[4, 7] = float("inf")
@@ -265,7 +266,7 @@ def test_dataset_flag_keeps_the_toml_class_lists(tmp_path):
     _image_folder(tmp_path / "imgs", {f"k{i}": 6 for i in range(4)})
     cfg = tmp_path / "c.toml"
     cfg.write_text('[data]\ntask_classes = [1, 2]\ncore_classes = [0]\nn_train_per_class = 2\nn_test_per_class = 1\n')
-    from scrubnet.cli import _build_config
+    from scrubnet.cli.run import _build_config
     built = _build_config(cfg, "imagefolder", tmp_path / "imgs", None, None, None, None, None, None, None)
     assert built.data.task_classes == [1, 2] and built.data.core_classes == [0]
     built = _build_config(None, "imagefolder", tmp_path / "imgs", None, None, None, None, None, None, None)

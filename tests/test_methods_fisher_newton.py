@@ -17,6 +17,7 @@ from scrubnet.models import build_model
 from scrubnet.experiments.runner import noise_information
 from scrubnet.readouts.information import weight_information, weight_step_geometry
 from scrubnet.training import TrainConfig, finetune, train_epochs
+from tests.conftest import protocol_ctx
 from tests import dense_refs
 
 
@@ -52,9 +53,9 @@ def test_newton_scrub_equals_retraining_on_linear_mse_model():
     with torch.no_grad():
         retrained.weight.copy_(w_r)
         retrained.bias.copy_(b_r)
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
+    ctx = protocol_ctx(w0=w0, config=TrainConfig(wd=wd), loss="mse", num_classes=3, seed=0)
     before = get_flat(model)
-    res = get_method("newton", loss="mse", tol=1e-12, max_iter=100)(model, retain, (x[:nf], y[:nf]), ctx)
+    res = get_method("newton", tol=1e-12, max_iter=100)(model, retain, (x[:nf], y[:nf]), ctx)
     assert torch.equal(get_flat(model), before)  # input untouched
     assert res.info["newton_cg_converged"] == 1.0 and res.info["newton_cg_iterations"] <= 18
     assert torch.allclose(res.model.weight, w_r, atol=1e-9)
@@ -84,7 +85,7 @@ def test_newton_scrub_on_softmax_regression_is_the_closed_form_newton_step():
     g = torch.autograd.functional.jacobian(objective, w)
     h = torch.autograd.functional.hessian(objective, w)  # exact: GGN = Hessian for a model linear in w
     want = w - torch.linalg.solve(h + damping * torch.eye(len(w), dtype=w.dtype), g)
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
+    ctx = protocol_ctx(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
     res = get_method("newton", damping=damping, tol=1e-12, max_iter=200)(model, retain, (x[:nf], y[:nf]), ctx)
     assert torch.allclose(get_flat(res.model), want, atol=1e-9)
     assert res.info["newton_damping"] == damping and res.info["newton_max_iter"] == 200
@@ -108,7 +109,7 @@ def _bn_cnn_on_digits():
     wd = 0.1
     original, _ = finetune(start, x, y, TrainConfig(wd=wd, max_epochs=60), seed=0)
     w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=10, seed=0)
+    ctx = protocol_ctx(w0=w0, config=TrainConfig(wd=wd), num_classes=10, seed=0)
     return original, (x[30:], y[30:]), (x[:30], y[:30]), ctx
 
 
@@ -129,7 +130,7 @@ def test_safeguarded_newton_lowers_the_retain_objective_where_the_plain_step_rai
         assert info["objective_after"] < info["objective_before"]
         assert _retain_error(res.model, retain) <= _retain_error(original, retain) + 0.02
         # the reported objective is the model's: recompute L_r at the returned weights
-        mask, anchor = pull_mask_and_anchor(original, ctx.w0)
+        mask, anchor = pull_mask_and_anchor(original, ctx.center(original))
         assert _retain_objective(res.model, get_flat(res.model), retain, loss="ce", wd=0.1, mask=mask,
                                  anchor=anchor, batch_size=512) == pytest.approx(info["objective_after"], rel=1e-6)
         if safeguard == "lm":
@@ -154,7 +155,7 @@ def test_newton_optimal_noise_scale_and_information():
     ref = copy.deepcopy(model)  # (a common shift of all biases would be invisible: softmax is shift-invariant)
     set_flat(ref, get_flat(model) + 0.3 * torch.randn(get_flat(model).shape, dtype=torch.float64,
                                                       generator=torch.Generator().manual_seed(1)))
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
+    ctx = protocol_ctx(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
     method = get_method("newton", alpha=alpha, tol=1e-10)
     res = method(model, retain, (x[:nf], y[:nf]), ctx)
     info = noise_information(method, res, ref, retain, (x[:nf], y[:nf]), ctx)
@@ -248,7 +249,7 @@ def test_fisher_method_information_readout_and_bad_options():
     retain, forget = (x[5:], y[5:]), (x[:5], y[:5])
     ref = copy.deepcopy(model)
     set_flat(ref, get_flat(model) + 0.01 * torch.randn(get_flat(model).shape))
-    ctx = ForgetContext(w0={}, num_classes=3, seed=0)
+    ctx = protocol_ctx(w0={}, num_classes=3, seed=0)
     before = get_flat(model)
     method = get_method("fisher", alpha=1e-6)
     res = method(model, retain, forget, ctx)

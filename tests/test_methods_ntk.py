@@ -16,6 +16,7 @@ from scrubnet.methods.ntk import ntk_direction, residuals, trapezium_scale
 from scrubnet.models.zoo import build_model
 from scrubnet.readouts.information import weight_step_geometry
 from scrubnet.training import TrainConfig
+from tests.conftest import protocol_ctx
 from tests import dense_refs
 
 C = 3
@@ -135,9 +136,9 @@ def test_linear_mse_scrub_equals_retrained_model(options):
         ((p - q) ** 2).sum() for p, q in zip(model.parameters(), start.parameters()))
     grads = torch.autograd.grad(loss, list(model.parameters()))
     assert max(float(g.abs().max()) for g in grads) < 1e-12
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
-                        config=TrainConfig(wd=wd), num_classes=C, seed=0)
-    method = get_method("ntk", loss="mse", trapezium=False, **options)
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in start.named_parameters()},
+                        config=TrainConfig(wd=wd), loss="mse", num_classes=C, seed=0)
+    method = get_method("ntk", trapezium=False, **options)
     res = method(original, (x[:n - nf], y[:n - nf]), (x[n - nf:], y[n - nf:]), ctx)
     got, want = get_flat(res.model), get_flat(retrained)
     assert float((got - want).norm() / want.norm()) < 1e-8
@@ -173,7 +174,7 @@ def test_method_applies_trapezium_and_leaves_input_alone():
     with torch.no_grad():
         for p in reference.parameters():
             p.add_(0.01)
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()}, config=TrainConfig(wd=wd),
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in start.named_parameters()}, config=TrainConfig(wd=wd),
                         num_classes=C, seed=0)
     before = get_flat(model).clone()
     res = get_method("ntk", trapezium=True)(model, (xr, yr), (xf, yf), ctx)
@@ -205,7 +206,7 @@ def test_ntk_fisher_reports_information():
     with torch.no_grad():
         for p in reference.parameters():
             p.mul_(0.98)
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in start.named_parameters()},
                         config=TrainConfig(wd=0.05), num_classes=C, seed=0)
     method = get_method("ntk-fisher", alpha=1e-6)
     res = method(model, (x[:9], y[:9]), (x[9:], y[9:]), ctx)
@@ -231,11 +232,11 @@ def test_bad_options():
         get_method("ntk-fisher", alpha=0)
     model, start, shape = _tiny("mlp")
     x, y = _data(6, shape)
-    ctx = ForgetContext(w0={}, config=TrainConfig(wd=0.05), num_classes=C)
+    ctx = protocol_ctx(w0={}, config=TrainConfig(wd=0.05), num_classes=C)
     with pytest.raises(ValueError):
         get_method("ntk")(model, (x[:4], y[:4]), (x[4:], y[4:]), ctx)
     # wd = 0 is the ridgeless (minimum-norm) limit, not an error: a tiny ridge relative to diag Θ, stated in info
-    ctx = ForgetContext(w0={k: v for k, v in start.named_parameters()}, config=TrainConfig(wd=0.0), num_classes=C)
+    ctx = protocol_ctx(w0={k: v for k, v in start.named_parameters()}, config=TrainConfig(wd=0.0), num_classes=C)
     res = get_method("ntk")(model, (x[:4], y[:4]), (x[4:], y[4:]), ctx)
     assert res.info["ridgeless"] == 1.0 and 0 < res.info["ridge_full"] < 1e-3
     assert torch.isfinite(get_flat(res.model)).all()
@@ -250,7 +251,7 @@ def test_line_figures(tmp_path):
     x, y = _data(12, shape, seed=7)
     split = SimpleNamespace(retain=(x[:8], y[:8]), forget=(x[8:10], y[8:10]), test=(x[10:], y[10:]))
     retrain = copy.deepcopy(start)
-    ctx = ForgetContext(w0={k: v.detach().clone() for k, v in start.named_parameters()},
+    ctx = protocol_ctx(w0={k: v.detach().clone() for k, v in start.named_parameters()},
                         config=TrainConfig(wd=0.05), num_classes=C)
     scrubbed = get_method("ntk")(model, split.retain, split.forget, ctx).model
     out = plot_ntk_lines(model, scrubbed, retrain, split, tmp_path, alphas=[0.0, 0.5, 1.0], betas=[0.0, 1.0])

@@ -20,6 +20,7 @@ from scrubnet.readouts.information import gaussian_kl_diag
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.training import TrainConfig
 from tests import dense_refs
+from tests.conftest import protocol_ctx
 
 C = 3
 
@@ -188,7 +189,7 @@ def test_methods_mlforget_and_retrain_share_the_cached_ml_model():
     x, y = torch.randn(n, 6), torch.randint(0, C, (n,))
     split = SimpleNamespace(x=x, y=y, forget_idx=torch.tensor([1, 5, 9]), num_classes=C)
     start = build_model("mlp", (6,), C, seed=0, hidden=8)
-    ctx = ForgetContext(w0={}, config=TrainConfig(max_epochs=3, extra_epochs=0), num_classes=C, seed=0,
+    ctx = protocol_ctx(w0={}, config=TrainConfig(max_epochs=3, extra_epochs=0), num_classes=C, seed=0,
                         split=split, start=start)
     keep = torch.ones(n, dtype=torch.bool)
     keep[split.forget_idx] = False

@@ -1,7 +1,9 @@
-"""The README runs top to bottom: its ``bash`` and ``python`` blocks, in order, in one temporary directory,
-with ``SCRUBNET_TINY=1`` (every command's default sizes shrink; the numbers mean nothing).
+"""The README and the documentation site run top to bottom: their ``bash`` and ``python`` blocks, in order, with
+``SCRUBNET_TINY=1`` (every command's default sizes shrink; the numbers mean nothing). The README runs in one
+temporary directory; the site's pages run in the order of ``mkdocs.yml``'s navigation, all in a second one (a
+page may use what an earlier page's blocks wrote, as a reader following the site would).
 
-Conventions (docs/decisions.md, "README test"):
+Conventions (docs/decisions/conventions.md, "README test"):
 
 * a block whose last non-blank line before the opening fence is ``<!-- readme-test: skip -->`` is not run
   (it needs the user's data, or it is the test suite itself);
@@ -70,20 +72,41 @@ def test_block_parser_and_conventions():
     assert [b["code"] for b in run] == ["echo a\n", "print(1)\n", "scrubnet run\n"]
 
 
-def test_readme_runs_top_to_bottom(tmp_path):
-    blocks = runnable(readme_blocks((ROOT / "README.md").read_text()))
-    assert len(blocks) >= 5
+def site_pages() -> list[Path]:
+    """The pages of ``mkdocs.yml``'s navigation, in order (``.md`` paths under ``docs/``)."""
+    text = (ROOT / "mkdocs.yml").read_text()
+    nav = text[text.index("\nnav:"):]
+    return [ROOT / "docs" / m for m in re.findall(r"(?m)^\s+-\s+(?:[^:\n]+:\s+)?(\S+\.md)\s*$", nav)]
+
+
+def test_site_pages_are_found():
+    pages = site_pages()
+    assert ROOT / "docs" / "getting-started.md" in pages and all(p.is_file() for p in pages)
+
+
+def run_blocks(blocks: list[dict], where: Path, name: str) -> None:
     env = {**os.environ, "SCRUBNET_TINY": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "MPLBACKEND": "Agg", "PYTHONWARNINGS": "ignore",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    # the README's commands run at a clone's root: the example files they name come along
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    # the commands run at a clone's root: the example files they name come along
+    shutil.copytree(ROOT / "examples", where / "examples", dirs_exist_ok=True)
     for b in blocks:
         if b["kind"] == "bash":
             cmd = ["bash", "-euo", "pipefail", "-c", b["code"]]
         else:
             cmd = [sys.executable, "-c", b["code"]]
-        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
-            pytest.fail(f"README block at line {b['line']} ({b['kind']}) failed with exit code {r.returncode}:\n"
+            pytest.fail(f"{name} block at line {b['line']} ({b['kind']}) failed with exit code {r.returncode}:\n"
                         f"{b['code']}\n--- stderr ---\n{r.stderr[-3000:]}\n--- stdout ---\n{r.stdout[-1500:]}")
+
+
+def test_readme_runs_top_to_bottom(tmp_path):
+    blocks = runnable(readme_blocks((ROOT / "README.md").read_text()))
+    assert len(blocks) >= 3
+    run_blocks(blocks, tmp_path, "README")
+
+
+def test_site_runs_top_to_bottom(tmp_path):
+    for page in site_pages():
+        run_blocks(runnable(readme_blocks(page.read_text())), tmp_path, str(page.relative_to(ROOT)))

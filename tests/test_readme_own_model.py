@@ -1,4 +1,5 @@
-"""The README's "Your own model" block runs verbatim: it is extracted from README.md and run with bash in a
+"""The "Your own model" guide's command-line block runs verbatim: it is extracted from
+docs/guides/own-model.md and run with bash in a
 temporary directory (the venv's ``python`` and ``scrubnet`` first on PATH, this checkout on PYTHONPATH)."""
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def own_model_block() -> str:
-    """The first ```bash block of the README section "## Your own model"."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Your own model\n", 1)[1].split("\n## ", 1)[0]
-    m = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert m, "no bash block in the README section 'Your own model'"
+    """The first ```bash block of the guide docs/guides/own-model.md."""
+    text = (ROOT / "docs" / "guides" / "own-model.md").read_text()
+    m = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert m, "no bash block in docs/guides/own-model.md"
     return m.group(1)
 
 

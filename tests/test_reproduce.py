@@ -1,7 +1,7 @@
 """The default experiment reproduces: seed 0 of ``scrubnet run`` (a reduced method list, to stay within the
 test budget) gives the readouts stored in ``tests/fixtures/default_seed0.json``.
 
-Machine dependence (measured, docs/decisions.md "Numbers that reproduce"): fine-tuning amplifies rounding, so
+Machine dependence (measured, docs/decisions/conventions.md "Numbers that reproduce"): fine-tuning amplifies rounding, so
 the readouts depend on the BLAS kernels. On one machine the same command gives the same bits; switching MKL's
 code path on the same machine (``MKL_CBWR=COMPATIBLE`` instead of the CPU's own AVX2 kernels) moves seed 0's
 Fisher error on D_f from 4 % to 12 % and its loss on D_f from 0.228 to 0.385 nats. So the test runs the

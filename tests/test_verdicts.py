@@ -14,6 +14,7 @@ from scrubnet.experiments.report import render_report
 from scrubnet.experiments.runner import CORE_READOUTS, inside_band, separation_checks, summarise
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.training import TrainConfig
+from tests.conftest import protocol_ctx
 from tests import dense_refs
 from tests.test_cli import TINY_TOML
 
@@ -125,7 +126,7 @@ def test_fisher_noise_follows_the_seed():
     retain, forget = (x[4:], y[4:]), (x[:4], y[:4])
 
     def scrub(seed):
-        ctx = ForgetContext(w0={}, num_classes=3, seed=seed)
+        ctx = protocol_ctx(w0={}, num_classes=3, seed=seed)
         return torch.cat([p.detach().reshape(-1) for p in get_method("fisher")(model, retain, forget, ctx)
                           .model.parameters()])
 
@@ -143,7 +144,7 @@ def test_newton_pull_acts_only_on_parameters_in_w0():
     w0 = {"weight": 0.1 * torch.randn(3, 4, generator=g, dtype=torch.float64)}
     wd = 0.5
     want = dense_refs.newton_step_softmax_regression(model, x, y, wd=wd, pulled={"weight": w0["weight"]})
-    ctx = ForgetContext(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
+    ctx = protocol_ctx(w0=w0, config=TrainConfig(wd=wd), num_classes=3, seed=0)
     res = get_method("newton", safeguard="none", tol=1e-12, max_iter=200)(model, (x, y), (x[:0], y[:0]), ctx)
     got = torch.cat([res.model.weight.reshape(-1), res.model.bias]).detach()
     assert torch.allclose(got, want, atol=1e-9)

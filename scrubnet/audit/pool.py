@@ -43,11 +43,11 @@ from scrubnet.device import resolve_device
 from scrubnet.integrity import ArtifactError, load_verified, save_verified
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods.artifacts import ArtifactCache
-from scrubnet.methods.base import ForgetContext, protocol_method
+from scrubnet.methods.base import protocol_context, protocol_method
 from scrubnet.methods.user_methods import load_user_method
 from scrubnet.models import build_model
-from scrubnet.training import finetune_start, predict_logits, pretrain
-from scrubnet.training_pool import finetune_many, retrain_many
+from scrubnet.scrub import scrub_and_measure
+from scrubnet.training import finetune_many, finetune_start, predict_logits, pretrain, retrain_many
 
 #: version of the pool's rules; part of every cache key (2: the stopping rule as stated, see :func:`train_task`)
 POOL_VERSION = 2
@@ -277,15 +277,16 @@ def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.T
     fpos = torch.as_tensor(local_positions(np.asarray(payload["half"]), np.asarray(payload["forget"])), device=dev)
     sub = Split(split.x_core, split.y_core, split.x[half], split.y[half], split.x_test, split.y_test, fpos,
                 split.num_classes, split.num_core_classes, None, split.name, dict(split.meta))
-    w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
     caches: dict[int, ArtifactCache] = {}
     x_all = _points(split)
     out = []
     for run in payload["runs"]:
         t0 = time.perf_counter()
-        ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=int(run["seed"]),
-                            forget_class=None, split=sub, start=start, retrain_mode=cfg.retrain_mode,
-                            cache=caches.setdefault(int(run["seed"]), ArtifactCache()))
-        res = protocol_method(run["method"], **run["options"])(original, sub.retain, sub.forget, ctx)
+        ctx = protocol_context(start, cfg.train, num_classes=split.num_classes, seed=int(run["seed"]),
+                               split=sub, retrain_mode=cfg.retrain_mode,
+                               cache=caches.setdefault(int(run["seed"]), ArtifactCache()))
+        # the one scrub path, its retain-error rule reported (the pool keeps every model, as `scrubnet run`)
+        res = scrub_and_measure(protocol_method(run["method"], **run["options"]), original, sub.retain,
+                                sub.forget, ctx, retain_rule="report")
         out.append((run["id"], {"logits": _logits(res.model, x_all)}, time.perf_counter() - t0))
     return out

@@ -31,9 +31,13 @@ from scrubnet.device import resolve_device
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import band_reference, get_split
+from scrubnet.methods.base import anchor_method, method_class
 
-#: methods whose U-LiRA/ε rows are other pool models, not scrubs
-ANCHORS = ("original", "retrain")
+def anchor_role(method: str) -> str | None:
+    """``"original"`` or ``"retrain"`` for an anchor method (its U-LiRA/ε rows are the pool's own originals or
+    retrains, not scrubs: the class's ``anchor`` trait), None for a scrub."""
+    cls = method_class(method)
+    return None if cls is None else cls.anchor
 
 
 #: documented ranges of the pool's size (splits) and of U = R (ε-score models per side), checked on entry
@@ -45,7 +49,8 @@ def default_plan(methods: list[str], pool: int | None = None, eps_models: int | 
     """The pool for ``methods``: ``pool`` splits (default 32, ¾ shadows), 2 forget sets per split, and
     U = R = ``eps_models`` (default 32) models for the ε-score.
 
-    ML-Forgetting (``mlforget``, ``mlforget-retrain``) trains its own mixed-linear model for every scrub
+    A method whose ``audit_scrub_cost`` trait is ``"expensive"`` — ML-Forgetting (``mlforget``,
+    ``mlforget-retrain``), which trains its own mixed-linear model for every scrub
     (≈ 2 s on the embedded experiment, one thread, against ≤ 0.25 s for every other method without the
     information readouts), so it runs on 1 forget set per split and U/2 ε-models; the default audit then
     takes a few minutes on 2 cores (README)."""
@@ -53,7 +58,7 @@ def default_plan(methods: list[str], pool: int | None = None, eps_models: int | 
     if not POOL_RANGE[0] <= S <= POOL_RANGE[1]:
         raise ValueError(f"--pool must lie in [{POOL_RANGE[0]}, {POOL_RANGE[1]}] (U-LiRA needs ≥ 3 shadow splits "
                          f"and a target split; each split trains 5+ models), got {S}")
-    slow = {"mlforget", "mlforget-retrain"}
+    slow = {m for m in methods if method_class(m) is not None and method_class(m).audit_scrub_cost == "expensive"}
     U = (3 if tiny_mode() else 32) if eps_models is None else int(eps_models)
     if not EPS_MODELS_RANGE[0] <= U <= EPS_MODELS_RANGE[1]:
         raise ValueError(f"--eps-models must lie in [{EPS_MODELS_RANGE[0]}, {EPS_MODELS_RANGE[1]}] (the ε-score "
@@ -106,10 +111,10 @@ class Audit:
         items += [{"id": f"eps-retrain/{r}", "seed": P.derive(self.audit_seed, f"eps-retrain/{r}"),
                    "start_seed": self.seed_split(0), "half": d.halves[0].tolist(),
                    "forget": d.forget[(0, 0)].tolist()} for r in range(R)]
-        if "retrain" in self.all_methods:
-            items += [{"id": f"eps/retrain/{u}", "seed": P.derive(self.audit_seed, f"eps/{u}"),
+        for m in (x for x in self.all_methods if anchor_role(x) == "retrain"):
+            items += [{"id": f"eps/{m}/{u}", "seed": P.derive(self.audit_seed, f"eps/{u}"),
                        "start_seed": self.seed_split(0), "half": d.halves[0].tolist(),
-                       "forget": d.forget[(0, 0)].tolist()} for u in range(self.plan.eps_models["retrain"])]
+                       "forget": d.forget[(0, 0)].tolist()} for u in range(self.plan.eps_models[m])]
         return items
 
     def eps_retrains(self) -> int:
@@ -120,7 +125,7 @@ class Audit:
         d, S = self.data, self.plan.splits
         groups: dict[tuple, dict] = {}
         for m in self.all_methods:
-            if m in ANCHORS:
+            if anchor_role(m) is not None:
                 continue
             for s in range(S):
                 for f in range(self.plan.pairs.get(m, self.plan.pairs.get(self._user_of(m), 1))):
@@ -185,7 +190,7 @@ class Audit:
     # ------------------------------------------------------------------ statistics
     def logits(self, model_id: str, method: str | None = None) -> np.ndarray:
         opts = self.options(method) if method is not None and model_id.startswith(("scrub/", "eps/")) \
-            and method not in ANCHORS else None
+            and anchor_role(method) is None else None
         return self.cache.load(model_id, opts)["logits"].double().numpy()
 
     def phi_d(self, model_id: str, method: str | None = None) -> np.ndarray:
@@ -193,10 +198,10 @@ class Audit:
         return self.phi_all(model_id, method)[:self.data.n]
 
     def _in_id(self, m: str, s: int, f: int) -> str:
-        return {"original": f"original/{s}", "retrain": f"retrain/{s}/{f}"}.get(m, f"scrub/{m}/{s}/{f}")
+        return {"original": f"original/{s}", "retrain": f"retrain/{s}/{f}"}.get(anchor_role(m), f"scrub/{m}/{s}/{f}")
 
     def _pairs(self, m: str) -> int:
-        return self.plan.pairs.get(m, self.plan.pairs.get(self._user_of(m), 1)) if m not in ANCHORS \
+        return self.plan.pairs.get(m, self.plan.pairs.get(self._user_of(m), 1)) if anchor_role(m) is None \
             else self.plan.forget_sets
 
     def ulira_rows(self, m: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -212,7 +217,7 @@ class Audit:
                 mask[self.data.forget[(s, f)]] = True
                 rows_in.append(np.where(mask, phi, np.nan))
                 sh_in.append(s < self.plan.shadow_splits)
-            ref_pairs = self.plan.forget_sets if ref == "retrain" else self._pairs(ref)
+            ref_pairs = self.plan.forget_sets if anchor_role(ref) == "retrain" else self._pairs(ref)
             for f in range(ref_pairs):
                 phi = self.phi_d(self._in_id(ref, s, f), ref)
                 rows_out.append(np.where(~trained, phi, np.nan))
@@ -232,7 +237,7 @@ class Audit:
         F0 = self.data.forget[(0, 0)]
         retain = np.setdiff1d(self.data.halves[0], F0)
         U = self.plan.eps_models.get(m, 3)
-        u_ids = ["original/0"] * U if m == "original" else [f"eps/{m}/{u}" for u in range(U)]
+        u_ids = ["original/0"] * U if anchor_role(m) == "original" else [f"eps/{m}/{u}" for u in range(U)]
         r_ids = [f"eps-retrain/{r}" for r in range(U)]
         phi_u = np.array([self.phi_all(i, m) for i in u_ids])
         phi_r = np.array([self.phi_all(i) for i in r_ids])
@@ -276,7 +281,7 @@ class Audit:
         ids, ins, outs = [], [], []
         for s in range(self.plan.splits):
             never = ~self._mask(self.data.halves[s])
-            if m == "original":
+            if anchor_role(m) == "original":
                 ids.append((s, f"original/{s}", m))
                 ins.append(~never)
                 outs.append(never)
@@ -300,7 +305,7 @@ class Audit:
         ids, ins, outs = [], [], []
         for s in range(self.plan.splits):
             never = ~self._mask(self.data.halves[s])
-            fs = [0] if m == "original" else range(self._pairs(m))
+            fs = [0] if anchor_role(m) == "original" else range(self._pairs(m))
             for f in fs:
                 ids.append((s, self._in_id(m, s, f), m))
                 ins.append(self.retained(s))
@@ -330,7 +335,8 @@ class Audit:
         out: dict = {}
         reps: dict[str, dict] = {}
         retain_reps: dict[str, np.ndarray] = {}
-        for m in ["original"] + [x for x in self.methods if x != "original"]:
+        orig = anchor_method("original")  # the trained model: the "before" of the retain-set leakage
+        for m in [orig] + [x for x in self.methods if x != orig]:
             phi_in, phi_out, sh, cl = self.retain_rows(m)
             p, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl)
             retain_reps[m] = bootstrap_pairs(p, C, n, replicates, seed)["balanced_accuracy"]
@@ -367,10 +373,10 @@ class Audit:
             d.update({f"ulira_retrain_out_{k}": v for k, v in summarize(pr2, r2).items()})
             d["ulira_retrain_out_reference"] = band_of(m)
             # --- retain-set leakage: LiRA on retained examples, after the method minus before (the original)
-            d["retain_leakage"] = retain_reps[m + ":point"] - retain_reps["original:point"]
-            d["retain_leakage_ci95"] = difference_ci(retain_reps[m], retain_reps["original"])
+            d["retain_leakage"] = retain_reps[m + ":point"] - retain_reps[orig + ":point"]
+            d["retain_leakage_ci95"] = difference_ci(retain_reps[m], retain_reps[orig])
             d["retain_lira_balanced_accuracy"] = retain_reps[m + ":point"]
-            d["retain_lira_balanced_accuracy_original"] = retain_reps["original:point"]
+            d["retain_lira_balanced_accuracy_original"] = retain_reps[orig + ":point"]
             # --- ε-score (U = R) and KLoM on the ε pool
             e = self.epsilon_rows(m)
             er = e["result"]
@@ -412,11 +418,11 @@ class Audit:
         """Mean over examples of DeepUnlearn's per-example accuracy (p > 0.5) on all splits (no shadow/target
         split), for methods run on every forget set (the game needs one model per (s, f))."""
         S, n = self.plan.splits, self.data.n
-        F = 1 if m == "original" else self._pairs(m)
-        phi = np.array([[self.phi_d(f"original/{s}" if m == "original" else self._in_id(m, s, f), m)
+        F = 1 if anchor_role(m) == "original" else self._pairs(m)
+        phi = np.array([[self.phi_d(f"original/{s}" if anchor_role(m) == "original" else self._in_id(m, s, f), m)
                          for f in range(F)] for s in range(S)])
         train = np.array([self._mask(self.data.halves[s]) for s in range(S)])
-        forget = np.array([[train[s] if m == "original" else self._mask(self.data.forget[(s, f)])
+        forget = np.array([[train[s] if anchor_role(m) == "original" else self._mask(self.data.forget[(s, f)])
                             for f in range(F)] for s in range(S)])
         a = ulira_game_reference(phi, train, forget).acc_balanced
         a = a[np.isfinite(a)]

@@ -23,6 +23,7 @@ import torch
 
 from scrubnet.audit.reference import fit_reference, predict_reference
 from scrubnet.audit.uncertainty import ScoredPairs
+from scrubnet.readouts.roc import auc_score, roc_curve, tpr_at_fpr  # noqa: F401  (re-exported: the audit's API)
 
 #: δ of the (ε, δ) definition, as in the challenge's metric code
 DELTA = 1e-5
@@ -103,38 +104,6 @@ def _fit(phi: np.ndarray, fixed_variance: bool) -> tuple[np.ndarray, np.ndarray,
 
 def _log_normal(x, mu, sd):
     return -0.5 * ((x - mu) / sd) ** 2 - np.log(sd) - 0.5 * math.log(2 * math.pi)
-
-
-def roc_curve(pos: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ROC of "score ≥ t ⇒ positive" over every threshold t: (fpr, tpr), starting at (0, 0)."""
-    pos, neg = np.sort(np.asarray(pos, float)), np.sort(np.asarray(neg, float))
-    thr = np.unique(np.concatenate([pos, neg]))[::-1]
-    tpr = (len(pos) - np.searchsorted(pos, thr, "left")) / max(len(pos), 1)
-    fpr = (len(neg) - np.searchsorted(neg, thr, "left")) / max(len(neg), 1)
-    return np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr])
-
-
-def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, level: float) -> float:
-    """Largest TPR among the thresholds whose FPR ≤ ``level``."""
-    ok = fpr <= level + 1e-12
-    return float(np.max(tpr[ok])) if np.any(ok) else 0.0
-
-
-def auc_score(pos: np.ndarray, neg: np.ndarray) -> float:
-    """P(score_pos > score_neg) + ½ P(tie) (Mann–Whitney)."""
-    pos, neg = np.asarray(pos, float), np.asarray(neg, float)
-    if len(pos) == 0 or len(neg) == 0:
-        return float("nan")
-    allv = np.concatenate([pos, neg])
-    order = np.argsort(allv, kind="mergesort")
-    ranks = np.empty(len(allv))
-    sorted_v = allv[order]
-    # average ranks of ties
-    _, start, counts = np.unique(sorted_v, return_index=True, return_counts=True)
-    avg = start + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    r_pos = ranks[:len(pos)].sum()
-    return float((r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
 def ulira(phi_in, phi_out, shadow_in, shadow_out, *, fixed_variance: bool = False) -> ULiRAResult:

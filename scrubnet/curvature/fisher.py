@@ -41,13 +41,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
+from scrubnet.curvature.fallbacks import probe_paths
 from scrubnet.curvature.kernels import LayerKernel, func_per_sample_grads, kernel_for
 from scrubnet.curvature.progress import ProgressFn, current_progress
 from scrubnet.curvature.params import trainable_params
 from scrubnet.models import eval_mode
+from scrubnet.models.call import Inputs, ModelInputs, call_functional, call_model
 
 FISHER_KINDS = ("true", "mc", "empirical")
 
@@ -58,10 +59,10 @@ _DEFAULT_BUDGET_BYTES = 32 * 2**20   # the vmap path's per-batch B·K·p tensor 
 
 
 
-def _check_inputs(model: nn.Module, x: Tensor, y: Tensor | None, kind: str) -> None:
+def _check_inputs(model: nn.Module, x: Inputs, y: Tensor | None, kind: str) -> None:
     if kind not in FISHER_KINDS:
         raise ValueError(f"unknown Fisher kind {kind!r}; choose one of {', '.join(FISHER_KINDS)}")
-    if not isinstance(x, Tensor) or x.ndim < 1:
+    if not isinstance(x, (Tensor, ModelInputs)) or len(x.shape) < 1:
         raise ValueError("x must be a tensor with a leading sample dimension")
     if len(x) == 0:
         raise ValueError("cannot compute a Fisher on an empty data set")
@@ -85,30 +86,31 @@ FISHER_METHODS = ("auto", "vmap", "layerwise")
 
 
 def _vmap_batch_sums(model: nn.Module, params: dict[str, Tensor], names: list[str], buffers: dict[str, Tensor],
-                     xb: Tensor, yb: Tensor | None, kind: str) -> dict[str, Tensor]:
+                     xb: Inputs, yb: Tensor | None, kind: str, per_sample: str = "vmap") -> dict[str, Tensor]:
     """Σ_i Σ_k p_k (∂ log p_k(x_i))² (true) or Σ_i (∂ log p_{y_i}(x_i))² (empirical) over the batch, for the
     parameters ``names`` (the others held fixed), by the generic ``torch.func`` fallback of
     :mod:`scrubnet.curvature.kernels` with cotangents diag(√p(x_i)) (true) or onehot(y_i) (empirical)."""
     with torch.no_grad():
-        log_p = torch.log_softmax(functional_call(model, (params, buffers), (xb,)), dim=-1)
+        log_p = torch.log_softmax(call_functional(model, (params, buffers), xb), dim=-1)
     if kind == "true":   # Σ_k (√p_k ∇log p_k)² = Σ_k p_k (∇log p_k)²
         cot = torch.diag_embed(log_p.exp().sqrt())                              # (B, K, K)
     else:
         cot = F.one_hot(yb, log_p.shape[-1]).to(log_p.dtype).unsqueeze(1)      # (B, 1, K)
     grads = func_per_sample_grads(model, params, names, buffers, xb, cot,
-                                  output=lambda logits: torch.log_softmax(logits, dim=-1))
+                                  output=lambda logits: torch.log_softmax(logits, dim=-1), per_sample=per_sample)
     return {k: _sq_sum0(t.reshape(-1, *t.shape[2:])) for k, t in grads.items()}
 
 
-def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor
+def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Inputs, unhooked: tuple[str, ...] = ()
                     ) -> dict[str, tuple[nn.Module, str, LayerKernel]]:
     """Which trainable parameters the registered kernels cover: {param name: (module, "weight" | "bias",
     kernel)}.
 
     Covered: the parameters of a module that :func:`~scrubnet.curvature.kernels.kernel_for` supports, when
     the module is called exactly once per forward (checked on one sample ``x1``) and the parameter is not
-    tied to another module. Everything else goes to the generic torch.func fallback. Assumes, as every
-    ``nn.Module`` in the zoo does, that a module's parameters are only used by its own forward."""
+    tied to another module nor ``unhooked`` (the probe of :mod:`scrubnet.curvature.fallbacks` found its
+    kernel gradient unequal to autograd's: used functionally or outside its module). Everything else goes
+    to the generic per-sample path."""
     kernels = {mod: kernel_for(mod) for mod in model.modules()}
     calls: dict[nn.Module, int] = {}
     handles = []
@@ -116,8 +118,8 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor
         if kernel is not None:
             handles.append(mod.register_forward_hook(lambda m, i, o: calls.__setitem__(m, calls.get(m, 0) + 1)))
     try:
-        with torch.no_grad():
-            model(x1)
+        with torch.enable_grad():   # as in the real pass (no-grad fast paths bypass the hooks)
+            call_model(model, x1)
     finally:
         for h in handles:
             h.remove()
@@ -132,7 +134,7 @@ def _layerwise_plan(model: nn.Module, params: dict[str, Tensor], x1: Tensor
         for pname in ("weight", "bias"):
             full = f"{prefix}.{pname}" if prefix else pname
             tensor = getattr(mod, pname, None)
-            if full in params and tensor is not None and owners.get(id(tensor), 0) == 1:
+            if full in params and tensor is not None and owners.get(id(tensor), 0) == 1 and full not in unhooked:
                 plan[full] = (mod, pname, kernels[mod])
     return plan
 
@@ -169,7 +171,7 @@ def _layerwise_batch_sums(model: nn.Module, plan: dict[str, tuple[nn.Module, str
 
     handles = [m.register_forward_hook(hook) for m in modules]
     try:
-        log_p = torch.log_softmax(model(xb), dim=-1)
+        log_p = torch.log_softmax(call_model(model, xb), dim=-1)
     finally:
         for h in handles:
             h.remove()
@@ -276,7 +278,7 @@ def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int
                if not list(m.children()) or m in modules]
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(x1[:1])
+            call_model(model, x1[:1])
     finally:
         for h in handles:
             h.remove()
@@ -320,7 +322,7 @@ def batched_columns(max_batch: int, n: int, batch_size: int | None = None) -> bo
     return batch_size is None or batch_size <= max_batch
 
 
-def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", method: str = "auto",
+def plan_fisher(model: nn.Module, x1: Inputs, n: int, *, kind: str = "true", method: str = "auto",
                 budget_bytes: int = DEFAULT_BUDGET_BYTES, batch_size: int | None = None) -> FisherPlan:
     """The batch size, class chunk, FLOPs and working memory of :func:`fisher_diag` on ``n`` samples shaped
     like ``x1`` (one sample is run through the model as a probe). The working set
@@ -330,11 +332,12 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
     params = trainable_params(model)
     p_count = sum(t.numel() for t in params.values())
     isz = next(iter(params.values())).element_size()
-    with eval_mode(model):
-        plan = _layerwise_plan(model, params, x1[:1]) if method != "vmap" else {}
+    paths = probe_paths(model, x1)
+    with eval_mode(model), paths.context():
+        plan = _layerwise_plan(model, params, x1[:1], paths.unhooked) if method != "vmap" else {}
         rest = [k for k in params if k not in plan]
         with torch.no_grad():
-            classes = int(model(x1[:1]).shape[-1])
+            classes = int(call_model(model, x1[:1]).shape[-1])
         cols = classes if kind == "true" else 1
         leaf_total, cap_total, leaf_max, per_layer, per_gram, fwd, sq, ghost_numel = _layer_stats(
             model, plan, x1[:1], cols)
@@ -352,7 +355,7 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
     # gradients of every column for a large enough batch (≥ BATCHED_MIN_BATCH samples, or all n): small nets,
     # where one plain backward per column is dominated by per-call overhead and small GEMMs; otherwise one
     # column per plain backward (on a large net faster on CPU than a batched one, and the output gradients of
-    # one column only are alive). "Fisher at scale" in docs/decisions.md.
+    # one column only are alive). "Fisher at scale" in docs/decisions/index.md.
     linear_only = not rest and all(k.kind in ("linear", "bn") for _, _, k in plan.values())
     kc = cols if linear_only or batched_columns(work // per_sample(cols), n, batch_size) else 1
     if batch_size is None:
@@ -373,7 +376,7 @@ def plan_fisher(model: nn.Module, x1: Tensor, n: int, *, kind: str = "true", met
                       activation_elements=float(n) * (cols + 1) * leaf_total)
 
 
-def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: str = "true",
+def fisher_diag(model: nn.Module, x: Inputs, y: Tensor | None = None, *, kind: str = "true",
                 batch_size: int | None = None, method: str = "auto",
                 budget_bytes: int = DEFAULT_BUDGET_BYTES, seed: int = 0,
                 progress: ProgressFn | None = None) -> dict[str, Tensor]:
@@ -414,8 +417,9 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
     batch_size = fplan.batch
     generator = torch.Generator(device=x.device).manual_seed(int(seed)) if kind == "mc" else None
     report = progress or current_progress()
-    with eval_mode(model), torch.enable_grad():
-        plan = _layerwise_plan(model, params, x[:1]) if method != "vmap" else {}
+    paths = probe_paths(model, x)
+    with eval_mode(model), torch.enable_grad(), paths.context():
+        plan = _layerwise_plan(model, params, x[:1], paths.unhooked) if method != "vmap" else {}
         rest = [k for k in params if k not in plan]
         for i in range(0, n, batch_size):
             xb = x[i:i + batch_size]
@@ -423,14 +427,14 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
             parts = []
             if kind == "mc":  # the draw is shared by both paths: one label per sample
                 with torch.no_grad():
-                    probs = torch.softmax(model(xb), dim=-1).to(torch.float64)
+                    probs = torch.softmax(call_model(model, xb), dim=-1).to(torch.float64)
                 yb = torch.multinomial(probs, 1, generator=generator).squeeze(1)
             sum_kind = "empirical" if kind == "mc" else kind
             if plan:
                 parts.append(_layerwise_batch_sums(model, plan, xb, yb, sum_kind, fplan.class_chunk,
                                                    fplan.layer_budget))
             if rest:
-                parts.append(_vmap_batch_sums(model, params, rest, buffers, xb, yb, sum_kind))
+                parts.append(_vmap_batch_sums(model, params, rest, buffers, xb, yb, sum_kind, paths.per_sample))
             for part in parts:
                 for k, t in part.items():
                     acc[k] += t.detach().to(torch.float64)
@@ -439,7 +443,7 @@ def fisher_diag(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: s
     return {k: (acc[k] / n).to(params[k].dtype) for k in params}
 
 
-def fisher_diag_loop(model: nn.Module, x: Tensor, y: Tensor | None = None, *, kind: str = "true"
+def fisher_diag_loop(model: nn.Module, x: Inputs, y: Tensor | None = None, *, kind: str = "true"
                      ) -> dict[str, Tensor]:
     """Slow reference for :func:`fisher_diag`: batch size 1, one backward pass per class per sample.
 
@@ -450,9 +454,9 @@ def fisher_diag_loop(model: nn.Module, x: Tensor, y: Tensor | None = None, *, ki
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     acc = {k: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for k, p in named}
     tensors = [p for _, p in named]
-    with eval_mode(model), torch.enable_grad():
+    with eval_mode(model), torch.enable_grad(), probe_paths(model, x).context():
         for i in range(len(x)):
-            log_p = torch.log_softmax(model(x[i:i + 1]), dim=-1)[0]
+            log_p = torch.log_softmax(call_model(model, x[i:i + 1]), dim=-1)[0]
             if kind == "true":
                 probs = log_p.detach().exp()
                 classes = range(log_p.shape[0])

@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, jvp, vjp
 
 from scrubnet.curvature.attention import jvp_safe_attention
+from scrubnet.curvature.fallbacks import jvp_with_pullback, probe_paths
 from scrubnet.curvature.params import flatten, trainable_params, unflatten
 from scrubnet.models import eval_mode
+from scrubnet.models.call import Inputs, call_functional, call_model
 
 LOSSES = ("ce", "mse")
 
@@ -57,7 +58,7 @@ class GGNOperator:
     ``calls`` counts the products computed (each costs about two forward+backward passes over x).
     """
 
-    def __init__(self, model: nn.Module, x: Tensor, *, loss: str = "ce", batch_size: int = 256,
+    def __init__(self, model: nn.Module, x: Inputs, *, loss: str = "ce", batch_size: int = 256,
                  damping: float = 0.0):
         _check_loss(loss)
         if len(x) == 0:
@@ -68,6 +69,7 @@ class GGNOperator:
         self.batch_size, self.damping = batch_size, float(damping)
         self.params = trainable_params(model)
         self.buffers = {k: v.detach() for k, v in model.named_buffers()}
+        self.paths = probe_paths(model, x)   # forward-mode J v or the double-VJP; fused kernels or not
         self.calls = 0
 
     @property
@@ -84,16 +86,15 @@ class GGNOperator:
         tangent = unflatten(v.to(next(iter(self.params.values())).dtype), self.params)
         out = {k: torch.zeros_like(t) for k, t in self.params.items()}
         n = len(self.x)
-        with eval_mode(self.model), jvp_safe_attention():
+        with eval_mode(self.model), jvp_safe_attention(), self.paths.context():
             for i in range(0, n, self.batch_size):
                 xb = self.x[i:i + self.batch_size]
 
                 def f(p):
-                    return functional_call(self.model, (p, self.buffers), (xb,))
+                    return call_functional(self.model, (p, self.buffers), xb)
 
-                logits, jv = jvp(f, (self.params,), (tangent,))
+                logits, jv, pull = jvp_with_pullback(f, self.params, tangent, self.paths)
                 hjv = output_hessian_product(logits.detach(), jv, self.loss)
-                _, pull = vjp(f, self.params)
                 (g,) = pull(hjv)
                 for k in out:
                     out[k] += g[k].detach()
@@ -104,7 +105,7 @@ class GGNOperator:
         return res.to(v.dtype)
 
 
-def ggn_vector_product(model: nn.Module, x: Tensor, v, *, loss: str = "ce", batch_size: int = 256):
+def ggn_vector_product(model: nn.Module, x: Inputs, v, *, loss: str = "ce", batch_size: int = 256):
     """G v for the mean loss over ``x`` (see module docstring), without forming G.
 
     ``v`` is a flat vector (p,) or a dict ``{name: tensor}`` over the trainable parameters; the result has
@@ -120,7 +121,7 @@ def ggn_vector_product(model: nn.Module, x: Tensor, v, *, loss: str = "ce", batc
     return op.matvec(v)
 
 
-def mean_loss_and_grad(model: nn.Module, x: Tensor, y: Tensor, *, loss: str = "ce", batch_size: int = 256
+def mean_loss_and_grad(model: nn.Module, x: Inputs, y: Tensor, *, loss: str = "ce", batch_size: int = 256
                        ) -> tuple[float, Tensor]:
     """(L, ∇L) for L = (1/N) Σ_i ℓ(f(x_i), y_i) in eval mode, streamed over batches; ∇L flat (p,)."""
     _check_loss(loss)
@@ -129,9 +130,9 @@ def mean_loss_and_grad(model: nn.Module, x: Tensor, y: Tensor, *, loss: str = "c
     params = [p for p in model.parameters() if p.requires_grad]
     total = 0.0
     acc = [torch.zeros_like(p) for p in params]
-    with eval_mode(model), torch.enable_grad():
+    with eval_mode(model), torch.enable_grad(), probe_paths(model, x).context():
         for i in range(0, len(x), batch_size):
-            lb = per_sample_loss(model(x[i:i + batch_size]), y[i:i + batch_size], loss).sum()
+            lb = per_sample_loss(call_model(model, x[i:i + batch_size]), y[i:i + batch_size], loss).sum()
             grads = torch.autograd.grad(lb, params)
             total += float(lb.detach())
             for a, g in zip(acc, grads):

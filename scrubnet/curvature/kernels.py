@@ -1,5 +1,5 @@
 """Per-layer curvature kernels: one registry of the closed forms that the Fisher diagonal, the NTK Gram and
-K-FAC share ("Curvature kernels" in docs/decisions.md).
+K-FAC share ("Curvature kernels" in docs/decisions/index.md).
 
 Every consumer runs one forward pass with hooks that keep each layer's input ``a`` (B, ...) and then
 back-propagates K cotangents to the layer *outputs* only, giving ``g`` (K, B, ...) — the gradient of K
@@ -30,7 +30,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, vjp, vmap
+from torch.func import vjp, vmap
+
+from scrubnet.models.call import Inputs, call_functional
 
 
 class LayerKernel:
@@ -250,21 +252,49 @@ class BatchNormKernel(LayerKernel):
 # --------------------------------------------------------------------------------------------------
 
 def func_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: list[str],
-                          buffers: dict[str, Tensor], x: Tensor, cotangents: Tensor,
-                          output: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+                          buffers: dict[str, Tensor], x: Inputs, cotangents: Tensor,
+                          output: Callable[[Tensor], Tensor] | None = None, per_sample: str = "vmap"
+                          ) -> dict[str, Tensor]:
     """{name: (B, R, *shape)}: ∂(cotangents[i, r] · output(f(x_i)))/∂θ for the parameters ``names`` (the
     others held at ``params``), by ``torch.func``: vmap over samples of one VJP vmapped over the R
     cotangents (B, R, c). ``output`` maps the logits of one sample (default: identity; e.g. log-softmax for
-    the Fisher). Works for any module; the model must be in eval mode (samples independent)."""
+    the Fisher). Works for any module; the model must be in eval mode (samples independent).
+    ``per_sample="loop"``: the same numbers one sample at a time by autograd, where ``vmap`` does not run
+    (:mod:`scrubnet.curvature.fallbacks`)."""
+    if per_sample == "loop":
+        return loop_per_sample_grads(model, params, names, buffers, x, cotangents, output)
     fixed = {k: v for k, v in params.items() if k not in names}
     free = {k: params[k] for k in names}
 
     def per_sample(p, xi, ci):
         def f(q):
-            logits = functional_call(model, ({**fixed, **q}, buffers), (xi.unsqueeze(0),)).squeeze(0)
+            logits = call_functional(model, ({**fixed, **q}, buffers), xi.unsqueeze(0)).squeeze(0)
             return logits if output is None else output(logits)
         _, pull = vjp(f, p)
         (grads,) = vmap(pull)(ci)
         return grads
 
     return vmap(per_sample, in_dims=(None, 0, 0))(free, x, cotangents)
+
+
+def loop_per_sample_grads(model: nn.Module, params: dict[str, Tensor], names: list[str],
+                          buffers: dict[str, Tensor], x, cotangents: Tensor,
+                          output: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+    """The per-sample twin of ``vmap``: {name: (B, R, *shape)} = ∂(cotangents[i, r]·output(f(x_i)))/∂θ, one
+    sample at a time (batch 1) and one backward per cotangent, by ordinary autograd."""
+    fixed = {k: v.detach() for k, v in params.items() if k not in names}
+    free = {k: params[k].detach().requires_grad_(True) for k in names}
+    b, r = cotangents.shape[0], cotangents.shape[1]
+    out = {k: torch.zeros((b, r) + tuple(free[k].shape), dtype=free[k].dtype, device=free[k].device)
+           for k in names}
+    with torch.enable_grad():
+        for i in range(b):
+            logits = call_functional(model, ({**fixed, **free}, buffers), x[i:i + 1])[0]
+            o = logits if output is None else output(logits)
+            for j in range(r):
+                gs = torch.autograd.grad(o, list(free.values()), grad_outputs=cotangents[i, j].to(o.dtype),
+                                         retain_graph=j < r - 1, allow_unused=True)
+                for k, g in zip(names, gs):
+                    if g is not None:
+                        out[k][i, j] = g
+    return out

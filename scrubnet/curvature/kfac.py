@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import probe_paths
 from scrubnet.curvature.kernels import kernel_for
+from scrubnet.models.call import Inputs, call_model
 
 
 @dataclass
@@ -92,7 +94,7 @@ def _accumulate(dst: dict, key: str, val: Tensor) -> None:
     dst[key] = dst[key] + val if key in dst else val
 
 
-def compute_kfac(model: nn.Module, x: Tensor, *, loss: str = "mse", layers: list[str] | None = None,
+def compute_kfac(model: nn.Module, x: Inputs, *, loss: str = "mse", layers: list[str] | None = None,
                  batch_size: int = 512) -> dict[str, KFACFactor]:
     """K-FAC factors of ``model`` (evaluated in eval mode at its current weights) on inputs ``x``.
 
@@ -103,6 +105,7 @@ def compute_kfac(model: nn.Module, x: Tensor, *, loss: str = "mse", layers: list
         raise ValueError("the model has no Linear/Conv layers to factor")
     was_training = model.training
     model.eval()
+    paths = probe_paths(model, x)   # fused kernels off where they bypass the hooks or lack derivatives
     inputs: dict[str, Tensor] = {}
     outputs: dict[str, Tensor] = {}
     handles = []
@@ -117,11 +120,13 @@ def compute_kfac(model: nn.Module, x: Tensor, *, loss: str = "mse", layers: list
     n_total = len(x)
     try:
         for i in range(0, n_total, batch_size):
-            xb = x[i:i + batch_size].clone().requires_grad_(True)
-            with torch.enable_grad():
-                logits = model(xb)
+            xb = x[i:i + batch_size]
+            if isinstance(xb, Tensor) and xb.is_floating_point():
+                xb = xb.clone().requires_grad_(True)
+            with torch.enable_grad(), paths.context():
+                logits = call_model(model, xb)
                 s = _loss_hessian_sqrt(logits, loss)
-                names = list(mods)
+                names = [n for n in mods if n in outputs]   # a hook that never fires: no factor
                 outs = [outputs[n] for n in names]
                 for k in range(logits.shape[1]):
                     grads = torch.autograd.grad(logits, outs, grad_outputs=s[:, :, k], retain_graph=True,
@@ -132,6 +137,8 @@ def compute_kfac(model: nn.Module, x: Tensor, *, loss: str = "mse", layers: list
                         rows = kernel_for(mods[n]).output_rows(mods[n], g.detach().unsqueeze(0))[0]
                         _accumulate(sums_g, n, torch.einsum("nti,ntj->ij", rows, rows))
             for n, m in mods.items():
+                if n not in inputs:
+                    continue
                 a = kernel_for(m).patches(m, inputs[n])
                 if m.bias is not None:
                     a = torch.cat([a, torch.ones_like(a[..., :1])], dim=-1)

@@ -14,7 +14,7 @@ the first of ``BatchKeys.y`` (default ``y``, ``label``, ``labels``, ``target``, 
 input and the label have no meaning for scrubbing: they are refused (a third tuple field, another dict key)
 unless ``BatchKeys(ignore_extra=True)`` says to ignore them.
 
-The streaming rule (docs/decisions.md, "Streaming user data"): full-batch quantities (mean losses, gradients,
+The streaming rule (docs/decisions/index.md, "Streaming user data"): full-batch quantities (mean losses, gradients,
 Fisher diagonals, readouts) are sums over chunks divided by the number of samples, so no method or readout
 needs D_r in memory at once. Every chunk is checked finite as it is read.
 """

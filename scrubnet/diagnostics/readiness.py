@@ -1,5 +1,5 @@
 """Linearisation readiness: is a network past its early transient, so that linearising it (LQF, the NTK
-scrub, ML-Forgetting) is reasonable? A **heuristic**, not a theorem (docs/decisions.md, "Critical periods").
+scrub, ML-Forgetting) is reasonable? A **heuristic**, not a theorem (docs/decisions/critical-periods.md, "Critical periods").
 
 Two readouts:
 

@@ -18,7 +18,7 @@ class ExperimentConfig:
     """One experiment: data split, model, training protocol, methods × seeds.
 
     The default ``train`` is :class:`~scrubnet.training.TrainConfig`'s, whose wd = 0.03 replaces the papers'
-    0.1 (docs/decisions.md, "Training protocol": with 0.1 the MLP on the 500-sample MNIST-1D task never
+    0.1 (docs/decisions/conventions.md, "Training protocol": with 0.1 the MLP on the 500-sample MNIST-1D task never
     reaches zero training error, so the protocol's stopping rule never fires).
 
     ``methods=None`` means every registered method that applies (class-only methods such as Hiding

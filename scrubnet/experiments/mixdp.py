@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from scrubnet._config import strict_from_dict, tiny_mode, under_defaults
-from scrubnet.audit.stats import auc_score
+from scrubnet.readouts.roc import auc_score
 from scrubnet.data import DataConfig, load_split
 from scrubnet.experiments.io import atomic_savefig, atomic_write_json, atomic_write_text, subplots
 from scrubnet.models import MODELS, build_model
@@ -76,7 +76,7 @@ def _in_range(key: str, value, integer: bool = False) -> None:
 
 @dataclass
 class MixDPConfig:
-    """The MixDP protocol's knobs; ``docs/decisions.md`` (AdaMix) has the measurements behind the defaults.
+    """The MixDP protocol's knobs; ``docs/decisions/index.md`` (AdaMix) has the measurements behind the defaults.
 
     Chosen by single-seed exploration (test error %): the 1-D CNN features (D = 64) make five public shots
     informative (Only-Public 23.5, paragon ≈ 10.5) where the MLP's do not (55.8 / 24.4); 100 private samples

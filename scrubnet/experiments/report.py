@@ -137,6 +137,62 @@ def report_warnings(results: dict) -> list[str]:
     return warn
 
 
+def _readout_table(results: dict, cols: list[str], degenerate: set) -> list[str]:
+    """One markdown table: a row per method (retrain marked as the target), a column per readout with its unit."""
+    def cell(m: str, c: str, summary: dict) -> str:
+        if c not in summary:
+            return "–"
+        if c == "mia_forget" and m in degenerate:
+            return "degenerate"
+        return _fmt(c, summary[c])
+
+    heads = [f"{c} ({readout_unit(c)})" if readout_unit(c) else c for c in cols]  # the unit in every header
+    out = ["| method | time (s) | " + " | ".join(heads) + " |", "|---" * (len(cols) + 2) + "|"]
+    for m, d in results["methods"].items():
+        name = f"**{m}** (target)" if m == "retrain" else m
+        t = sum(r["time_s"] for r in d["runs"]) / max(len(d["runs"]), 1)
+        cells = [cell(m, c, d.get("summary", {})) for c in cols]
+        out.append(f"| {name} | {t:.2f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _check_lines(results: dict, degenerate: set) -> list[str]:
+    """The protocol's separation checks, one bullet each."""
+    lines = ["## Checks", ""]
+    for k, v in results.get("checks", {}).items():
+        if k.startswith("band_separated_"):
+            r = k[len("band_separated_"):]
+            lines.append(f"- original vs retrain on `{r}`: |Δmean| = {v['gap']:.4f}, 2·std(retrain) = "
+                         f"{v['two_std_retrain']:.4f} → {'separated' if v['separated'] else 'NOT separated'}")
+        elif k.endswith("_inside_band"):
+            m = k[:-len("_inside_band")]
+            un = set(unranked_readouts(results, v["band"]))
+            if m in degenerate:
+                un.add("mia_forget")
+            ranked = {r: ok for r, ok in v["readouts"].items() if r not in un}
+            inside = [r for r, ok in ranked.items() if ok]
+            cannot = [r for r in v["readouts"] if r in un]
+            lines.append(f"- `{m}` inside the `{v['band']}` band on {len(inside)}/{len(ranked)} readouts that "
+                         "can rank methods" + (f": {', '.join(inside)}" if inside else "")
+                         + (f"; cannot rank methods on {', '.join(cannot)}" if cannot else ""))
+        else:
+            lf_unranked = "loss_forget" in unranked_readouts(results, "retrain")
+            lines.append(f"- `{k}`: distance to original {v['distance_to_original']:.4f}, to retrain "
+                         f"{v['distance_to_retrain']:.4f} → closer to {v['closer_to']}"
+                         + (" (loss_forget cannot rank methods: the original and retrain bands overlap)"
+                            if lf_unranked else " (inside the retrain band)" if v["inside_retrain_band"] else ""))
+    return lines + [""]
+
+
+def _protocol_lines(proto: dict) -> list[str]:
+    lines = ["## Protocol", "", "| seed | time (s) | original epochs | retrain epochs | original train error |",
+             "|---|---|---|---|---|"]
+    for s, p in proto.items():
+        lines.append(f"| {s} | {p['time_s']:.1f} | {p.get('original_epochs')} | {p.get('retrain_epochs')} | "
+                     f"{100 * p.get('original_train_error', float('nan')):.1f} % |")
+    return lines + [""]
+
+
 def render_report(results: dict) -> str:
     """Markdown: one table of mean ± std per readout (errors and attack in %), retrain marked as target."""
     ms = results["methods"]
@@ -161,28 +217,10 @@ def render_report(results: dict) -> str:
     if warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
     degenerate = mia_degenerate(results)
-
-    def cell(m: str, c: str, summary: dict) -> str:
-        if c not in summary:
-            return "–"
-        if c == "mia_forget" and m in degenerate:
-            return "degenerate"
-        return _fmt(c, summary[c])
-
-    def table(cols: list[str]) -> list[str]:
-        heads = [f"{c} ({readout_unit(c)})" if readout_unit(c) else c for c in cols]  # the unit in every header
-        out = ["| method | time (s) | " + " | ".join(heads) + " |", "|---" * (len(cols) + 2) + "|"]
-        for m, d in ms.items():
-            name = f"**{m}** (target)" if m == "retrain" else m
-            t = sum(r["time_s"] for r in d["runs"]) / max(len(d["runs"]), 1)
-            cells = [cell(m, c, d.get("summary", {})) for c in cols]
-            out.append(f"| {name} | {t:.2f} | " + " | ".join(cells) + " |")
-        return out
-
-    lines += ["## Readouts", ""] + table(core) + [""]
+    lines += ["## Readouts", ""] + _readout_table(results, core, degenerate) + [""]
     info = [r for r in extra if r.startswith("info_") or r in ("loss_retain", "loss_test")]
     if info:
-        lines += ["## Losses and information (nats)", ""] + table(info) + [""]
+        lines += ["## Losses and information (nats)", ""] + _readout_table(results, info, degenerate) + [""]
     other = [r for r in extra if r not in info]
     if other:
         lines += ["## What each method measured", ""]
@@ -191,40 +229,10 @@ def render_report(results: dict) -> str:
             if keys:
                 lines.append(f"- **{m}**: " + ", ".join(f"`{k}` {_fmt(k, d['summary'][k])}" for k in keys))
         lines.append("")
-    checks = results.get("checks", {})
-    if checks:
-        lines += ["## Checks", ""]
-        for k, v in checks.items():
-            if k.startswith("band_separated_"):
-                r = k[len("band_separated_"):]
-                lines.append(f"- original vs retrain on `{r}`: |Δmean| = {v['gap']:.4f}, 2·std(retrain) = "
-                             f"{v['two_std_retrain']:.4f} → {'separated' if v['separated'] else 'NOT separated'}")
-            elif k.endswith("_inside_band"):
-                m = k[:-len("_inside_band")]
-                un = set(unranked_readouts(results, v["band"]))
-                if m in degenerate:
-                    un.add("mia_forget")
-                ranked = {r: ok for r, ok in v["readouts"].items() if r not in un}
-                inside = [r for r, ok in ranked.items() if ok]
-                cannot = [r for r in v["readouts"] if r in un]
-                lines.append(f"- `{m}` inside the `{v['band']}` band on {len(inside)}/{len(ranked)} readouts that "
-                             "can rank methods" + (f": {', '.join(inside)}" if inside else "")
-                             + (f"; cannot rank methods on {', '.join(cannot)}" if cannot else ""))
-            else:
-                lf_unranked = "loss_forget" in unranked_readouts(results, "retrain")
-                lines.append(f"- `{k}`: distance to original {v['distance_to_original']:.4f}, to retrain "
-                             f"{v['distance_to_retrain']:.4f} → closer to {v['closer_to']}"
-                             + (" (loss_forget cannot rank methods: the original and retrain bands overlap)"
-                                if lf_unranked else " (inside the retrain band)" if v["inside_retrain_band"] else ""))
-        lines.append("")
-    proto = results.get("protocol", {})
-    if proto:
-        lines += ["## Protocol", "", "| seed | time (s) | original epochs | retrain epochs | original train error |",
-                  "|---|---|---|---|---|"]
-        for s, p in proto.items():
-            lines.append(f"| {s} | {p['time_s']:.1f} | {p.get('original_epochs')} | {p.get('retrain_epochs')} | "
-                         f"{100 * p.get('original_train_error', float('nan')):.1f} % |")
-        lines.append("")
+    if results.get("checks"):
+        lines += _check_lines(results, degenerate)
+    if results.get("protocol"):
+        lines += _protocol_lines(results["protocol"])
     lines += ["Figures: `readouts.png` (one panel per readout, retrain band shaded), `entropy.png` (softmax "
               "entropy histograms on D_r, D_f, D_test for the first seed).", "",
               "Per-example verdict (U-LiRA, NeurIPS-2023 ε-score over a pool of models): `scrubnet audit --out DIR`.",

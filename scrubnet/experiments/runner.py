@@ -31,8 +31,9 @@ from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.report import write_outputs
 from scrubnet.curvature.params import trainable_params
 from scrubnet.methods.artifacts import retrain_key
-from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, available_methods, get_method, protocol_method,
-                                   method_class)
+from scrubnet.methods.base import (ForgetContext, ForgettingMethod, ScrubResult, anchor_method, available_methods,
+                                   method_class, protocol_context, protocol_method)
+from scrubnet.scrub import ForgetResult, scrub_and_measure
 from scrubnet.models import build_model
 from scrubnet.readouts.activation_info import activation_information_sets
 from scrubnet.readouts.basic import activation_l1, error_and_loss, softmax_entropy
@@ -81,8 +82,9 @@ def resolve_methods(cfg: ExperimentConfig, split: Split) -> list[str]:
             if (cls.class_only and split.forget_class is None) or not cls.in_default_run:
                 continue
             out.append(m)
-        # the two anchors first, as in the papers' tables
-        return sorted(out, key=lambda m: (m != "original", m != "retrain", m))
+        # the two anchors first (the trained model, then the gold standard), as in the papers' tables
+        rank = {"original": 0, "retrain": 1}
+        return sorted(out, key=lambda m: (rank.get(method_class(m).anchor, 2), m))
     unknown = [m for m in cfg.methods if m not in avail]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; available: {', '.join(avail)}")
@@ -100,9 +102,8 @@ def prepare_seed(cfg: ExperimentConfig, seed: int, device: torch.device | str | 
     start = finetune_start(pre, split.num_classes, seed)
     original, h_o = finetune(start, split.x, split.y, cfg.train, seed)
     ret, h_r = retrain(start, split.x, split.y, split.forget_idx, cfg.train, seed, mode=cfg.retrain_mode)
-    w0 = {k: v.detach().clone() for k, v in start.named_parameters()}
-    ctx = ForgetContext(w0=w0, config=cfg.train, num_classes=split.num_classes, seed=seed,
-                        forget_class=split.forget_class, split=split, start=start, retrain_mode=cfg.retrain_mode)
+    ctx = protocol_context(start, cfg.train, num_classes=split.num_classes, seed=seed,
+                           forget_class=split.forget_class, split=split, retrain_mode=cfg.retrain_mode)
     ctx.cache.put(retrain_key(start, split.x, split.y, split.forget_idx, train=cfg.train.to_dict(), seed=seed,
                               mode=cfg.retrain_mode), ret)
     return SeedRun(seed, split, start, original, ret, ctx, cfg, {"original": h_o, "retrain": h_r})
@@ -115,13 +116,21 @@ def configured_method(name: str, sr: SeedRun, options: dict | None = None) -> Fo
     return protocol_method(name, **opts)
 
 
-def run_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ScrubResult, float]:
-    """Run one method on the seed's original model; returns the result and its wall time (s)."""
+def scrub_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ForgetResult, float]:
+    """Run one method on the seed's original model through :func:`scrubnet.scrub.scrub_and_measure` (the one
+    scrub path; its retain-error rule reported in ``checks``, not failing the run, so the protocol's results
+    record the method's own verdict); returns the result and its wall time (s, the checks included)."""
     method = configured_method(name, sr, options)
     ctx = copy.copy(sr.ctx)  # methods may add to ctx.cache (shared dict) but not rebind the fields
     t0 = time.perf_counter()
-    res = method(sr.original, sr.split.retain, sr.split.forget, ctx)
-    return res, time.perf_counter() - t0
+    out = scrub_and_measure(method, sr.original, sr.split.retain, sr.split.forget, ctx, retain_rule="report")
+    return out, time.perf_counter() - t0
+
+
+def run_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ScrubResult, float]:
+    """:func:`scrub_method`, returning the method's own :class:`~scrubnet.methods.base.ScrubResult`."""
+    out, t = scrub_method(name, sr, options)
+    return out.scrub, t
 
 
 def _weights(model: nn.Module) -> dict:
@@ -264,9 +273,11 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
                 **{f"{k}_zero_error_epoch": v.zero_error_epoch for k, v in sr.histories.items()},
                 **{f"{k}_train_error": v.final_error for k, v in sr.histories.items()}}
             bar.advance(task)
+            steps: dict[str, nn.Module] = {}
             for m in methods:
                 bar.update(task, description=f"seed {seed}: {m}")
-                res, t = run_method(m, sr)
+                checked, t = scrub_method(m, sr)
+                res = checked.scrub
                 readouts = measure(m, res, sr)
                 run = {"seed": seed, "time_s": t, "readouts": readouts}
                 if not res.ok:  # the method says it did not do what it claims: the report warns
@@ -274,12 +285,13 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
                 results["methods"][m]["runs"].append(run)
                 if seed == cfg.seeds[0]:
                     hist_data[m] = entropies(res.model, sr.split)
-                    if m == "ntk":
-                        ntk_scrubbed = res.model
+                    steps[m] = res.model
                 bar.advance(task)
-            if seed == cfg.seeds[0] and out_dir is not None and ("ntk" in methods or "ntk-fisher" in methods):
-                # Figures 4 and 6 of the NTK paper, along the deterministic NTK step of the first seed
-                scrubbed = ntk_scrubbed if "ntk" in methods else run_method("ntk", sr)[0].model
+            figure_steps = sorted({method_class(m).figure_step for m in methods} - {None})
+            if seed == cfg.seeds[0] and out_dir is not None and figure_steps:
+                # Figures 4 and 6 of the NTK paper, along the deterministic step of the first seed
+                step = figure_steps[0]
+                scrubbed = steps[step] if step in steps else run_method(step, sr)[0].model
                 plot_ntk_lines(sr.original, scrubbed, sr.retrain, sr.split, Path(out_dir), seed=seed)
     for m in methods:
         results["methods"][m]["summary"] = summarise(results["methods"][m]["runs"])
@@ -318,9 +330,10 @@ def separation_checks(results: dict) -> dict:
     """
     ms = results["methods"]
     out: dict = {}
-    if "original" not in ms or "retrain" not in ms:
+    orig, ret = anchor_method("original"), anchor_method("retrain")
+    if orig not in ms or ret not in ms:
         return out
-    so, sr = ms["original"]["summary"], ms["retrain"]["summary"]
+    so, sr = ms[orig]["summary"], ms[ret]["summary"]
     for r in ("loss_forget", "error_forget", "mia_forget"):
         if r in so and r in sr:
             gap = abs(so[r]["mean"] - sr[r]["mean"])
@@ -328,7 +341,7 @@ def separation_checks(results: dict) -> dict:
                                           "separated": bool(gap > 2 * sr[r]["std"])}
     refs = {d.get("band", "retrain") for d in ms.values()}
     for m, d in ms.items():
-        if m in ("original", "retrain") or "loss_forget" not in d.get("summary", {}):
+        if m in (orig, ret) or "loss_forget" not in d.get("summary", {}):
             continue
         if m in refs or d.get("band", "retrain") != "retrain":
             continue  # judged against its own band below
@@ -339,7 +352,7 @@ def separation_checks(results: dict) -> dict:
                                    "closer_to": "original" if do < dr else "retrain",
                                    "inside_retrain_band": bool(lo <= v <= hi)}
     for m, d in ms.items():
-        if m in ("original", "retrain") or d.get("band", "retrain") == m:
+        if m in (orig, ret) or d.get("band", "retrain") == m:
             continue
         out[f"{m}_inside_band"] = {"band": d.get("band", "retrain"), "readouts": inside_band(results, m)}
     return out

@@ -12,12 +12,18 @@ method's noise procedure to the reference through :meth:`ForgettingMethod.noise_
 Gaussians with :mod:`scrubnet.readouts.information`.
 
 Methods register themselves by name with :func:`register`; :func:`get_method` builds one from its
-name and options (e.g. ``get_method("fisher", alpha=1e-6)``). Every module in ``scrubnet.methods``
-is imported on first use, so adding a method is adding a module.
+name and options (e.g. ``get_method("fisher", alpha=1e-6)``), checked against the class's declared
+:class:`Option` rules first. A method's cost estimate is its classmethod ``cost`` (:func:`estimate`
+dispatches to it). Every module in ``scrubnet.methods`` is imported on first use, so adding a method is
+adding a module (docs/notes/seam.md shows the smallest one).
+
+A context is built in one of two ways: :meth:`ForgetContext.from_recipe` (a user's model and its recipe) and
+:func:`protocol_context` (scrubnet's own protocol: the recipe pulls toward the fine-tuning start w_0).
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -27,13 +33,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from scrubnet._config import ConfigValueError, check_value
 from scrubnet.curvature.attention import jvp_safe_attention
-from scrubnet.data.stream import BatchKeys, DataStream, as_stream
+from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods.artifacts import ArtifactCache
-from scrubnet.methods.objective import check_stationarity
-from scrubnet.models import find_classifier
+from scrubnet.models import eval_mode, find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
+from scrubnet.training.cost import CostEstimate, estimating_on
 
 Data = tuple[Tensor, Tensor]
 
@@ -50,55 +57,64 @@ def as_tensors(data, keys: BatchKeys | None = None) -> Data:
 class ForgetContext:
     """What the protocol knows besides (model, D_r, D_f).
 
-    w0:            weights fine-tuning started from (target of the (wd/2)‖w − w_0‖² pull).
-    config:        the fine-tuning hyperparameters (lr, momentum, wd, batch size, …).
+    recipe:        the :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with: the one source of
+                   the objective (loss, decay coefficient ``wd`` and centre) and of the SGD settings the
+                   fine-tuning baselines reuse. Build a context with :meth:`from_recipe` (a user's model) or
+                   :func:`protocol_context` (scrubnet's own protocol), not by hand.
     num_classes:   c, outputs of the model.
     seed:          fixes every random choice of the method (noise, batch order).
     forget_class:  the forgotten class when a whole class is forgotten, else None.
     split:         the full :class:`scrubnet.data.Split` when known (core data, D order, test set).
-    start:         the model at ``w0`` (needed by methods that retrain, e.g. ``retrain``).
+    start:         the model at w_0 (needed by methods that retrain, e.g. ``retrain``).
+    schedule:      the protocol's training schedule (epoch caps, stopping rule, pre-training) for methods
+                   that retrain; its objective and SGD fields are overridden by the recipe's (:attr:`config`).
     retrain_mode:  how the protocol retrains without D_f ("replace" | "remove", see
                    :func:`scrubnet.training.retrain`).
     cache:         the :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed
                    (Fisher diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
-    recipe:        the :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with; every method's
-                   objective derives from it. Left ``None`` it is scrubnet's own protocol,
-                   ``TrainingRecipe.scrubnet_protocol(w0, config)``. Build a context for a user's model with
-                   :meth:`from_recipe` (``w0`` and ``config`` then follow from the recipe).
     force:         run a curvature method even when the stationarity check refuses the recipe.
-    verify_recipe: run the stationarity check before a curvature method (:mod:`scrubnet.methods.objective`).
-                   :meth:`from_recipe` (hence :func:`scrubnet.forget` and the CLI for a user's model) sets it;
-                   scrubnet's own protocol, which trained the model to the recipe itself, leaves it off.
+    verify_recipe: run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
+                   :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's
+                   own protocol, which trained the model to the recipe itself, leaves it off.
     chunk_size:    samples per chunk when a method streams a Dataset or DataLoader.
     """
 
-    w0: dict[str, Tensor]
-    config: TrainConfig = field(default_factory=TrainConfig)
+    recipe: TrainingRecipe
     num_classes: int = 0
     seed: int = 0
     forget_class: int | None = None
     split: Any = None
     start: nn.Module | None = None
+    schedule: TrainConfig | None = None
     retrain_mode: str = DEFAULT_RETRAIN_MODE
     cache: ArtifactCache = field(default_factory=ArtifactCache)
-    recipe: TrainingRecipe | None = None
     force: bool = False
     chunk_size: int = 512
     verify_recipe: bool = False
 
     def __post_init__(self):
-        if self.recipe is None:
-            self.recipe = TrainingRecipe.scrubnet_protocol(self.w0, self.config)
+        if not isinstance(self.recipe, TrainingRecipe):
+            raise TypeError(f"ForgetContext.recipe must be a TrainingRecipe, got {type(self.recipe).__name__}")
+
+    @property
+    def config(self) -> TrainConfig:
+        """The training settings of a method that trains: the recipe's lr, momentum, wd, batch size and
+        BatchNorm rule over the protocol's :attr:`schedule` (epoch caps and stopping rule)."""
+        return self.recipe.train_config(self.schedule)
+
+    def center(self, model: nn.Module) -> dict[str, Tensor]:
+        """The decay centre c over ``model``'s trainable parameters (:meth:`TrainingRecipe.center_for`): the
+        fine-tuning start w_0 in the protocol, zeros for ordinary weight decay."""
+        return self.recipe.center_for(model)
 
     @classmethod
     def from_recipe(cls, model: nn.Module, recipe: TrainingRecipe | None = None, *, num_classes: int | None = None,
                     seed: int = 0, forget_class: int | None = None, classifier: str | None = None,
                     cache: ArtifactCache | None = None) -> "ForgetContext":
-        """The context of a model trained with ``recipe`` (default: ordinary training, no weight decay).
+        """The context of a user's model trained with ``recipe`` (default: ordinary training, no weight decay).
 
-        ``w0`` is the recipe's decay centre over the model's trainable parameters (zeros for ordinary weight
-        decay), ``config`` carries the recipe's SGD settings, ``num_classes`` defaults to the output features of
-        the model's classifier (found as ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``).
+        ``num_classes`` defaults to the output features of the model's classifier (found as
+        ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``); the stationarity check is on.
         """
         recipe = TrainingRecipe() if recipe is None else recipe
         if not isinstance(recipe, TrainingRecipe):
@@ -107,9 +123,37 @@ class ForgetContext:
             num_classes = find_classifier(model, classifier)[1].out_features
         if not (isinstance(num_classes, int) and num_classes >= 2):
             raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
-        return cls(w0=recipe.center_for(model), config=recipe.train_config(), num_classes=num_classes,
-                   seed=int(seed), forget_class=forget_class, cache=cache or ArtifactCache(), recipe=recipe,
-                   verify_recipe=True)
+        recipe.center_for(model)  # refuse a centre that does not fit the model now, not inside a method
+        return cls(recipe=recipe, num_classes=num_classes, seed=int(seed), forget_class=forget_class,
+                   cache=cache or ArtifactCache(), verify_recipe=True)
+
+
+def protocol_context(start: nn.Module, train: TrainConfig, *, num_classes: int, seed: int = 0,
+                     forget_class: int | None = None, split: Any = None, retrain_mode: str = DEFAULT_RETRAIN_MODE,
+                     cache: ArtifactCache | None = None) -> ForgetContext:
+    """The context of scrubnet's own protocol: the model was fine-tuned from ``start`` (w_0) with ``train``.
+
+    The recipe is :meth:`TrainingRecipe.scrubnet_protocol` (mean CE + (wd/2)‖w − w_0‖², w_0 = ``start``'s
+    trainable weights, copied); ``train`` is also the schedule a retraining method follows. The experiment
+    runner, the audit pool and ``scrubnet forget --checkpoint`` build their contexts here.
+
+    Parameters
+    ----------
+    start : nn.Module
+        The model at w_0 (kept as ``ctx.start`` for the methods that retrain).
+    train : TrainConfig
+        The protocol's training configuration (objective, SGD settings and schedule).
+    num_classes, seed, forget_class, split, retrain_mode, cache
+        As the :class:`ForgetContext` fields.
+
+    Returns
+    -------
+    ForgetContext
+    """
+    w0 = {k: v.detach().clone() for k, v in start.named_parameters() if v.requires_grad}
+    return ForgetContext(recipe=TrainingRecipe.scrubnet_protocol(w0, train), num_classes=int(num_classes),
+                         seed=int(seed), forget_class=forget_class, split=split, start=start, schedule=train,
+                         retrain_mode=retrain_mode, cache=cache or ArtifactCache())
 
 
 @dataclass
@@ -153,25 +197,74 @@ class ScrubResult:
         return self
 
 
+@dataclass(frozen=True)
+class Option:
+    """The rule of one method option (scikit-learn style parameter constraints), checked before the method
+    is built (:meth:`ForgettingMethod.check_options`).
+
+    Parameters
+    ----------
+    type : type
+        The annotation the value must fit, as in configuration files: ``int``, ``float`` (an int is
+        converted; NaN/inf refused), ``str``, ``bool``, ``X | None`` …
+    range : str, optional
+        Bounds, e.g. ``"> 0"``, ``">= 1"``, ``"[0, 1)"`` (:func:`scrubnet._config.check_value`).
+    choices : tuple, optional
+        The allowed values (strings).
+    default : Any
+        The constructor's default, for the documentation and the CLI's help.
+    """
+
+    type: Any
+    range: str | None = None
+    choices: tuple | None = None
+    default: Any = None
+
+    def check(self, key: str, value):
+        """``value`` converted (int → float) or ``ValueError`` naming ``key`` and what is expected."""
+        try:
+            out = check_value(key, value, self.type, self.range)
+        except ConfigValueError as e:
+            raise ValueError(str(e).replace("configuration key ", "option ", 1)) from None
+        if self.choices is not None and out is not None and out not in self.choices:
+            raise ValueError(f"option {key}: expected one of {', '.join(repr(c) for c in self.choices)}, "
+                             f"got {value!r}")
+        return out
+
+
 class ForgettingMethod(ABC):
     """Base class: subclasses set ``name`` (via :func:`register`) and implement :meth:`scrub`.
 
-    Options are constructor keyword arguments. Traits, declared on the class and read by the runner, the CLI
-    and the audit (never by testing method names):
+    Options are constructor keyword arguments, declared in ``options`` ({name: :class:`Option`}) and checked
+    by :meth:`check_options` before the constructor runs; a class that declares none accepts the names of its
+    constructor's parameters (anything, when the constructor takes ``**options``). The method's cost
+    estimate is its classmethod :meth:`cost`.
+
+    Traits, declared on the class and read by the runner, the CLI and the audit (never by testing method
+    names):
 
     needs_retain:      uses D_r (False: only D_f, e.g. ``hiding``).
     class_only:        applies to class forgetting only (a whole forgotten class).
     noisy:             may end by adding Gaussian noise (its ``noise_at`` gives the Gaussian; information
                        bounds apply).
-    own_retrain_family: trains its own model family and supplies its own retrain reference (ML-Forgetting).
+    own_retrain_family: trains its own model family and supplies its own retrain reference (ML-Forgetting);
+                       it does not apply to a checkpoint or a user's model.
     uses_curvature:    relies on the model sitting near a minimum of the recipe's objective (Newton, Fisher,
-                       NTK, LQF): the stationarity check runs before it (:mod:`scrubnet.methods.stationarity`).
+                       NTK): the stationarity check runs before it (:mod:`scrubnet.recipe.objective`).
     streams:           reads D_r in chunks without materialising it (Datasets, DataLoaders, tensors alike).
     passes:            passes over D_r it makes, in words (e.g. "epochs", "2 + CG iterations").
     protocol_options:  options scrubnet's own experiments run it with unless configured otherwise (e.g.
                        Fisher's α tuned on the embedded default); a user's call gets the class defaults.
     band_reference:    the method whose readout band this one is judged against (default the retrain model).
     in_default_run:    run when an experiment names no methods.
+    anchor:            the protocol role of an anchor method, ``"original"`` (the trained model) or
+                       ``"retrain"`` (the gold standard), None for a scrub: anchors are listed first in a run's
+                       tables, the separation checks compare them, and in the audit their rows are the pool's
+                       own originals / retrains, not scrubs.
+    audit_scrub_cost:  ``"cheap"`` or ``"expensive"`` (trains its own model per scrub): the audit runs an
+                       expensive method on one forget set per split and on half the ε models.
+    figure_step:       the method whose deterministic step the NTK line figures follow (``"ntk"`` for the
+                       NTK methods), None for the others.
     """
 
     name: ClassVar[str] = ""
@@ -185,6 +278,56 @@ class ForgettingMethod(ABC):
     protocol_options: ClassVar[dict] = {}
     band_reference: ClassVar[str] = "retrain"
     in_default_run: ClassVar[bool] = True
+    anchor: ClassVar[str | None] = None
+    audit_scrub_cost: ClassVar[str] = "cheap"
+    figure_step: ClassVar[str | None] = None
+    options: ClassVar[dict[str, Option] | None] = None
+
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
+        """``options`` checked against the class's rules (unknown names, types, ranges, choices) and
+        converted; ``ValueError`` naming the method and the option otherwise."""
+        rules = cls.options
+        if rules is None:
+            params = inspect.signature(cls.__init__).parameters
+            if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+                return dict(options)
+            rules = {k: None for k in params if k != "self"}
+        unknown = sorted(set(options) - set(rules))
+        if unknown:
+            raise ValueError(f"bad option for method {cls.name!r}: unknown option(s) {', '.join(unknown)}; "
+                             f"allowed: {', '.join(sorted(rules)) or 'none'}")
+        out = {}
+        for k, v in options.items():
+            try:
+                out[k] = v if rules[k] is None else rules[k].check(k, v)
+            except ValueError as e:
+                raise ValueError(f"bad option for method {cls.name!r}: {e}") from None
+        return out
+
+    @classmethod
+    def cost(cls, model: nn.Module, x1: Tensor, n_retain: int, n_forget: int, num_classes: int,
+             config: TrainConfig, **options) -> CostEstimate:
+        """The predicted cost of one call (:class:`~scrubnet.training.cost.CostEstimate`).
+
+        Parameters
+        ----------
+        model : nn.Module
+            The model to scrub.
+        x1 : Tensor
+            One probe input, shape (1, ...).
+        n_retain, n_forget, num_classes : int
+            |D_r|, |D_f| and c.
+        config : TrainConfig
+            The training settings of a method that trains (the recipe's over the protocol's schedule).
+        **options
+            The method's options (checked).
+
+        Returns
+        -------
+        CostEstimate
+        """
+        raise NotImplementedError(f"method {cls.name!r} declares no cost estimate")
 
     @abstractmethod
     def scrub(self, model: nn.Module, retain: Data, forget: Data, ctx: ForgetContext) -> ScrubResult:
@@ -196,34 +339,34 @@ class ForgettingMethod(ABC):
         model: the white-box bound is KL(scrub's Gaussian ‖ this one). None for a deterministic method."""
         return None
 
+    def prepare_data(self, retain, forget, ctx: ForgetContext):
+        """``(retain, forget)`` as this method reads them: :class:`~scrubnet.data.stream.DataStream` objects
+        for a method that ``streams``, (x, y) tensors otherwise."""
+        if self.streams:
+            return as_stream(retain, chunk_size=ctx.chunk_size), as_stream(forget, chunk_size=ctx.chunk_size)
+        return as_tensors(retain), as_tensors(forget)
+
     def __call__(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
         """:meth:`scrub` with the inputs checked on entry and the result on exit.
 
-        Data: a method that ``streams`` receives :class:`~scrubnet.data.stream.DataStream` objects (chunks
-        checked finite as they are read); the others receive (x, y) tensors. A curvature method first runs
-        the stationarity check of the recipe (refused with its reason unless ``ctx.force``). A NaN or inf in
-        the weights or the data raises ``ValueError`` instead of propagating into every weight.
+        Data: see :meth:`prepare_data` (chunks of a stream are checked finite as they are read). A NaN or inf
+        in the weights or the data raises ``ValueError`` instead of propagating into every weight. The
+        protocol's honesty checks (stationarity, retain error, failure) are
+        :func:`scrubnet.scrub.scrub_and_measure`'s.
         """
+        retain, forget = self.prepare_data(retain, forget, ctx)
         if self.streams:
-            retain, forget = as_stream(retain, chunk_size=ctx.chunk_size), as_stream(forget, chunk_size=ctx.chunk_size)
             checks = [(s.x, part) for s, part in ((retain, "D_r"), (forget, "D_f")) if s.kind == "tensors"]
         else:
-            retain, forget = as_tensors(retain), as_tensors(forget)
             checks = [(retain[0], "D_r"), (forget[0], "D_f")]
         require_finite_model(model, "the model to scrub")
         for x, part in checks:
             if x.is_floating_point() and not bool(torch.isfinite(x).all()):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
         # forward-mode AD has no rule for the fused CPU attention kernels: the math kernel computes the same
-        # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions.md, "SDPA under forward-mode AD")
+        # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions/own-model.md, "SDPA under forward-mode AD")
         with jvp_safe_attention():
-            st = None
-            if self.uses_curvature and self.needs_retain and ctx.verify_recipe and not ctx.force:
-                st = check_stationarity(model, as_stream(retain, chunk_size=ctx.chunk_size), ctx.recipe, ctx.w0,
-                                        method=self.name)
             res = self.scrub(model, retain, forget, ctx)
-        if st is not None:
-            res.info.update(st.as_dict())
         require_finite_model(res.model, f"method {self.name!r} returned a model that")
         return res
 
@@ -280,11 +423,63 @@ def protocol_method(name: str, **options) -> ForgettingMethod:
 
 
 def get_method(name: str, **options) -> ForgettingMethod:
-    """Instantiate the method registered as ``name`` with ``options``; clear error if unknown."""
+    """Instantiate the method registered as ``name`` with ``options`` (checked against its rules first);
+    ``ValueError`` naming the method if it is unknown or an option is bad."""
     _load_all()
     if name not in _REGISTRY:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    cls = _REGISTRY[name]
+    options = cls.check_options(options)
     try:
-        return _REGISTRY[name](**options)
+        return cls(**options)
     except TypeError as e:
         raise ValueError(f"bad option for method {name!r}: {e}") from None
+
+
+def methods_with(**traits) -> list[str]:
+    """Registered methods whose class has every given trait value, e.g. ``methods_with(anchor=True)``."""
+    _load_all()
+    return sorted(n for n, c in _REGISTRY.items() if all(getattr(c, k) == v for k, v in traits.items()))
+
+
+def anchor_method(role: str) -> str | None:
+    """The registered method whose ``anchor`` trait is ``role`` ("original" or "retrain"), or None."""
+    names = methods_with(anchor=role)
+    return names[0] if names else None
+
+
+def costed_methods() -> list[str]:
+    """Registered methods that declare a cost estimate."""
+    _load_all()
+    return sorted(n for n, c in _REGISTRY.items() if c.cost.__func__ is not ForgettingMethod.cost.__func__)
+
+
+def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num_classes: int | None = None,
+             x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
+             config: TrainConfig | None = None, **options) -> CostEstimate:
+    """Predicted cost of ``method`` on ``model`` with |D_r| = ``n_retain``, |D_f| = ``n_forget``: the method
+    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields).
+
+    One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or ``in_shape``
+    (zeros of that shape). ``num_classes`` defaults to the model's output width; ``config`` (fine-tuning
+    hyperparameters) is used by the training-based methods; ``options`` are the method's own options (the
+    same keywords as ``get_method(method, **options)``, checked the same way)."""
+    cls = method_class(method)
+    if cls is None or method not in costed_methods():
+        raise ValueError(f"no cost model for method {method!r}; methods with one: {', '.join(costed_methods())}")
+    options = cls.check_options(options)
+    if int(n_retain) < 1 or int(n_forget) < 0:
+        raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
+    if x_probe is None:
+        if in_shape is None:
+            raise ValueError("estimate needs x_probe (a batch of inputs) or in_shape")
+        param = next(model.parameters())
+        x_probe = torch.zeros((1, *in_shape), dtype=param.dtype, device=param.device)
+    x1 = x_probe[:1]
+    if num_classes is None:
+        with eval_mode(model), torch.no_grad():
+            num_classes = int(model(x1).shape[-1])
+    estimating_on(x1.device)
+    est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
+    est.method = method
+    return est

@@ -1,6 +1,6 @@
 """The baselines of the papers: Original, Retrain, Finetune, NegGrad, Random labels, Hiding.
 
-Decisions where the papers differ (docs/decisions.md, "Baselines and re-learn time"):
+Decisions where the papers differ (docs/decisions/baselines.md, "Baselines and re-learn time"):
 * Finetune: 10 epochs on D_r at the fine-tuning lr, same objective as fine-tuning (mean CE + the L2 pull
   toward w_0 with the protocol's wd), momentum as in fine-tuning.
 * NegGrad: 10 epochs on all of D where each D_f sample's loss is negated and capped at chance level:
@@ -19,12 +19,14 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet.methods.artifacts import retrain_key
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, register
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, register
 from scrubnet.models import find_classifier, freeze_batchnorm
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.curvature.ggn import per_sample_loss
 from scrubnet.data.stream import DataStream
-from scrubnet.training import RETRAIN_MODES, batch_loss, l2_pull, retrain as retrain_fn, sgd_loop
+from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
+from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, batch_loss, l2_pull, retrain as retrain_fn, sgd_loop
+from scrubnet.training.cost import copy_cost, train_cost
 
 
 #: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10)
@@ -40,7 +42,7 @@ def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epo
     model = copy.deepcopy(model)
     r = ctx.recipe
     g = seeded_generator(10_007 * ctx.seed + 100 + seed_offset, model_device(model))
-    decay = dict(w0=ctx.w0, wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
+    decay = dict(w0=ctx.center(model), wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
     sgd_loop(model, x, y, lr=r.lr if lr is None else lr, momentum=r.momentum, batch_size=r.batch_size,
              max_epochs=r.epochs if epochs is None else epochs, generator=g, freeze_bn=r.freeze_bn, ascent=negate,
              ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.curvature_loss, **decay)
@@ -59,6 +61,7 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
     opt = torch.optim.SGD(params, lr=r.lr if lr is None else lr, momentum=r.momentum,
                           weight_decay=0.0 if r.pulls_to_start else r.wd)
     dev = model_device(model)
+    center = ctx.center(model) if r.pulls_to_start else None
     for _ in range(r.epochs if epochs is None else epochs):
         model.train()
         if r.freeze_bn:
@@ -70,15 +73,17 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
             batches = data.chunks()
         for xb, yb in batches:
             xb, yb = xb.to(dev), yb.to(dev)
-            _step(model, opt, per_sample_loss(model(xb), yb, r.curvature_loss).mean(), ctx)
+            _step(model, opt, per_sample_loss(model(xb), yb, r.curvature_loss).mean(), ctx, center)
     return model.eval()
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: Tensor, ctx: ForgetContext) -> None:
-    """One optimiser step on ``loss`` plus the recipe's (wd/2)‖w − w_0‖² pull when it pulls to the start."""
+def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: Tensor, ctx: ForgetContext,
+          center: dict[str, Tensor] | None) -> None:
+    """One optimiser step on ``loss`` plus the recipe's (wd/2)‖w − c‖² pull when it pulls to the start
+    (``center`` = c, :meth:`ForgetContext.center`)."""
     r = ctx.recipe
     if r.pulls_to_start and r.wd > 0:
-        loss = loss + 0.5 * r.wd * l2_pull(model, ctx.w0)
+        loss = loss + 0.5 * r.wd * l2_pull(model, center)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -103,6 +108,7 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
     n_r, n_f = len(retain), len(y_f)
     x_f, y_f = x_f.to(dev), y_f.to(dev)
     cap = math.log(max(ctx.num_classes, 2))
+    center = ctx.center(model) if r.pulls_to_start else None
     for _ in range(r.epochs if epochs is None else epochs):
         model.train()
         if r.freeze_bn:
@@ -117,7 +123,7 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
             xb[from_r.to(dev)], yb[from_r.to(dev)] = xr.to(dev, x_f.dtype), yr.to(dev)
             xb[~from_r.to(dev)], yb[~from_r.to(dev)] = x_f[(idx[~from_r] - n_r).to(dev)], y_f[(idx[~from_r] - n_r).to(dev)]
             _step(model, opt, batch_loss(model(xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
-                                         cap if negate else None), ctx)
+                                         cap if negate else None), ctx, center)
     return model.eval()
 
 
@@ -126,9 +132,16 @@ class Original(ForgettingMethod):
     """No forgetting: the trained model itself (the upper end of what an attacker can recover)."""
 
     needs_retain = False
+    anchor = "original"
+    options = {}
 
     def scrub(self, model, retain, forget, ctx):
         return ScrubResult(copy.deepcopy(model).eval())
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, **options):
+        """A copy of the model: O(p)."""
+        return copy_cost(model)
 
 
 @register("retrain")
@@ -140,6 +153,19 @@ class Retrain(ForgettingMethod):
     ``ctx.split``) keeps |D| by replacing forgotten samples with copies of random retained ones;
     ``'remove'`` trains on D_r only.
     """
+
+    anchor = "retrain"
+    options = {"mode": Option(str | None, choices=RETRAIN_MODES)}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, mode: str | None = None):
+        """Retrain from w_0 (:func:`scrubnet.training.retrain`): at the config's epoch cap ``max_epochs`` (upper
+        bound: training stops ``extra_epochs`` after zero training error), over D (mode "replace", the default:
+        forgotten samples replaced by retained ones) or D_r ("remove"); the stopping rule evaluates the training
+        error after every epoch (one forward over the set), and the final loss is one more forward."""
+        ep = int(config.max_epochs)
+        n = n_retain if (mode or DEFAULT_RETRAIN_MODE) == "remove" else n_retain + n_forget
+        return train_cost(model, x1, n, ep, config.batch_size, eval_forwards=ep + 1.0)
 
     def __init__(self, mode: str | None = None):
         if mode is not None and mode not in RETRAIN_MODES:
@@ -170,6 +196,14 @@ class Finetune(ForgettingMethod):
 
     streams = True
     passes = "epochs"
+    options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, epochs: int | None = None, lr=None):
+        """``epochs`` epochs on D_r (default the protocol recipe's :data:`PROTOCOL_BASELINE_EPOCHS`, the number
+        the method runs: a fixed count, not a cap)."""
+        ep = int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs)
+        return train_cost(model, x1, n_retain, ep, config.batch_size)
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
         self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
@@ -186,6 +220,13 @@ class NegGrad(ForgettingMethod):
     indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory)."""
 
     streams = True
+    options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, epochs: int | None = None, lr=None):
+        """``epochs`` epochs (default :data:`PROTOCOL_BASELINE_EPOCHS`) on all of D."""
+        ep = int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs)
+        return train_cost(model, x1, n_retain + n_forget, ep, config.batch_size)
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
         self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
@@ -209,6 +250,13 @@ class RandomLabels(ForgettingMethod):
     NegGrad does."""
 
     streams = True
+    options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, epochs: int | None = None, lr=None):
+        """``epochs`` epochs (default :data:`PROTOCOL_BASELINE_EPOCHS`) on all of D."""
+        ep = int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs)
+        return train_cost(model, x1, n_retain + n_forget, ep, config.batch_size)
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
         self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
@@ -238,6 +286,12 @@ class Hiding(ForgettingMethod):
     needs_retain = False
     class_only = True
     passes = "0"
+    options = {"classifier": Option(str | None)}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, **options):
+        """An edit of one head row: O(p) for the copy."""
+        return copy_cost(model)
 
     def __init__(self, classifier: str | None = None):
         self.classifier = classifier

@@ -1,4 +1,4 @@
-"""Fisher forgetting ("Eternal Sunshine"; the noise step of "Forgetting Outside the Box"). Decisions: docs/decisions.md.
+"""Fisher forgetting ("Eternal Sunshine"; the noise step of "Forgetting Outside the Box"). Decisions: docs/decisions/index.md.
 
 The deterministic part of the scrub is the identity, h(w) = w (the diagonal Fisher is too crude for a Newton
 step); forgetting comes from Gaussian noise shaped by the inverse Fisher of the retain set:
@@ -21,7 +21,7 @@ we keep the value itself).
 (:func:`alpha_for_budget`, default :data:`DEFAULT_LOSS_BUDGET` nats), relative to the model at hand.
 **scrubnet's protocol uses α = 3e-6** (:data:`DEFAULT_ALPHA`, the class's ``protocol_options``), chosen on the embedded default experiment instead of the
 authors' 1e-6 (tuned for 32×32 images), which barely moves the MLP; the measured trade-off is in
-docs/decisions.md ("Fisher forgetting"), and ``scrubnet sweep --method fisher`` shows the whole curve.
+docs/decisions/fisher-newton.md ("Fisher forgetting"), and ``scrubnet sweep --method fisher`` shows the whole curve.
 
 The result carries the Gaussian N(μ, diag v) it sampled from; :meth:`FisherForgetting.noise_at` gives the
 same procedure at another model (its own Fisher), from which the evaluator computes the white-box bound
@@ -36,12 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.methods.artifacts import ArtifactCache, fisher_key
 from scrubnet.models import find_classifier
 from scrubnet.data.stream import DataStream, as_stream
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
+from scrubnet.training.cost import fisher_diagonal_cost
 from scrubnet.models import eval_mode
 
 DEFAULT_ALPHA = 3e-6
@@ -224,6 +226,18 @@ class FisherForgetting(ForgettingMethod):
     streams = True
     passes = "1 (Fisher) + 2 (loss before and after; budget mode) + 1 per halving"
     protocol_options = {"alpha": DEFAULT_ALPHA}
+    options = {"alpha": Option(float | None, "> 0"), "form": Option(str, choices=FORMS, default="code"),
+               "kind": Option(str, choices=tuple(FISHER_KINDS), default="true"),
+               "clamp": Option(bool, default=True), "per_output_mean": Option(bool, default=True),
+               "boost": Option(float, "> 0", default=10.0), "batch_size": Option(int | None, ">= 1"),
+               "classifier": Option(str | None), "retain_loss_budget": Option(float | None, "> 0")}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, kind: str = "true",
+             batch_size: int | None = None, **_options):
+        """The Fisher diagonal on D_r (:func:`~scrubnet.curvature.fisher.plan_fisher`) and one noise draw
+        (O(p))."""
+        return fisher_diagonal_cost(model, x1, n_retain, kind=kind, batch_size=batch_size)
 
     def __init__(self, alpha: float | None = None, form: str = "code", kind: str = "true", clamp: bool = True,
                  per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None,
@@ -276,6 +290,7 @@ class FisherForgetting(ForgettingMethod):
         self.alpha_used = alpha
         info.update({"alpha": alpha, "fisher_seconds": time.perf_counter() - t0,
                      "noise_std_median": float(torch.cat([v.reshape(-1).double() for v in var.values()]).sqrt().median())})
+        info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         res = ScrubResult(model=noisy.eval(), info=info, noise=WeightGaussian(mean, var))
         if self.budget is not None and info["retain_loss_increase"] > BUDGET_SLACK * self.budget:
             res.fail(f"the noise raised the retain loss by {info['retain_loss_increase']:.3g} nats, more than "

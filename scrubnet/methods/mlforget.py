@@ -102,6 +102,7 @@ def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
 
 class _MLBase(ForgettingMethod):
     own_retrain_family = True
+    audit_scrub_cost = "expensive"  # trains its own mixed-linear model for every scrub
     def __init__(self, **options):
         self.cfg = ml_config_from_options(options)
 

@@ -9,9 +9,9 @@ and the scrub is one Newton step on it,
     h(w) = w − H⁻¹ ∇L_r(w),   H = G_r + (wd + damping)·I,
 
 with G_r the Gauss–Newton matrix of the mean loss on D_r (= true Fisher for cross-entropy; the PSD
-Levenberg–Marquardt replacement of the Hessian; docs/decisions.md, "Newton scrub"), applied matrix-free (JVP + VJP, see
+Levenberg–Marquardt replacement of the Hessian; docs/decisions/fisher-newton.md, "Newton scrub"), applied matrix-free (JVP + VJP, see
 :mod:`scrubnet.curvature.ggn`) inside :func:`scrubnet.curvature.solvers.conjugate_gradient`. The gradient
-includes the pull term wd·(w − w_0); parameters absent from ``ctx.w0`` get no pull. ``damping`` (default 0:
+includes the pull term wd·(w − w_0); parameters absent from the recipe's centre get no pull. ``damping`` (default 0:
 the pull already makes H positive definite), the CG ``tol`` and ``max_iter`` and what CG achieved are
 reported in ``info``. For a model that is linear in w and ``loss="mse"`` (ℓ = ½‖f − onehot(y)‖²), L_r is
 quadratic, G_r its exact Hessian, and h(w) is exactly the retrained model (to CG tolerance).
@@ -30,11 +30,11 @@ noise the distributions are point masses and the bound is infinite; the evaluato
 ``weight_distance_ratio`` = ‖h(w_o) − w_r‖ / ‖w_o − w_r‖ says whether the step moved toward the retrain
 model (< 1).
 
-**Safeguard** (:func:`retain_newton_step`; "Newton safeguard" in docs/decisions.md): the step is accepted only
+**Safeguard** (:func:`retain_newton_step`; "Newton safeguard" in docs/decisions/index.md): the step is accepted only
 where L_r decreases — Levenberg–Marquardt damping on the Gauss–Newton model (default), Armijo backtracking,
 or the paper's plain step (``safeguard="none"``). On the embedded default (MLP on MNIST-1D, wd 0.03) the
 plain step raises L_r on every seed and reaches the retrain band only by that overshoot; the safeguarded
-step lowers L_r and stays next to the original on the forget readouts (figures in docs/decisions.md).
+step lowers L_r and stays next to the original on the forget readouts (figures in docs/decisions/index.md).
 """
 from __future__ import annotations
 
@@ -45,14 +45,17 @@ import time
 import torch
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
+from scrubnet.curvature.ntk import activation_numel_per_sample
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
+from scrubnet.training.cost import CostEstimate, fisher_diagonal_cost, forward_flops, seconds_at, trainable_numel
 from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
 from scrubnet.data.stream import DataStream
-from scrubnet.methods.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
+from scrubnet.recipe.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
 from scrubnet.models import eval_mode
 
 
@@ -110,7 +113,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     The Gauss–Newton model m(δ) = L_r(w) − gᵀδ + ½ δᵀHδ (H = G_r + wd·M, δ = the CG solution) is only a
     model of L_r: on networks with BatchNorm and ReLU its minimiser can land where L_r is much larger (a
     2-D CNN on the digits measured L_r 1.02 → 1.93, retain error 0 → 64 %). So the step is only accepted
-    when L_r decreases (Newton safeguard in docs/decisions.md):
+    when L_r decreases (Newton safeguard in docs/decisions/index.md):
 
     * ``safeguard="lm"`` (default): Levenberg–Marquardt. Accept δ(μ) when the ratio ρ = (actual decrease) /
       (decrease predicted by m) is ≥ ¼; otherwise set μ ← max(10μ, δᵀHδ/‖δ‖²) (the curvature along the
@@ -145,7 +148,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
         raise ValueError("the Newton scrub needs a non-empty retain set")
     w = get_flat(model)
     mask, anchor = pull_mask_and_anchor(model, w0)
-    if streamed:  # sums over chunks (docs/decisions.md, "Streaming rule")
+    if streamed:  # sums over chunks (docs/decisions/own-model.md, "Streaming rule")
         data_loss, g_data = stream_loss_and_grad(model, retain, loss=loss, batch_size=batch_size)
     else:
         data_loss, g_data = mean_loss_and_grad(model, *retain, loss=loss, batch_size=batch_size)
@@ -240,9 +243,9 @@ ZERO_WD_DAMPING = 1e-3
 class NewtonScrub(ForgettingMethod):
     """Newton scrub h(w) = w − H⁻¹∇L_r(w) by matrix-free CG, optionally + the optimal noise (module docstring).
 
-    The retain objective is the recipe's (``ctx.recipe``): its loss, its wd and its centre (``ctx.w0``).
-    Options: loss ("ce" | "mse"; default: the recipe's), wd (default: the recipe's), damping (initial
-    Levenberg–Marquardt μ; :data:`ZERO_WD_DAMPING` when both it and wd are 0), safeguard ("backtrack" | "lm" |
+    The retain objective is the recipe's (``ctx.recipe``): its loss, its wd and its centre
+    (``ctx.center(model)``); no option changes it. Options: damping (initial Levenberg–Marquardt μ;
+    :data:`ZERO_WD_DAMPING` when both it and the recipe's wd are 0), safeguard ("backtrack" | "lm" |
     "none", see :func:`retain_newton_step`), tol, max_iter, batch_size, alpha (noise scale λσ_h²; 0 = no
     noise), retain_loss_tolerance / retain_error_tolerance (the data safeguard: a step raising the retain
     cross-entropy by more nats, or the retain error by more, is shortened or rejected; None turns it off).
@@ -257,45 +260,72 @@ class NewtonScrub(ForgettingMethod):
     noisy = True
     streams = True
     passes = "2 + CG iterations per damping try, + 1 per line-search trial, + 2 for the data safeguard"
+    options = {"damping": Option(float, ">= 0", default=0.0), "tol": Option(float, "> 0", default=1e-5),
+               "max_iter": Option(int, ">= 1", default=300), "batch_size": Option(int, ">= 1", default=512),
+               "alpha": Option(float, ">= 0", default=0.0),
+               "safeguard": Option(str, choices=SAFEGUARDS, default="lm"),
+               "retain_loss_tolerance": Option(float | None, ">= 0", default=0.05),
+               "retain_error_tolerance": Option(float | None, ">= 0", default=0.02)}
 
-    def __init__(self, loss: str | None = None, wd: float | None = None, damping: float = 0.0, tol: float = 1e-5,
-                 max_iter: int = 300, batch_size: int = 512, alpha: float = 0.0, safeguard: str = "lm",
-                 retain_loss_tolerance: float | None = 0.05, retain_error_tolerance: float | None = 0.02):
-        if loss is not None and loss not in LOSSES:
-            raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, max_iter: int = 300, alpha: float = 0.0,
+             batch_size: int = 512, **_options) -> CostEstimate:
+        """Newton step by CG on the Gauss–Newton/Hessian of the retain loss: one gradient pass, then at most
+        ``max_iter`` GGN-vector products over D_r (each ≈ a JVP + a VJP ≈ 2 forward+backward passes; exactly
+        ``max_iter`` when CG does not reach its tolerance), plus the Fisher diagonal when ``alpha`` > 0 (noise).
+        One solve: the default "lm" safeguard re-solves with more damping when the step fails its ratio test
+        (at most 6 more solves), which this bound does not count."""
+        fb = 3.0 * forward_flops(model, x1)
+        flops = n_retain * fb * (1 + 2.0 * max_iter)
+        peak = 10 * 8 * trainable_numel(model) + min(batch_size, n_retain) * 3 * 4 * activation_numel_per_sample(model, x1)
+        passes = 1.0 + 2.0 * max_iter
+        if alpha > 0:
+            fis = fisher_diagonal_cost(model, x1, n_retain)
+            flops += fis.flops
+            passes += fis.passes
+            peak = max(peak, fis.peak_bytes)
+        return CostEstimate("newton", flops, seconds_at(flops, "newton"), int(peak), passes, {"max_iter": max_iter})
+
+    def __init__(self, damping: float = 0.0, tol: float = 1e-5, max_iter: int = 300, batch_size: int = 512,
+                 alpha: float = 0.0, safeguard: str = "lm", retain_loss_tolerance: float | None = 0.05,
+                 retain_error_tolerance: float | None = 0.02):
         if safeguard not in SAFEGUARDS:
             raise ValueError(f"unknown safeguard {safeguard!r}; choose one of {', '.join(SAFEGUARDS)}")
         self.safeguard = safeguard
-        if alpha < 0 or damping < 0 or (wd is not None and wd < 0):
-            raise ValueError("alpha, damping and wd must be ≥ 0")
+        if alpha < 0 or damping < 0:
+            raise ValueError("alpha and damping must be ≥ 0")
         if tol <= 0 or max_iter < 1 or batch_size < 1:
             raise ValueError("tol must be > 0, max_iter and batch_size ≥ 1")
         if (retain_loss_tolerance is None) != (retain_error_tolerance is None):
             raise ValueError("give both retain_loss_tolerance and retain_error_tolerance, or neither")
         if retain_loss_tolerance is not None and not (retain_loss_tolerance >= 0 and retain_error_tolerance >= 0):
             raise ValueError("retain_loss_tolerance and retain_error_tolerance must be ≥ 0")
-        self.loss, self.wd, self.damping, self.tol = loss, wd, float(damping), float(tol)
+        self.damping, self.tol = float(damping), float(tol)
         self.max_iter, self.batch_size, self.alpha = int(max_iter), int(batch_size), float(alpha)
         self.loss_tol, self.error_tol = retain_loss_tolerance, retain_error_tolerance
 
     def _settings(self, ctx: ForgetContext) -> tuple[str, float, float]:
-        """(loss, wd, initial damping) from the options, else the recipe."""
-        loss = self.loss or ctx.recipe.curvature_loss
-        wd = float(ctx.recipe.wd if self.wd is None else self.wd)
+        """(loss, wd, initial damping): the recipe's loss and decay, the damping option."""
+        if ctx.recipe.loss == "mse" and ctx.recipe.target_scale != 1.0:
+            raise ValueError("newton's retain objective is ½‖f − onehot(y)‖² for an MSE recipe: a recipe target "
+                             f"scale of {ctx.recipe.target_scale:g} is not supported")
+        loss = ctx.recipe.curvature_loss
+        wd = float(ctx.recipe.wd)
         damping = self.damping if (self.damping > 0 or wd > 0) else ZERO_WD_DAMPING
         return loss, wd, damping
 
     def _procedure(self, model: nn.Module, retain, ctx: ForgetContext):
         """(h(w) model, CG info, diagnostics, noise mean, noise var or None)."""
         loss, wd, damping = self._settings(ctx)
-        h, info, diag = retain_newton_step(model, retain, w0=ctx.w0, wd=wd, loss=loss, damping=damping,
+        center = ctx.center(model)
+        h, info, diag = retain_newton_step(model, retain, w0=center, wd=wd, loss=loss, damping=damping,
                                            tol=self.tol, max_iter=self.max_iter, batch_size=self.batch_size,
                                            safeguard=self.safeguard,
                                            data_check=self.loss_tol is not None and self.safeguard != "none",
                                            loss_tolerance=self.loss_tol or 0.0,
                                            error_tolerance=self.error_tol or 0.0)
         if self.alpha > 0:
-            mean, var = newton_noise_variance(h, retain, alpha=self.alpha, wd=wd, w0=ctx.w0)
+            mean, var = newton_noise_variance(h, retain, alpha=self.alpha, wd=wd, w0=center)
             return h, info, diag, mean, var
         return h, info, diag, None, None
 
@@ -312,6 +342,7 @@ class NewtonScrub(ForgettingMethod):
             "newton_max_iter": float(self.max_iter), "alpha": self.alpha,
             **cg.as_dict("newton_cg_"), **{f"newton_{k}": v for k, v in diag.items()},
             "objective_before": diag["objective_before"], "objective_after": diag["objective_after"]}
+        info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         noise = None if var is None else WeightGaussian(mean, var)
         res = ScrubResult(model=out.eval(), info=info, noise=noise)
         if not cg.converged:

@@ -1,10 +1,10 @@
 """NTK one-shot scrubbing ("Forgetting Outside the Box"), computed matrix-free; and NTK + Fisher noise.
 
-Decisions: docs/decisions.md, "NTK scrub". Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
+Decisions: docs/decisions/ntk.md, "NTK scrub". Notation: D = D_r ⊔ D_f with N = |D|, N_r = |D_r|,
 c classes, J_S the (|S|·c × p) Jacobian of the logits on a set S at the linearisation point w* (eval mode),
 Θ_S = J_S J_Sᵀ, λ_S = wd·|S| (the training loss is a *mean* CE + (wd/2)‖w − w_0‖²), r_S the per-sample
 residual (CE: softmax(f) − onehot(y), i.e. the loss Hessian in logit space replaced by I; MSE:
-f − t for the loss ½‖f − t‖², t = ``mse_target_scale``·onehot(y)).
+f − t for the loss ½‖f − t‖², t = the recipe's ``target_scale``·onehot(y)).
 
 Linearised training on S reaches
 
@@ -27,7 +27,7 @@ w_0, as in the code). The evaluator compares the step with w(D_r) − w(D) (``we
 ‖w(D_r) − w(D)‖/‖scale·δw‖, ``weight_step_cosine``, ``weight_distance_ratio``; see
 :func:`scrubnet.readouts.information.weight_step_geometry`).
 
-Defaults (measurements in docs/decisions.md, "NTK scrub"):
+Defaults (measurements in docs/decisions/ntk.md, "NTK scrub"):
 
 * ``pull="w0"`` (default) vs the code's ``pull="point"``: with the pull toward w(D) the linearised
   problem ignores the balance (1/N)Jᵀr ≈ −wd(w(D) − w_0) that holds at the trained weights, so δw is tiny
@@ -58,11 +58,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
-                                    solve_gram, solve_ntk_cg)
+                                    ntk_gram_flops, ntk_gram_schedule, solve_gram, solve_ntk_cg)
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
 from scrubnet.methods.artifacts import ntk_direction_key
-from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian, register
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
+from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_flops, gemm_seconds, seconds_at,
+                                    trainable_numel)
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.fisher import DEFAULT_LOSS_BUDGET, alpha_for_budget, fisher_noise, stream_fisher
 
@@ -82,13 +85,13 @@ class NTKStep:
     info: dict[str, float] = field(default_factory=dict)
 
 
-def residuals(logits: Tensor, y: Tensor, loss: str, num_classes: int, mse_target_scale: float = 1.0) -> Tensor:
+def residuals(logits: Tensor, y: Tensor, loss: str, num_classes: int, target_scale: float = 1.0) -> Tensor:
     """Per-sample residual (N, c): ∂loss/∂logits for CE (softmax − onehot), f − t for ½‖f − t‖²."""
     onehot = F.one_hot(y, num_classes).to(logits.dtype)
     if loss == "ce":
         return torch.softmax(logits, dim=1) - onehot
     if loss == "mse":
-        return logits - mse_target_scale * onehot
+        return logits - target_scale * onehot
     raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
 
 
@@ -107,7 +110,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
                   wd: float, w0: Tensor, num_classes: int, lin_model: nn.Module | None = None,
                   loss: str = "ce", pull: str = "point", ridge: str = "set_size", ridge_value: float | None = None,
                   solver: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8,
-                  cg_max_iter: int = 1000, mse_target_scale: float = 1.0, batch_size: int | None = None
+                  cg_max_iter: int = 1000, target_scale: float = 1.0, batch_size: int | None = None
                   ) -> NTKStep:
     """δw = w_lin(D_r) − w_lin(D) at the linearisation point ``lin_model`` (default ``model``).
 
@@ -150,7 +153,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
         lin.train(was)
     if logits.shape[1] != num_classes:
         raise ValueError(f"model has {logits.shape[1]} outputs, num_classes is {num_classes}")
-    b = residuals(logits, y, loss, num_classes, mse_target_scale).to(torch.float64)
+    b = residuals(logits, y, loss, num_classes, target_scale).to(torch.float64)
     w_star = get_flat(lin).to(torch.float64)
     delta0 = w_star - w0.to(torch.float64)
     if pull == "w0":
@@ -198,21 +201,98 @@ def trapezium_scale(delta_w: Tensor, m: Tensor) -> tuple[float, float]:
 RIDGELESS_RELATIVE = 1e-6
 
 
+# memory-bound work per entry of the NTK's float64 Grams (Θ over D and its block over D_r) in the Cholesky
+# solves, in GEMM-FLOP equivalents: the identity and ridge-shifted copy, the factor's allocation, the two
+# triangular solves and the residual product. Measured by profiling the MLP at N = 1,000 (5,000 Gram rows):
+# 1.0 s of the solves' 3.2 s CPU time outside the factorisations (decisions.md)
+GRAM_ENTRY_FLOP_EQUIV = 1800.0
+
+
+def ntk_solver(n_rows: int, memory_budget_bytes: int, solver: str = "auto") -> str:
+    """Cholesky when the float64 Gram fits in half the budget (the method's own rule), else CG."""
+    if solver != "auto":
+        return solver
+    return "cholesky" if gram_bytes(n_rows) <= memory_budget_bytes // 2 else "cg"
+
+
+def ntk_cost(model: nn.Module, x1: Tensor, n_r: int, n_f: int, c: int, *, memory_budget_bytes: int = DEFAULT_BUDGET,
+             solver: str = "auto", cg_max_iter: int = 1000, pull: str | None = "w0") -> CostEstimate:
+    """NTK scrub: Gram Θ over D = D_r ⊔ D_f (every Jacobian row once + per-layer contraction,
+    :func:`~scrubnet.curvature.ntk.ntk_gram_flops`), two float64 Cholesky factorisations ((Nc)³/3 and
+    (N_r c)³/3), the JVP of the w_0 pull and two VJPs (≈ 3 forwards each over D). With CG (Gram over half
+    the budget) every iteration is one VJP + one JVP over D and over D_r, ``cg_max_iter`` at most (upper
+    bound; exactly that many when the tolerance is not reached). The Gram and the factorisations run at the
+    NTK efficiency, plus :data:`GRAM_ENTRY_FLOP_EQUIV` per Gram entry for the solves' memory-bound work; the
+    VJP/JVP passes are batched forward/backward products like Newton's and run at its efficiency. Peak: the
+    float64 Gram, its Cholesky copy and factor (3·8·(Nc)²) plus the Gram's buffer budget (an upper bound: the
+    solves hold ≈ 5 Grams at once, fewer than 3 Grams + the budget since a Gram is at most half the budget on
+    this path)."""
+    n = n_r + n_f
+    rows, rows_r = n * c, n_r * c
+    fwd = forward_flops(model, x1)
+    solver = ntk_solver(rows, memory_budget_bytes, solver)
+    vjp = 3.0 * fwd
+    passes = 3.0 + (1.0 if pull == "w0" else 0.0)
+    products = n * vjp * (passes - 1.0) + n * fwd
+    gram = 0.0
+    schedule: dict = {}
+    if solver == "cholesky":
+        g = ntk_gram_flops(model, x1, n)
+        # when the factors do not fit: layer groups or chunks capture (and rebuild) more than once
+        schedule = ntk_gram_schedule(model, x1, n, memory_budget_bytes=memory_budget_bytes)
+        gram = g["total"] + (rows ** 3 + rows_r ** 3) / 3.0
+        passes += c
+        peak = 3 * gram_bytes(rows) + memory_budget_bytes
+    else:
+        products += cg_max_iter * 2.0 * vjp * (n + n_r)
+        passes += 2.0 * cg_max_iter * 2
+        peak = memory_budget_bytes // 4 + 8 * 4 * trainable_numel(model)
+    extra = schedule.get("extra_flops", 0.0)
+    flops = gram + extra + products
+    # the schedule's extra work (captures again, per-row gradients rebuilt: batched GEMMs) at the GEMM rate:
+    # at the NTK efficiency it made the estimate 2.3× the measured time of ResNet-18 ×1.0 (11 layer groups)
+    seconds = seconds_at(gram, "ntk") + gemm_seconds(extra) + seconds_at(products, "newton")
+    if solver == "cholesky":
+        seconds += gemm_seconds(GRAM_ENTRY_FLOP_EQUIV * (rows ** 2 + rows_r ** 2))
+    return CostEstimate("ntk", flops, seconds, int(peak), passes,
+                        {"solver": solver, "gram_rows": rows, "gram_bytes": gram_bytes(rows),
+                         "gram_flops": gram, "schedule_extra_flops": extra, "product_flops": products,
+                         **({"gram_schedule": schedule["schedule"], "gram_groups": schedule["groups"]}
+                            if schedule else {})})
+
+
 @register("ntk")
 class NTKScrub(ForgettingMethod):
     """NTK one-shot scrubbing (module docstring).
 
     Options: linearize_at ("trained" = w(D), default, as the authors' code | "w0"), pull ("w0", default |
-    "point", the authors' code), trapezium (bool, default False; see the module docstring), loss ("ce" | "mse"), mse_target_scale, ridge ("set_size" | "fixed"),
+    "point", the authors' code), trapezium (bool, default False; see the module docstring), ridge ("set_size" |
+    "fixed"),
     ridge_value, solver ("auto" | "cholesky" | "cg"), memory_budget_bytes, cg_tol, cg_max_iter, batch_size,
-    step_scale (a fixed multiplier of δw; overrides the trapezium when given).
+    step_scale (a fixed multiplier of δw; overrides the trapezium when given). The loss, its target scale and
+    the decay are the recipe's.
     """
 
     uses_curvature = True
     passes = "Gram (or CG iterations) over D_r ∪ D_f, in memory"
+    figure_step = "ntk"
+    options = {"linearize_at": Option(str, choices=LINEARIZE_AT, default="trained"),
+               "pull": Option(str | None, choices=PULLS), "trapezium": Option(bool, default=False),
+               "ridge": Option(str, choices=RIDGES, default="set_size"), "ridge_value": Option(float | None, "> 0"),
+               "solver": Option(str, choices=SOLVERS, default="auto"),
+               "memory_budget_bytes": Option(int, ">= 1", default=DEFAULT_BUDGET),
+               "cg_tol": Option(float, "> 0", default=1e-8), "cg_max_iter": Option(int, ">= 0", default=1000),
+               "batch_size": Option(int | None, ">= 1"), "step_scale": Option(float | None, "> 0")}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, memory_budget_bytes: int = DEFAULT_BUDGET,
+             solver: str = "auto", cg_max_iter: int = 1000, pull: str | None = "w0", **_options) -> CostEstimate:
+        """The NTK scrub's cost (:func:`ntk_cost`)."""
+        return ntk_cost(model, x1, n_retain, n_forget, num_classes, memory_budget_bytes=memory_budget_bytes,
+                        solver=solver, cg_max_iter=cg_max_iter, pull=pull)
 
     def __init__(self, linearize_at: str = "trained", pull: str | None = None, trapezium: bool = False,
-                 loss: str | None = None, mse_target_scale: float = 1.0, ridge: str = "set_size",
+                 ridge: str = "set_size",
                  ridge_value: float | None = None, solver: str = "auto",
                  memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8, cg_max_iter: int = 1000,
                  batch_size: int | None = None, step_scale: float | None = None):
@@ -221,43 +301,43 @@ class NTKScrub(ForgettingMethod):
         self.step_scale = None if step_scale is None else float(step_scale)
         if linearize_at not in LINEARIZE_AT:
             raise ValueError(f"linearize_at must be one of {', '.join(LINEARIZE_AT)}, got {linearize_at!r}")
-        for name, val, allowed in (("loss", loss, LOSSES), ("pull", pull, PULLS), ("solver", solver, SOLVERS),
+        for name, val, allowed in (("pull", pull, PULLS), ("solver", solver, SOLVERS),
                                    ("ridge", ridge, RIDGES)):
             if val is not None and val not in allowed:
                 raise ValueError(f"unknown {name} {val!r}; choose one of {', '.join(allowed)}")
         if int(memory_budget_bytes) <= 0:
             raise ValueError("memory_budget_bytes must be positive")
         self.linearize_at, self.pull, self.trapezium = linearize_at, pull, bool(trapezium)
-        self.loss, self.mse_target_scale = loss, float(mse_target_scale)
         self.ridge, self.ridge_value, self.solver = ridge, ridge_value, solver
         self.memory_budget_bytes, self.cg_tol, self.cg_max_iter = int(memory_budget_bytes), cg_tol, cg_max_iter
         self.batch_size = None if batch_size is None else int(batch_size)
 
     def _w0_flat(self, model: nn.Module, ctx: ForgetContext) -> Tensor:
         params = trainable_params(model)
-        if ctx.w0 is None or set(params) - set(ctx.w0):
-            raise ValueError("the NTK scrub needs ctx.w0 with every trainable parameter of the model")
-        return flatten({k: ctx.w0[k].detach().to(v.dtype) for k, v in params.items()})
+        center = ctx.center(model)
+        if set(params) - set(center):
+            raise ValueError("the NTK scrub needs a decay centre with every trainable parameter of the model")
+        return flatten({k: center[k].detach().to(v.dtype) for k, v in params.items()})
 
     def _resolved(self, ctx: ForgetContext) -> tuple[str, str, float]:
         """(pull, loss, wd): the options, else from the recipe — pull toward the decay centre when the recipe
         has weight decay, the minimum-norm change from the trained weights ("point") when it has none."""
         wd = float(ctx.recipe.wd)
         pull = self.pull or ("w0" if wd > 0 else "point")
-        return pull, self.loss or ctx.recipe.curvature_loss, wd
+        return pull, ctx.recipe.curvature_loss, wd
 
     def _direction_options(self, ctx: ForgetContext) -> dict:
         """The options that change δw (the cache key of the direction)."""
         pull, loss, _ = self._resolved(ctx)
         return {"linearize_at": self.linearize_at, "pull": pull, "loss": loss,
-                "mse_target_scale": self.mse_target_scale, "ridge": self.ridge, "ridge_value": self.ridge_value,
+                "target_scale": ctx.recipe.target_scale, "ridge": self.ridge, "ridge_value": self.ridge_value,
                 "solver": self.solver, "cg_tol": self.cg_tol, "cg_max_iter": self.cg_max_iter}
 
     def direction(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> tuple[NTKStep, Tensor]:
         """δw for this model and data, memoised in ``ctx.cache`` (so ntk and ntk-fisher share one Gram)."""
         w0 = self._w0_flat(model, ctx)
         pull, loss, wd = self._resolved(ctx)
-        key = ntk_direction_key(model, ctx.w0, retain, forget, wd=wd, num_classes=ctx.num_classes,
+        key = ntk_direction_key(model, ctx.center(model), retain, forget, wd=wd, num_classes=ctx.num_classes,
                                 options=self._direction_options(ctx))
 
         def compute() -> NTKStep:
@@ -266,7 +346,7 @@ class NTKScrub(ForgettingMethod):
                                  lin_model=lin, loss=loss, pull=pull, ridge=self.ridge,
                                  ridge_value=self.ridge_value, solver=self.solver,
                                  memory_budget_bytes=self.memory_budget_bytes, cg_tol=self.cg_tol,
-                                 cg_max_iter=self.cg_max_iter, mse_target_scale=self.mse_target_scale,
+                                 cg_max_iter=self.cg_max_iter, target_scale=ctx.recipe.target_scale,
                                  batch_size=self.batch_size)
 
         if ctx.cache is None:
@@ -291,6 +371,7 @@ class NTKScrub(ForgettingMethod):
         info.update({"scale": scale, "trapezium_scale": tscale, "cos_delta_m": cos_m,
                      "delta_w_norm": float(step.delta_w.norm()), "m_norm": float(m.norm()),
                      "ntk_seconds": time.perf_counter() - t0})
+        info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         res = ScrubResult(model=scrubbed, info=info)
         for part in ("full", "retain"):
             if info.get(f"solve_{part}_converged", 1.0) == 0.0:
@@ -310,6 +391,17 @@ class NTKFisherScrub(NTKScrub):
 
     noisy = True
     protocol_options = {"alpha": 1e-9}
+    options = {**NTKScrub.options, "alpha": Option(float | None, "> 0"),
+               "form": Option(str, choices=("code", "paper"), default="code"),
+               "retain_loss_budget": Option(float | None, "> 0")}
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, **options) -> CostEstimate:
+        """The NTK scrub's cost plus the Fisher diagonal at the scrubbed point."""
+        est = super().cost(model, x1, n_retain, n_forget, num_classes, config, **options)
+        fis = fisher_diagonal_cost(model, x1, n_retain)
+        return CostEstimate("ntk-fisher", est.flops + fis.flops, est.seconds + fis.seconds,
+                            max(est.peak_bytes, fis.peak_bytes), est.passes + fis.passes, est.details)
 
     def __init__(self, alpha: float | None = None, form: str = "code", retain_loss_budget: float | None = None,
                  **ntk_options):

@@ -33,7 +33,7 @@ Why an eigendecomposition and not a Cholesky factor of K_UU + λ_U I with row do
 *mean*, so the ridge λ_R = n_R µ changes with every request. A Cholesky factor is tied to one ridge; after
 a downdate it factors K_RR + λ_U I, and the difference (n_U − n_R)µ·I is full rank, which costs several
 correction iterations per request (each a pass over an Nc² matrix). The eigendecomposition costs more
-once (about 10× a Cholesky) and 3 passes per request; the measured trade-off is in docs/decisions.md,
+once (about 10× a Cholesky) and 3 passes per request; the measured trade-off is in docs/decisions/mlforgetting.md,
 "ML-Forgetting solvers".
 
 **Retraining from scratch (the yardstick).** :func:`dual_fit` — the Gram of D_r, a Cholesky of

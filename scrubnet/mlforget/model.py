@@ -1,6 +1,6 @@
 """The Mixed-Linear (ML) model: core weights trained non-linearly on D_core, user weights linear around them.
 
-Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions.md,
+Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is silent; docs/decisions/mlforgetting.md,
 "ML-Forgetting"):
 
 1. **Core data.** D_core = the pre-training data (the core classes, used by ``pretrain`` to build w_0, as
@@ -9,7 +9,7 @@ Construction for a :class:`~scrubnet.data.Split` (decisions where the thesis is 
    = all of D, the core 30 % included but never deletable — the thesis's own Fig. 6.5 protocol ("the user
    data is 100 % of the Aircrafts, so the 30 % appears in both sets"); ``user_data='rest'`` = D minus the core
    part. 'all' keeps the ML model closer to the non-linear original's test error (the linear part then also
-   learns from the core 30 %, which the original saw too; figures in docs/decisions.md, "ML-Forgetting").
+   learns from the core 30 %, which the original saw too; figures in docs/decisions/mlforgetting.md, "ML-Forgetting").
 2. **Core weights** w_c: a copy of the fine-tuning start w_0 (pre-trained backbone + fresh task head) with its
    ReLUs turned into Leaky-ReLUs (LQF's advice: Leaky-ReLUs linearise better), fine-tuned *non-linearly* with
    cross-entropy on the task part of D_core using the protocol's :func:`scrubnet.training.finetune`.
@@ -473,9 +473,12 @@ def _cg_step(state: MLState, lin, h: Tensor, y_all: Tensor, remaining: Tensor, w
                                   target_error=tries[k] if tries else None)
         w64 = w.double() - delta
         ex = info.extra
-        # L ≥ λ_max(H) estimated (×2) from CG's Rayleigh quotients, or ‖g‖/‖Δ‖; the fp term is 1e-16-relative
         d_norm, g_norm = float(torch.linalg.vector_norm(delta)), float(info.grad_norm or 0.0)
-        lam = ex.get("rayleigh_max") or g_norm / max(d_norm, 1e-300)
+        # L ≥ λ_max(H_R) estimated (×2): the Nyström sketch's top eigenvalue of F_U scaled to D_r, or the
+        # Rayleigh-like ‖g‖/‖Δ‖ (g ≈ HΔ); only the 1e-16-relative fp term uses it
+        lam = g_norm / max(d_norm, 1e-300)
+        if isinstance(precond, NystromPreconditioner) and precond.rank:
+            lam = max(lam, float(precond.lam[0]) * len(rem_all) / len(remaining) + obj.mu)
         k_sum = obj.chunk * obj.num_classes + w.numel() + 4
         ex["float64_error_bound"] = (solve_rounding_bound(k_sum, 2 * lam, obj.mu, d_norm + 2 * w_norm, g_norm)
                                      + 2.0 ** -53 * float(torch.linalg.vector_norm(w64)))

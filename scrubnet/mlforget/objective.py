@@ -3,7 +3,7 @@
 Mixed-Linear model (thesis eq. 6.5): f^ML(x) = f_{w_c}(x) + J(x)·w_u, J(x) = ∂f_w(x)/∂w at the core weights
 w_c (a :class:`~scrubnet.models.linearized.LinearizedModel` whose tangent Δw *is* w_u).
 
-One normalisation everywhere (docs/decisions.md, "ML-Forgetting"; the thesis mixes a mean in 6.8 with a sum in 6.10):
+One normalisation everywhere (docs/decisions/mlforgetting.md, "ML-Forgetting"; the thesis mixes a mean in 6.8 with a sum in 6.10):
 
     L_D(w_u) = (1/|D|) Σ_{(x,y)∈D} ½‖f_{w_c}(x) + J(x) w_u − s·onehot(y)‖² + (µ/2)‖w_u‖²     (s = 5)
     g_D(w_u) = (1/|D|) Σ J(x)ᵀ (f^ML(x) − s·onehot(y)) + µ w_u

@@ -5,7 +5,7 @@ info as ``solver``):
 
 * **dual** when the user-data Gram has at most ``dual_max_rows`` rows (N·c ≤ 5000 by default: the float64
   eigenvectors then take ≤ 200 MB; above, the one-off eigendecomposition, O((Nc)³), outgrows the CG path; see
-  docs/decisions.md, "ML-Forgetting solvers") — the Gram
+  docs/decisions/mlforgetting.md, "ML-Forgetting solvers") — the Gram
   built once per checkpoint, a Schur complement per request (:mod:`scrubnet.mlforget.dual`); direct, so
   exact to rounding;
 * **cg** otherwise — the Newton step Δ = H_{D_r}⁻¹ g_{D_r}(w_u) by conjugate gradient on JVP/VJP products
@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from scrubnet.curvature.kfac import KFACPreconditioner, compute_kfac, kfac_layers, param_name
-from scrubnet.curvature.solvers import conjugate_gradient
+from scrubnet.curvature.solvers import certified_cg, conjugate_gradient  # noqa: F401 (certified_cg: re-export)
 from scrubnet.mlforget.objective import UserObjective
 
 
@@ -160,71 +160,6 @@ class NystromPreconditioner:
         return (self.lam[-1] + self.mu) * (self.u @ (c / (self.lam + self.mu))) + v - self.u @ c
 
 
-def certified_cg(matvec, b: Tensor, *, lam_min: float, target: float, max_iter: int, precond=None,
-                 precond_lam_min: float = 1.0) -> tuple[Tensor, dict]:
-    """Preconditioned CG on A x = b (A ⪰ ``lam_min``·I) from 0 that stops as soon as a proven bound on the
-    error ‖x_k − A⁻¹b‖₂ of the current iterate is ≤ ``target``.
-
-    The bound: ‖e_k‖₂² ≤ ‖e_k‖²_A/λ_min(A), and ‖e_k‖²_A ≤ γ_k^{(ν)} r_kᵀz_k, the Gauss–Radau upper bound of
-    CG (Golub & Meurant; the recursion of Meurant & Tichý):
-
-        γ_0^{(ν)} = 1/ν,   γ_{k+1}^{(ν)} = (γ_k^{(ν)} − α_k) / (ν(γ_k^{(ν)} − α_k) + β_{k+1}),
-
-    α_k, β_{k+1} the CG coefficients, valid for any 0 < ν ≤ λ_min(P⁻¹A) (P the preconditioner;
-    ``precond_lam_min`` = a lower bound of λ_min(P⁻¹), 1 without one: ν = lam_min·precond_lam_min). It is the
-    quadrature bound of rᵀA⁻¹r with a node prescribed at ν, always ≤ ‖r‖²/ν — so never looser than the plain
-    ‖r_k‖/λ_min, and typically several times tighter (it uses the Ritz values CG has already found instead of
-    assuming the whole residual sits at the smallest eigenvalue). The recursive residual drifts from the true
-    one in finite precision: when a bound is accepted the true residual b − A x_k is formed (one product) and
-    ‖r_true − r_k‖/λ_min is added (A⁻¹ of the gap). Returns (x, info with ``iterations``,
-    ``weight_error_bound``, ``residual_bound`` (the plain ‖b − A x‖/λ_min of the returned x), ``converged``,
-    ``matvecs``, ``rayleigh_max`` = the largest pᵀAp/pᵀp seen, a lower estimate of λ_max(A))."""
-    nu = lam_min * precond_lam_min
-    x = torch.zeros_like(b)
-    r = b.clone()
-    z = precond(r) if precond is not None else r
-    p = z.clone()
-    rz = float(torch.sum(r * z))
-    plain = float(torch.linalg.vector_norm(r)) / lam_min
-    if plain <= target or rz == 0.0:
-        return x, {"iterations": 0, "weight_error_bound": plain, "residual_bound": plain, "converged": True,
-                   "matvecs": 0, "rayleigh_max": lam_min}
-    gam_nu = 1.0 / nu
-    it, matvecs, rayleigh = 0, 0, lam_min
-    bound = plain
-    while it < max_iter:
-        ap = matvec(p)
-        matvecs += 1
-        pap = float(torch.sum(p * ap))
-        if pap <= 0:
-            break
-        rayleigh = max(rayleigh, pap / float(torch.sum(p * p)))
-        alpha = rz / pap
-        x = x + alpha * p
-        r = r - alpha * ap
-        it += 1
-        z = precond(r) if precond is not None else r
-        rz_new = float(torch.sum(r * z))
-        beta = rz_new / rz
-        gam_nu = (gam_nu - alpha) / (nu * (gam_nu - alpha) + beta)
-        energy = max(gam_nu, 0.0) * rz_new                 # ≥ ‖e_k‖²_A
-        bound = min((energy / lam_min) ** 0.5, float(torch.linalg.vector_norm(r)) / lam_min)
-        if bound <= target:
-            r_true = b - matvec(x)
-            matvecs += 1
-            plain = float(torch.linalg.vector_norm(r_true)) / lam_min
-            bound = min(bound + float(torch.linalg.vector_norm(r_true - r)) / lam_min, plain)
-            if bound <= target:
-                break
-        p = z + beta * p
-        rz = rz_new
-    else:
-        plain = float(torch.linalg.vector_norm(b - matvec(x))) / lam_min
-        matvecs += 1
-    return x, {"iterations": it, "weight_error_bound": bound, "residual_bound": plain, "converged": bound <= target,
-               "matvecs": matvecs, "rayleigh_max": rayleigh}
-
-
 def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: torch.Generator | None = None,
                 precond=None, target_error: float | None = None) -> tuple[Tensor, StepInfo]:
     """Δ ≈ H⁻¹ g(w) on the objective's data; returns (Δ, info). The new weights are w − Δ.
@@ -247,8 +182,7 @@ def newton_step(obj: UserObjective, w: Tensor, cfg: SolverConfig, *, generator: 
                         gnorm, loss, 0.0,
                         {"converged": bool(ci["converged"]), "preconditioner": "nystrom" if precond is not None
                          else "none", "weight_error_bound": ci["weight_error_bound"],
-                         "residual_bound": ci["residual_bound"], "hvp_products": ci["matvecs"],
-                         "rayleigh_max": ci["rayleigh_max"]})
+                         "residual_bound": ci["residual_bound"], "hvp_products": ci["matvecs"]})
         info.seconds = time.perf_counter() - t0
         return delta, info
     if cfg.solver != "sgd":

@@ -12,7 +12,7 @@ more than the head is linearised, since a zero head has a zero Jacobian for ever
 user weights w_u are trained from 0 on (x, y) with the mean MSE to s·onehot + (µ/2)‖w_u‖² — the exact
 minimiser, by the solver chosen by size (primal, dual or CG).
 
-What the user gives up (docs/decisions.md, "ML-Forgetting at realistic sizes"): the linearised layers are
+What the user gives up (docs/decisions/mlforgetting.md, "ML-Forgetting at realistic sizes"): the linearised layers are
 retrained from zero as a linear model on the user data, so their accuracy is that of the linearised
 model, not of the trained network; and forgetting is exact (or certified) for the linearised weights only —
 the frozen layers, and the BatchNorm running statistics of the linearised layers, keep whatever they

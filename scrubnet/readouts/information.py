@@ -3,7 +3,7 @@
 A scrubbing procedure that ends by adding Gaussian noise, S(w) = m(w) + n with n ~ N(0, diag v(w)), is
 applied with the **same** procedure (S = S_0) to the original model w_o and to the same-seed retrain
 model w_r, each with its own curvature (e.g. its own Fisher on D_r). The local forgetting bound
-(Prop. 2 / Cor. 1 of "Eternal Sunshine"; conventions in docs/decisions.md) is then
+(Prop. 2 / Cor. 1 of "Eternal Sunshine"; conventions in docs/decisions/index.md) is then
 
     info_weights_nats = KL( N(m_o, Σ_o) ‖ N(m_r, Σ_r) )
                       = ½ Σ_j [ v_o,j / v_r,j + (m_r,j − m_o,j)² / v_r,j − 1 + log(v_r,j / v_o,j) ]   (nats)

@@ -15,7 +15,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from scrubnet.cli_mlforget import _data_loader, _fingerprint_v1, mlforget_app
+from scrubnet.cli.mlforget import mlforget_app
+from scrubnet.experiments.checkpoints import fingerprint_v1 as _fingerprint_v1, ml_data_loader as _data_loader
 from scrubnet.data import DataConfig, load_split
 from scrubnet.mlforget import store
 from scrubnet.mlforget.model import retrain_user_weights
@@ -54,7 +55,7 @@ def cli_inprocess(*args):
 
 
 def cli_cmd(*args):
-    return [sys.executable, "-m", "scrubnet.cli_mlforget", *map(str, args)]
+    return [sys.executable, "-m", "scrubnet.cli", "mlforget", *map(str, args)]
 
 
 def cli(*args, env=None):

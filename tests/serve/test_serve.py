@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from scrubnet.cli import app  # noqa: E402
-from scrubnet.cli_mlforget import _data_loader, mlforget_app  # noqa: E402
+from scrubnet.cli.mlforget import mlforget_app  # noqa: E402
+from scrubnet.experiments.checkpoints import ml_data_loader as _data_loader  # noqa: E402
 from scrubnet.mlforget import store  # noqa: E402
 from scrubnet.serve import receipts  # noqa: E402
 from scrubnet.serve.app import create_app  # noqa: E402

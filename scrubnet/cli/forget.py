@@ -1,0 +1,199 @@
+"""``scrubnet forget`` and ``scrubnet evaluate``: scrub a checkpoint (scrubnet's own, or the user's model given
+as ``--model/--weights/--data``) and measure every readout against a retrain reference. The loading, scrubbing
+and saving live in :mod:`scrubnet.experiments.checkpoints` and :mod:`scrubnet.own_model`; here the options
+are parsed, checked and the results printed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from scrubnet.cli.common import (DATA_HELP, DEVICE_OPTION, MODEL_OPTION_HELP, OWN_MODEL_HELP, RECIPE_HELP,
+                                 WEIGHTS_HELP, UserError, console, parse_bytes, parse_options, progress_with_eta,
+                                 read_forget_ids, refuse_existing_file, require_writable, threads_option)
+from scrubnet.atomic_io import atomic_write_json
+from scrubnet.device import resolve_device
+from scrubnet.experiments.checkpoints import load_companion, load_for_forgetting, recorded_original, save_scrubbed
+from scrubnet.experiments.report import format_readout, readout_unit
+from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
+from scrubnet.methods.base import available_methods, estimate, method_class, protocol_method
+from scrubnet.scrub import scrub_and_measure
+from scrubnet.training.cost import check_budget
+from scrubnet.own_model import evaluate_own, forget_own
+
+
+def _own_model_args(checkpoint, model, weights, data, recipe, model_option, force,
+                    reference_flag: str | None = None) -> bool:
+    """True for the own-model form (--model, --weights and --data all given), False for the checkpoint form;
+    a mix of the two, or an incomplete own-model form, is refused naming what is missing."""
+    own = {"--model": model, "--weights": weights, "--data": data}
+    if any(v is not None for v in own.values()):
+        if checkpoint is not None:
+            raise UserError("give either --checkpoint (a model scrubnet trained) or --model/--weights/--data "
+                            "(your own model), not both")
+        missing = [k for k, v in own.items() if v is None]
+        if missing:
+            raise UserError(f"your own model needs --model, --weights and --data; missing {', '.join(missing)}")
+        return True
+    if checkpoint is None:
+        raise UserError("give --checkpoint (a model scrubnet trained), or --model, --weights and --data (your "
+                        "own model)")
+    extras = [k for k, v in (("--recipe", recipe), ("--model-option", model_option or None),
+                             ("--force", force or None)) if v is not None]
+    if extras:
+        raise UserError(f"{', '.join(extras)} apply to your own model (--model/--weights/--data); a scrubnet "
+                        "checkpoint carries its training configuration in its sidecar")
+    if reference_flag is not None:
+        raise UserError(f"{reference_flag} is required with --checkpoint")
+    return False
+
+
+def _refuse_own_retrain_family(method: str, own: bool) -> None:
+    cls = method_class(method)
+    if cls is not None and cls.own_retrain_family:
+        if own:
+            raise UserError(f"--method {method} trains its own mixed-linear model from scrubnet's core/task split; "
+                            "it does not apply to --model")
+        raise UserError(f"--method {method} trains its own mixed-linear model, which is not a checkpoint of "
+                        f"this architecture; use `scrubnet mlforget train` and `scrubnet mlforget forget` for "
+                        "ML-Forgetting on checkpoints")
+
+
+def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[float], memory: Optional[str]):
+    """The cost estimate as a ``before_scrub`` hook: printed for --dry-run (then True: stop), checked against
+    the budgets (a refusal raises); False when nothing asks for it."""
+    max_bytes = parse_bytes(memory) if memory is not None else None
+    if max_seconds is not None and not max_seconds > 0:
+        raise UserError(f"--max-seconds must be > 0, got {max_seconds}")
+
+    def budget(net, retain, forget_set, num_classes, config=None) -> bool:
+        if not (dry_run or max_seconds is not None or max_bytes is not None):
+            return False
+        est = estimate(net, len(retain[1]), len(forget_set[1]), method=method, num_classes=num_classes,
+                       x_probe=retain[0], config=config, **opts)
+        if dry_run:
+            console.print(f"estimate: {est.summary()}", highlight=False, soft_wrap=True)
+            console.print_json(json.dumps({k: v for k, v in est.as_dict().items()}))
+            return True
+        check_budget(est, max_seconds=max_seconds, max_bytes=max_bytes)
+        return False
+    return budget
+
+
+def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint scrubnet trained (.safetensors with "
+                                                    "sidecar); for your own model give --model/--weights/--data"),
+           forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D; for --data, in x_train)"),
+           method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
+               m for m in available_methods() if not method_class(m).own_retrain_family)),
+           out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
+           option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
+           seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
+           overwrite: bool = typer.Option(False, help="replace an existing --out file"),
+           model: Optional[str] = typer.Option(None, "--model", help=OWN_MODEL_HELP),
+           model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
+           weights: Optional[Path] = typer.Option(None, help=WEIGHTS_HELP),
+           data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+           recipe: Optional[Path] = typer.Option(None, help=RECIPE_HELP),
+           force: bool = typer.Option(False, help="run a curvature method even when the recipe check finds the "
+                                                  "model far from a minimum of the recipe's objective"),
+           threads: int = threads_option(), device: str = DEVICE_OPTION,
+           dry_run: bool = typer.Option(False, "--dry-run", help="print the cost estimate and do nothing else"),
+           max_seconds: Optional[float] = typer.Option(None, help="refuse (exit 2) when the estimated time on this "
+                                                        "machine exceeds it"),
+           memory: Optional[str] = typer.Option(None, help="refuse (exit 2) when the estimated peak memory exceeds "
+                                                 "it (e.g. 2GiB, 500MB, bytes)")):
+    """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
+
+    Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
+    are written as safetensors with a sidecar (hashes, recipe, method, ids). A failed scrub writes nothing."""
+    own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
+    refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
+    _refuse_own_retrain_family(method, own)
+    opts = parse_options(option)
+    budget = _budget_check(method, opts, dry_run, max_seconds, memory)
+    if own:
+        with progress_with_eta():
+            meta = forget_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
+                              data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
+                              recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
+                              device=resolve_device(device), before_scrub=budget)
+        if meta is not None:
+            console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
+        return
+    dev = resolve_device(device)
+    net, meta, split, ctx, _ = load_for_forgetting(checkpoint, read_forget_ids(forget_ids), dev)
+    m = protocol_method(method, **opts)
+    if seed is not None:
+        ctx.seed = seed
+    if budget(net, split.retain, split.forget, ctx.num_classes, ctx.config):
+        return
+    with progress_with_eta():  # the one scrub path: the same failure rules as scrubnet.forget
+        checked = scrub_and_measure(m, net, split.retain, split.forget, ctx)
+    if not checked.ok:  # nothing is written for a scrub that did not do what it claims
+        raise UserError(f"method {method!r} failed: " + "; ".join(checked.reasons))
+    res = checked.scrub
+    save_scrubbed(out, res.model, checkpoint, meta,
+                  {"role": "scrubbed", "method": method, "method_options": opts,
+                   "forget_ids": split.forget_idx.tolist(),
+                   "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}})
+    console.print(f"wrote {out} ({method}, |D_f| = {len(split.forget_idx)})")
+
+
+def evaluate(checkpoint: Optional[Path] = typer.Option(None, help="checkpoint to evaluate (a model scrubnet "
+                                                      "trained); for your own model give --model/--weights/--data"),
+             reference: Optional[Path] = typer.Option(None, help="the retrain checkpoint (gold standard; required "
+                                                      "with --checkpoint); with --model: weights of the same "
+                                                      "factory retrained without D_f (optional)"),
+             forget_ids: Optional[Path] = typer.Option(None, help="forget ids (default: those in the sidecar)"),
+             original: Optional[Path] = typer.Option(None, help="original checkpoint (re-learn threshold)"),
+             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the readouts as JSON"),
+             model: Optional[str] = typer.Option(None, "--model", help=OWN_MODEL_HELP),
+             model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
+             weights: Optional[Path] = typer.Option(None, help=WEIGHTS_HELP),
+             data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+             threads: int = threads_option(), device: str = DEVICE_OPTION):
+    """Every readout of a checkpoint against a retrain reference. The re-learn threshold comes from
+    --original, else from the source checkpoint recorded in a scrubbed checkpoint's sidecar; the reference
+    and the original must have been trained on the same data (fingerprints compared).
+
+    Your own model (--model/--weights/--data): error and loss on D_r, D_f and the test set, and against
+    --reference when given (its readouts, output L1 distances, weight distance)."""
+    own = _own_model_args(checkpoint, model, weights, data, None, model_option, False,
+                          reference_flag="--reference" if reference is None and checkpoint is not None else None)
+    dev = resolve_device(device)
+    if json_out is not None:
+        require_writable(json_out)
+    ids = read_forget_ids(forget_ids) if forget_ids is not None else None
+    if own:
+        if original is not None:
+            raise UserError("--original applies to --checkpoint (the re-learn readout of scrubnet's protocol)")
+        r = evaluate_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
+                         data=data, forget_ids=ids, reference=reference, device=dev)
+        _print_readouts(f"readouts of {weights.name}", r, json_out)
+        return
+    net, meta, split, ctx, cfg = load_for_forgetting(checkpoint, ids, dev)
+    if forget_ids is None and meta.get("forget_ids"):
+        split = split.with_forget(meta["forget_ids"]).to(dev)
+    ref = load_companion(checkpoint, meta, reference, dev)
+    if original is None:
+        original = recorded_original(checkpoint, meta)
+    # without an original (no scrub recorded in its sidecar) the checkpoint is itself the original
+    orig = load_companion(checkpoint, meta, original, dev) if original is not None else net
+    sr = SeedRun(ctx.seed, split, ctx.start or net, orig, ref, ctx, cfg)
+    r = eval_fn(net, sr, original=orig, reference=ref)
+    _print_readouts(f"readouts of {checkpoint.name}", r, json_out)
+
+
+def _print_readouts(title: str, r: dict, json_out: Optional[Path]) -> None:
+    t = Table(title=f"{title} (--json keeps fractions, nats and 0/1 flags)")
+    t.add_column("readout")
+    t.add_column("value")
+    t.add_column("unit")
+    for k, v in r.items():
+        t.add_row(k, format_readout(k, v), readout_unit(k))
+    console.print(t)
+    if json_out:
+        atomic_write_json(json_out, r)

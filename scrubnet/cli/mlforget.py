@@ -1,0 +1,161 @@
+"""``scrubnet mlforget``: train a Mixed-Linear model into a checkpoint directory and apply forgetting
+requests to it (each applied exactly once and recorded in the checkpoint's SQLite request store; see
+:mod:`scrubnet.mlforget.store`).
+
+    scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
+    scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
+    scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
+    scrubnet mlforget forget-all --checkpoint ml/
+    scrubnet mlforget show --checkpoint ml/ [--json]
+
+The checkpoint may also be given as the first argument.
+
+Bad input gives one line ``error: …`` on stderr and exit code 2; nothing partial is written.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from scrubnet._config import tiny_mode
+from scrubnet.cli.common import UserError, json_option, read_ids, require_cpu, require_writable, threads_option
+from scrubnet.data import DataConfig, load_split
+from scrubnet.experiments.checkpoints import ml_data_loader
+from scrubnet.experiments.config import TINY_EXPERIMENT
+from scrubnet.methods.mlforget import ml_config_from_options
+from scrubnet.mlforget.pipeline import train_ml
+from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, verify
+from scrubnet.training import TrainConfig
+
+mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                           help="ML-Forgetting on checkpoints: train, forget, forget-all, show.")
+
+DEVICE_HELP = ("auto | cpu | cuda; the mixed-linear computations run on the CPU, so auto means the CPU here "
+               "and cuda is refused")
+
+
+def _checkpoint(positional: Optional[Path], option: Optional[Path]) -> Path:
+    if (positional is None) == (option is None):
+        raise UserError("give the checkpoint directory once: as the argument or with --checkpoint")
+    return positional if positional is not None else option
+
+
+CHECKPOINT_ARG = typer.Argument(None, help="ML checkpoint directory (or --checkpoint)", show_default=False)
+CHECKPOINT_OPT = typer.Option(None, "--checkpoint", help="ML checkpoint directory", show_default=False)
+THREADS_HELP = "torch CPU threads (1: numbers independent of the core count)"
+
+
+def _configs(dataset: str, data_dir: Optional[Path], data_options, model_options, train_options, ml_options):
+    """(DataConfig, TrainConfig, MLConfig, architecture options): SCRUBNET_TINY's sizes, then the JSON options."""
+    tiny = TINY_EXPERIMENT if tiny_mode() else {}  # SCRUBNET_TINY=1: the tiny experiment's sizes
+    try:
+        dcfg = DataConfig.from_dict({**tiny.get("data", {}), "dataset": dataset,
+                                     "data_dir": str(data_dir) if data_dir else None,
+                                     **json_option(data_options, "--data-options")})
+        tcfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **tiny.get("train", {}),
+                                      **json_option(train_options, "--train-options")})
+        mcfg = ml_config_from_options(json_option(ml_options, "--ml-options"))
+    except TypeError as e:  # an unknown field of a configuration
+        raise UserError(str(e)) from None
+    mopts = {**tiny.get("model_options", {}), **json_option(model_options, "--model-options")}
+    return dcfg, tcfg, mcfg, mopts
+
+
+def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory (must not exist)"),
+          dataset: str = typer.Option("mnist1d", help="mnist1d | digits | cifar10 | cifar100 | imagefolder"),
+          data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset"),
+          model: str = typer.Option("mlp", help="architecture of the zoo"),
+          seed: int = typer.Option(0, help="seed of every random choice"),
+          data_options: Optional[str] = typer.Option(None, help="JSON object of DataConfig fields"),
+          model_options: Optional[str] = typer.Option(None, help="JSON object of architecture options"),
+          train_options: Optional[str] = typer.Option(None, help="JSON object of TrainConfig fields (core)"),
+          ml_options: Optional[str] = typer.Option(None, help="JSON object of MLConfig fields (mu, sigma, linearize, "
+                                                   "…) and solver fields (solver, cg_tol, precond)"),
+          threads: int = threads_option(THREADS_HELP),
+          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
+    """Pre-train, train the core weights (CE) and the user weights (linear, MSE); save the checkpoint.
+
+    The data configuration's forget set (the default experiment's D_f, also written by `scrubnet train` as
+    forget_ids.txt) is kept out of the never-forgettable core, so those ids can always be forgotten."""
+    require_cpu(device)
+    if out.exists():
+        raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
+    require_writable(out)
+    dcfg, tcfg, mcfg, mopts = _configs(dataset, data_dir, data_options, model_options, train_options, ml_options)
+    split = load_split(dcfg)
+    state = train_ml(split, mcfg, tcfg, seed, model_name=model, model_options=mopts)
+    save_new(out, state, arch=model, in_shape=split.input_shape, arch_options=mopts, data=dcfg.to_dict(),
+             data_fingerprint=split.fingerprint(), extra={"train_config": tcfg.to_dict()})
+    typer.echo(f"wrote {out}: {len(state.user_ids)} user samples, {len(state.core_ids)} core samples "
+               f"(never forgettable), {state.model.num_linearized} user weights")
+
+
+def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+           ids: Optional[str] = typer.Option(None, help="sample ids (positions in D): '3,17 42' or '[3, 17, 42]'"),
+           ids_file: Optional[Path] = typer.Option(None, "--forget-ids", "--ids-file",
+                                                   help="file of sample ids, same formats as `scrubnet forget`"),
+           sigma: Optional[float] = typer.Option(None, help="noise std (default: the checkpoint's)"),
+           budget_nats: Optional[float] = typer.Option(None, "--budget-nats",
+                                                       help="certified request: stop CG once KL(scrubbed ‖ "
+                                                            "retrained) at σ is proven ≤ this many nats"),
+           threads: int = threads_option(THREADS_HELP),
+           device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
+    """Forget a set of user samples: one request, applied exactly once, recorded in the store."""
+    require_cpu(device)
+    ckpt = _checkpoint(checkpoint, checkpoint_opt)
+    id_list = read_ids(ids, ids_file)
+    if budget_nats is not None and not (budget_nats > 0 and budget_nats < float("inf")):
+        raise UserError(f"--budget-nats must be a finite number > 0, got {budget_nats}")
+    record, applied = store_forget(ckpt, id_list, sigma=sigma, data_loader=ml_data_loader, budget_nats=budget_nats)
+    if applied:
+        info = record["solver"]
+        if info.get("factor_file_problem"):
+            typer.echo(f"warning: {info['factor_file_problem']}; the factor was rebuilt from the data"
+                       + (" and the file rewritten" if info.get("factor_file_rewritten") else ""), err=True)
+        cert = info.get("certificate") or {}
+        if cert.get("budget_nats") is not None:
+            typer.echo(f"certificate: KL(scrubbed ‖ retrained) ≤ {cert['kl_bound_nats']:.3g} nats at σ = "
+                       f"{cert['sigma']:g} (‖w − w*‖ ≤ {cert['weight_error_bound']:.3g})")
+        typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
+                   f"{info.get('solver')} solver ({info.get('iterations')} iterations), residual "
+                   f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")
+    else:
+        typer.echo(f"request already applied as #{record['id']} (nothing done)")
+
+
+def forget_all_cmd(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+                   threads: int = threads_option(THREADS_HELP),
+                   device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
+    """Forget all user data: the user weights are set to 0 (the model becomes the core model)."""
+    require_cpu(device)
+    record, applied = forget_everything(_checkpoint(checkpoint, checkpoint_opt))
+    typer.echo(f"request #{record['id']}: user weights set to 0 ({record['n_ids']} user samples forgotten; the "
+               "core samples stay in the core weights)" if applied
+               else f"forget-all already applied as #{record['id']} (nothing done)")
+
+
+def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+         as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object"),
+         threads: int = threads_option(THREADS_HELP),
+         device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
+    """Print the requests and verify the record chain: every field of the checkpoint's static record, of each
+    request and of the state, and the chain of weight hashes (exit 2 naming any edited field)."""
+    require_cpu(device)
+    rec = verify(_checkpoint(checkpoint, checkpoint_opt))
+    st = rec["state"]
+    if as_json:
+        typer.echo(json.dumps(rec, indent=1))
+    else:
+        for r in rec["requests"]:
+            typer.echo(f"#{r['id']:<4} {r['kind']:<10} {r['time_utc']}  ids={r['n_ids']:<5} "
+                       f"remaining={r['n_remaining']:<6} {r['status']:<8} "
+                       f"sha256 {str(r['sha256_before'])[:12]:<12} → {r['sha256_after'][:12]}")
+        typer.echo(f"at request #{st['request_id']}: {len(st['forgotten_ids'])} user samples forgotten, "
+                   f"{rec['n_core']} core (never forgotten)"
+                   + ("; user weights dropped (forget-all)" if st["user_weights_dropped"] else ""))
+        typer.echo("hash chain: valid" if rec["valid"] else "hash chain: BROKEN")
+    if not rec["valid"]:
+        raise UserError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))

@@ -1,0 +1,187 @@
+"""What the field's unlearning methods share: optimisers, batch streams over D_r (and D_r ⊔ extras), training
+mode, and the cross-entropy / distillation losses, all on the model's device and through
+:func:`~scrubnet.models.call.call_model`.
+
+Each method lives in its own module (``neggrad_plus``, ``l1_sparse``, ``salun``, ``scrub``, ``ssd``,
+``bad_teacher``, ``unsir``, ``boundary_shrink``); their defaults and the decisions behind them are recorded in
+docs/notes/field.md. Data follow the fine-tuning baselines' rules: D_r is a
+:class:`~scrubnet.data.stream.DataStream` read one batch at a time (an indexable source by a seeded
+permutation, a ``DataLoader`` by its own batches), D_f is small by nature and read into memory.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.data.stream import DataStream
+from scrubnet.device import model_device, seeded_generator
+from scrubnet.methods.base import ForgetContext, ForgettingMethod
+from scrubnet.models import freeze_batchnorm
+from scrubnet.models.call import call_model, cat_inputs
+
+from scrubnet.methods.base import Option  # noqa: F401  (re-exported for the field's modules)
+from scrubnet.training.cost import fisher_diagonal_cost, train_cost  # noqa: F401  (likewise)
+
+
+#: optimisers the field's methods are written with
+OPTIMISERS = ("sgd", "adam")
+
+
+def make_optimiser(model: nn.Module, kind: str, lr: float, momentum: float = 0.0,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """``torch.optim.SGD`` (with ``momentum``) or ``torch.optim.Adam`` over the trainable parameters.
+
+    Parameters
+    ----------
+    model : nn.Module
+    kind : {"sgd", "adam"}
+    lr, momentum, weight_decay : float
+        Step size, SGD momentum (ignored by Adam), L2 weight decay toward 0 (the optimisers' own).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"optimiser must be one of {', '.join(OPTIMISERS)}, got {kind!r}")
+
+
+def check_positive(**values) -> None:
+    """``ValueError`` naming the first of ``values`` (name=number) that is not > 0."""
+    for k, v in values.items():
+        if v is not None and not v > 0:
+            raise ValueError(f"{k} must be > 0, got {v!r}")
+
+
+def train_mode(model: nn.Module, ctx: ForgetContext) -> None:
+    """Training mode, with BatchNorm frozen when the recipe trained with it frozen (as the baselines do)."""
+    model.train()
+    if ctx.recipe is not None and ctx.recipe.freeze_bn:
+        freeze_batchnorm(model)
+
+
+def generator_for(model: nn.Module, ctx: ForgetContext, offset: int) -> torch.Generator:
+    """The method's seeded generator on the model's device (``offset`` keeps methods' streams apart)."""
+    return seeded_generator(10_007 * ctx.seed + offset, model_device(model))
+
+
+def stream_batches(data: DataStream, batch_size: int, g: torch.Generator, dev: torch.device
+                   ) -> Iterator[tuple[Tensor, Tensor]]:
+    """One pass over ``data`` in batches on ``dev``: a seeded permutation of an indexable source (tensors or a
+    ``Dataset``), a ``DataLoader``'s own batches otherwise."""
+    if data.indexable:
+        order = torch.randperm(len(data), generator=g, device=g.device).cpu()
+        for i in range(0, len(order), batch_size):
+            x, y = data.take(order[i:i + batch_size])
+            yield x.to(dev), y.to(dev)
+    else:
+        for x, y in data.chunks():
+            yield x.to(dev), y.to(dev)
+
+
+def tensor_batches(x: Tensor, y: Tensor, batch_size: int, g: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+    """One pass over in-memory (x, y) in batches of a seeded permutation."""
+    order = torch.randperm(len(y), generator=g, device=g.device).to(y.device)
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        yield x[idx], y[idx]
+
+
+def mixed_batches(retain: DataStream, x_e, y_e: Tensor, batch_size: int, g: torch.Generator, dev: torch.device,
+                  what: str) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """One pass over D_r ⊔ E (E = (x_e, y_e) in memory) in batches of a seeded permutation of the N_r + N_e
+    positions: ``(x, y, from_e)`` with ``from_e`` (bool, (B,)) marking E's samples. D_r must be indexable."""
+    if not retain.indexable:
+        raise ValueError(f"{what} draws batches from D_r and other samples together: give D_r as tensors or an "
+                         "indexable Dataset, not a DataLoader")
+    n_r, n_e = len(retain), len(y_e)
+    order = torch.randperm(n_r + n_e, generator=g, device=g.device).cpu()
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        from_e = idx >= n_r
+        parts_x, parts_y = [], []
+        if (~from_e).any():
+            xr, yr = retain.take(idx[~from_e])
+            parts_x.append(xr.to(dev))
+            parts_y.append(yr.to(dev))
+        if from_e.any():
+            e = (idx[from_e] - n_r).to(y_e.device)
+            parts_x.append(x_e[e].to(dev))
+            parts_y.append(y_e[e].to(dev))
+        # retain samples first, then E's: the permutation fixes which samples share a batch, not their order
+        flag = torch.cat([torch.zeros(int((~from_e).sum()), dtype=torch.bool),
+                          torch.ones(int(from_e.sum()), dtype=torch.bool)]).to(dev)
+        yield cat_inputs(parts_x), torch.cat(parts_y), flag
+
+
+def kl_to_targets(student_logits: Tensor, target_probs: Tensor, T: float = 1.0) -> Tensor:
+    """Mean over samples of KL(q ‖ softmax(s/T)) with q the given target distributions (rows), scalar."""
+    log_s = F.log_softmax(student_logits / T, dim=-1)
+    return F.kl_div(log_s, target_probs, reduction="batchmean")
+
+
+def distill_kl(student_logits: Tensor, teacher_logits: Tensor, T: float) -> Tensor:
+    """Hinton's distillation loss T²·KL(softmax(t/T) ‖ softmax(s/T)), mean over samples, scalar."""
+    return kl_to_targets(student_logits, F.softmax(teacher_logits.detach() / T, dim=-1), T) * T * T
+
+
+class Diverged(RuntimeError):
+    """A training step met a non-finite loss or left non-finite weights."""
+
+
+def step(opt: torch.optim.Optimizer, loss: Tensor, edit_grads: Callable[[], None] | None = None) -> None:
+    """One optimiser step on ``loss`` (``edit_grads()`` runs between the backward pass and the update);
+    :class:`Diverged` when the loss or the updated weights are not finite."""
+    if not bool(torch.isfinite(loss.detach())):
+        raise Diverged("the loss became non-finite")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if edit_grads is not None:
+        edit_grads()
+    opt.step()
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not bool(torch.isfinite(p).all()):
+                raise Diverged("the weights became non-finite")
+
+
+def guarded_epochs(model: nn.Module, epochs: int, body: Callable[[int], None], what: str) -> str | None:
+    """Run ``body(e)`` for e = 0 … epochs − 1; when a step diverges (:class:`Diverged`), put back the weights and
+    buffers ``model`` had at the start of that epoch and stop. Returns None, or the reason (one sentence) when
+    the method stopped early — the caller marks its result failed with it."""
+    for e in range(epochs):
+        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        try:
+            body(e)
+        except Diverged as err:
+            model.load_state_dict(snapshot)
+            return (f"{what} diverged in epoch {e + 1} of {epochs} ({err}); the model returned is the one at the "
+                    "start of that epoch")
+    return None
+
+
+def forget_in_memory(forget: DataStream, dev: torch.device) -> tuple[Tensor, Tensor]:
+    """D_f as (x, y) on ``dev`` (D_f is small by nature)."""
+    x, y = forget.tensors()
+    return x.to(dev), y.to(dev)
+
+
+@torch.no_grad()
+def mean_ce(model: nn.Module, x, y: Tensor, batch_size: int = 512) -> float:
+    """Mean cross-entropy of ``model`` (in its current mode) on in-memory (x, y)."""
+    total = 0.0
+    for i in range(0, len(y), batch_size):
+        total += float(F.cross_entropy(call_model(model, x[i:i + batch_size]), y[i:i + batch_size],
+                                       reduction="sum"))
+    return total / max(len(y), 1)
+
+
+def float_inputs(x, what: str) -> Tensor:
+    """``x`` when it is a floating tensor (inputs a gradient can move); ``ValueError`` otherwise."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"{what} needs floating-point input tensors (it moves the inputs by their gradient), "
+                         f"got {type(x).__name__}" + (f" of dtype {x.dtype}" if isinstance(x, Tensor) else ""))
+    return x

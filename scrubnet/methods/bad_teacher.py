@@ -1,0 +1,193 @@
+"""Bad-Teacher (Chundawat et al., "Can Bad Teaching Induce Forgetting? Unlearning in Deep Networks Using an
+Incompetent Teacher").
+
+The student starts at the original. Two frozen teachers: the original ("competent") and a randomly initialised
+network of the same architecture ("incompetent"). Batches mix a random ``retain_fraction`` of D_r with all of
+D_f; every sample's target is the softmax at temperature T of the competent teacher (a D_r sample) or of the
+incompetent one (a D_f sample), and the student descends the mean KL(target ‖ softmax(student/T)).
+Defaults and sources: docs/notes/field.md ("Bad-Teacher").
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.data.stream import DataStream
+from scrubnet.device import model_device
+from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
+                                     guarded_epochs, kl_to_targets, make_optimiser, mixed_batches, step, train_cost,
+                                     train_mode)
+from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.models.call import call_model
+
+# std of the normal draw for parameters no submodule's reset_parameters() covers (e.g. a position embedding
+# held directly by a model): the common transformer initialisation
+LOOSE_PARAM_STD = 0.02
+
+
+def random_initialisation(model: nn.Module, seed: int) -> nn.Module:
+    """The incompetent teacher: ``model``'s architecture at a fresh random initialisation.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Copied, not modified.
+    seed : int
+        Fixes the draw (the global RNG is forked, so the caller's stream is untouched).
+
+    Returns
+    -------
+    nn.Module
+        A copy with ``reset_parameters()`` of every submodule that has one; parameters no such module owns are
+        drawn from N(0, 0.02²). Frozen (no gradient), eval mode.
+    """
+    net = copy.deepcopy(model)
+    dev = model_device(net)
+    covered: set[int] = set()
+    devices = [dev] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        for m in net.modules():
+            if callable(getattr(m, "reset_parameters", None)):
+                m.reset_parameters()
+                covered.update(id(p) for p in m.parameters(recurse=False))
+        g = torch.Generator(device=dev).manual_seed(int(seed) + 1)
+        with torch.no_grad():
+            for p in net.parameters():
+                if id(p) not in covered:
+                    p.copy_(LOOSE_PARAM_STD * torch.randn(p.shape, generator=g, device=dev, dtype=p.dtype))
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net.eval()
+
+
+@torch.no_grad()
+def bad_teacher_targets(competent: nn.Module, incompetent: nn.Module, x, is_forget: Tensor, T: float) -> Tensor:
+    """Bad-Teacher's distillation targets.
+
+    Parameters
+    ----------
+    competent, incompetent : nn.Module
+        The original and the randomly initialised teacher.
+    x : inputs (n, ...)
+    is_forget : Tensor (bool), shape (n,)
+        Which rows are D_f samples.
+    T : float
+        Temperature.
+
+    Returns
+    -------
+    Tensor, shape (n, c)
+        softmax(incompetent(x)/T) on the rows with ``is_forget``, softmax(competent(x)/T) elsewhere.
+    """
+    good = F.softmax(call_model(competent, x) / T, dim=-1)
+    bad = F.softmax(call_model(incompetent, x) / T, dim=-1)
+    return torch.where(is_forget[:, None], bad, good)
+
+
+def retain_subset(retain: DataStream, fraction: float, g: torch.Generator) -> DataStream:
+    """A random part of D_r, read on demand.
+
+    Parameters
+    ----------
+    retain : DataStream
+        An indexable D_r (``ValueError`` for a ``DataLoader``).
+    fraction : float in (0, 1]
+    g : torch.Generator
+        Fixes which samples.
+
+    Returns
+    -------
+    DataStream
+        ⌈fraction·N_r⌉ samples (at least one) of D_r.
+    """
+    n = len(retain)
+    k = max(1, int(math.ceil(fraction * n)))
+    idx = torch.randperm(n, generator=g, device=g.device)[:k].cpu()
+    return _Subset(retain, idx)
+
+
+class _Subset(DataStream):
+    """The samples ``idx`` of an indexable stream (read on demand)."""
+
+    def __init__(self, base: DataStream, idx: Tensor):
+        if not base.indexable:
+            raise ValueError("Bad-Teacher draws a random part of D_r: give D_r as tensors or an indexable Dataset, "
+                             "not a DataLoader")
+        self.base, self.idx, self.kind, self.chunk_size, self._len = base, idx, "dataset", base.chunk_size, len(idx)
+
+    def take(self, idx):
+        return self.base.take(self.idx[torch.as_tensor(idx, dtype=torch.long)])
+
+
+@register("bad-teacher")
+class BadTeacher(ForgettingMethod):
+    """Bad-Teacher distillation (module docstring). Streams D_r (an indexable source).
+
+    Parameters
+    ----------
+    epochs : int
+        Passes over the mixed set (default 1).
+    lr : float
+        Adam's step size (default 1e-4).
+    retain_fraction : float in (0, 1]
+        Share of D_r drawn into the mixed set (default 0.3).
+    T : float
+        Temperature of the KL (default 1).
+    batch_size : int
+        Default 256.
+    """
+
+    streams = True
+    passes = "epochs × retain_fraction"
+    in_default_run = False
+    options = {"epochs": Option(int, ">= 1", default=1), "lr": Option(float, "> 0", default=1e-4),
+               "retain_fraction": Option(float, "(0, 1]", default=0.3), "T": Option(float, "> 0", default=1.0),
+               "batch_size": Option(int, ">= 1", default=256)}
+
+    def __init__(self, epochs: int = 1, lr: float = 1e-4, retain_fraction: float = 0.3, T: float = 1.0,
+                 batch_size: int = 256):
+        check_positive(epochs=epochs, lr=lr, T=T, batch_size=batch_size)
+        if not 0.0 < float(retain_fraction) <= 1.0:
+            raise ValueError(f"retain_fraction must be in (0, 1], got {retain_fraction!r}")
+        self.epochs, self.lr, self.T, self.batch_size = int(epochs), float(lr), float(T), int(batch_size)
+        self.retain_fraction = float(retain_fraction)
+
+    def scrub(self, model, retain, forget, ctx):
+        competent = copy.deepcopy(model).eval()
+        for p in competent.parameters():
+            p.requires_grad_(False)
+        incompetent = random_initialisation(model, 10_007 * ctx.seed + 305)
+        student = copy.deepcopy(model)
+        dev = model_device(student)
+        g = generator_for(student, ctx, 306)
+        xf, yf = forget_in_memory(forget, dev)
+        part = retain_subset(retain, self.retain_fraction, g)
+        opt = make_optimiser(student, "adam", self.lr)
+
+        def epoch(_):
+            train_mode(student, ctx)
+            for xb, _, is_f in mixed_batches(part, xf, yf, self.batch_size, g, dev, "Bad-Teacher"):
+                target = bad_teacher_targets(competent, incompetent, xb, is_f, self.T)
+                step(opt, kl_to_targets(call_model(student, xb), target, self.T))
+
+        failed = guarded_epochs(student, self.epochs, epoch, "Bad-Teacher")
+        res = ScrubResult(student.eval(), info={"bad_teacher_retain_used": float(len(part))})
+        return res.fail(failed) if failed else res
+
+    @classmethod
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 1, retain_fraction: float = 0.3,
+             batch_size: int = 256, **_options):
+        """Bad-Teacher: ``epochs`` passes over ⌈fraction·N_r⌉ + N_f samples, each with two teacher forwards
+        (≈ two thirds of a training step more)."""
+        n = int(math.ceil(retain_fraction * n_r)) + n_f
+        est = train_cost(model, x1, n, int(epochs), int(batch_size))
+        est.flops *= 5.0 / 3.0
+        est.seconds *= 5.0 / 3.0
+        est.passes = float(epochs) * int(math.ceil(retain_fraction * n_r)) / max(n_r, 1)
+        return est
+

@@ -1,0 +1,133 @@
+"""Boundary Shrink (Chen et al., "Boundary Unlearning"): whole-class forgetting by relabelling each forget sample
+to its nearest wrong class.
+
+1. Neighbours: for each x in D_f, one FGSM step x' = x + ε·sign(∇_x CE(f(x), y)) on the original (frozen, eval
+   mode); the new label is the class f(x') ranks highest among the classes ≠ y (the FGSM prediction itself
+   whenever the step crossed the boundary).
+2. Fine-tune on D_f with those labels (inputs x, not x'): ``epochs`` passes, SGD.
+
+D_r is not used. Defaults and sources: docs/notes/field.md ("Boundary Shrink").
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.device import model_device
+from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory,
+                                     generator_for, guarded_epochs, make_optimiser, step, tensor_batches, train_cost,
+                                     train_mode)
+from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
+
+
+def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, batch_size: int = 256
+                          ) -> tuple[Tensor, Tensor]:
+    """The nearest wrong class of every sample by one FGSM step.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Evaluated in eval mode; its parameters get no gradient (flags restored).
+    x, y : float inputs (N, ...) and int64 labels (N,)
+    eps : float
+        The step x' = x + eps·sign(∇_x CE(model(x), y)) (∞-norm bound, the inputs' units).
+
+    Returns
+    -------
+    labels : Tensor (int64), shape (N,)
+        argmax of model(x') over the classes ≠ y.
+    x_adv : Tensor, shape (N, ...)
+        The stepped inputs x'.
+    """
+    labels, advs = [], []
+    params = list(model.parameters())
+    flags = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        with eval_mode(model):
+            for i in range(0, len(y), batch_size):
+                xb = x[i:i + batch_size].detach().clone().requires_grad_(True)
+                yb = y[i:i + batch_size]
+                with torch.enable_grad():
+                    loss = F.cross_entropy(call_model(model, xb), yb, reduction="sum")
+                    (gx,) = torch.autograd.grad(loss, xb)
+                adv = (xb + eps * gx.sign()).detach()
+                with torch.no_grad():
+                    logits = call_model(model, adv)
+                logits = logits.masked_fill(F.one_hot(yb, logits.shape[-1]).bool(), float("-inf"))
+                labels.append(logits.argmax(-1))
+                advs.append(adv)
+    finally:
+        for p, f in zip(params, flags):
+            p.requires_grad_(f)
+    return torch.cat(labels), torch.cat(advs)
+
+
+@register("boundary-shrink")
+class BoundaryShrink(ForgettingMethod):
+    """Boundary Shrink (module docstring): class forgetting only; uses D_f alone.
+
+    Parameters
+    ----------
+    eps : float
+        FGSM step (∞-norm bound, default 0.1), in the units of the model's inputs.
+    epochs : int
+        Passes over D_f (default 10).
+    lr, momentum, weight_decay : float
+        SGD settings (defaults 0.01, 0.9, 5e-4).
+    batch_size : int or None
+        Default: the recipe's.
+    """
+
+    needs_retain = False
+    class_only = True
+    streams = True
+    passes = "0"
+    in_default_run = False
+    options = {"eps": Option(float, "> 0", default=0.1), "epochs": Option(int, ">= 1", default=10),
+               "lr": Option(float, "> 0", default=0.01), "momentum": Option(float, "[0, 1)", default=0.9),
+               "weight_decay": Option(float, ">= 0", default=5e-4),
+               "batch_size": Option(int | None, ">= 1", default=None)}
+
+    def __init__(self, eps: float = 0.1, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
+                 weight_decay: float = 5e-4, batch_size: int | None = None):
+        check_positive(eps=eps, epochs=epochs, lr=lr, batch_size=batch_size)
+        self.eps, self.epochs, self.lr = float(eps), int(epochs), float(lr)
+        self.momentum, self.weight_decay, self.batch_size = float(momentum), float(weight_decay), batch_size
+
+    def scrub(self, model, retain, forget, ctx):
+        if ctx.forget_class is None:
+            raise ValueError("boundary-shrink applies to class forgetting only: give a whole forget class")
+        original = copy.deepcopy(model).eval()
+        model = copy.deepcopy(model)
+        dev = model_device(model)
+        xf, yf = forget_in_memory(forget, dev)
+        float_inputs(xf, "Boundary Shrink")
+        y_new, _ = fgsm_neighbour_labels(original, xf, yf, self.eps)
+        bs = int(self.batch_size or ctx.recipe.batch_size)
+        g = generator_for(model, ctx, 308)
+        opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
+
+        def epoch(_):
+            train_mode(model, ctx)
+            for xb, yb in tensor_batches(xf, y_new, bs, g):
+                step(opt, F.cross_entropy(call_model(model, xb), yb))
+
+        failed = guarded_epochs(model, self.epochs, epoch, "Boundary Shrink")
+        res = ScrubResult(model.eval(), info={"boundary_shrink_classes": float(len(torch.unique(y_new)))})
+        return res.fail(failed) if failed else res
+
+    @classmethod
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
+        """Boundary Shrink: one FGSM pass over D_f (a forward + input backward, then a forward) and ``epochs``
+        passes over D_f; no pass over D_r."""
+        est = train_cost(model, x1, max(n_f, 1), int(epochs) + 2, int(batch_size or config.batch_size))
+        est.passes = 0.0
+        return est
+

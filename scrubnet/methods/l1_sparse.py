@@ -1,0 +1,107 @@
+"""ℓ1-sparse unlearning: fine-tune on D_r with an ℓ1 penalty whose weight decays linearly over the epochs
+(Jia et al., "Model Sparsity Can Simplify Machine Unlearning").
+
+Epoch e (0-based, of E) minimises, batch by batch, CE(batch of D_r) + γ_e·‖w‖₁ with γ_e = γ·(1 − e/E) over
+every trainable parameter, so its gradient adds γ_e·sign(w). Defaults and sources: docs/notes/field.md
+("ℓ1-sparse").
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.device import model_device
+from scrubnet.methods._field import (Option, check_positive, generator_for, guarded_epochs,
+                                     make_optimiser, step, stream_batches, train_cost, train_mode)
+from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.models.call import call_model
+
+
+def l1_weight(gamma: float, epoch: int, epochs: int) -> float:
+    """The penalty's weight in one epoch.
+
+    Parameters
+    ----------
+    gamma : float
+        γ, the weight of the first epoch.
+    epoch, epochs : int
+        e (0-based) and E.
+
+    Returns
+    -------
+    float
+        γ_e = γ·(1 − e/E).
+    """
+    return gamma * (1.0 - epoch / epochs)
+
+
+def l1_norm(model: nn.Module) -> Tensor:
+    """‖w‖₁ of ``model``.
+
+    Returns
+    -------
+    Tensor, scalar
+        The sum of |w| over the trainable parameters (differentiable).
+    """
+    return sum(p.abs().sum() for p in model.parameters() if p.requires_grad)
+
+
+@register("l1-sparse")
+class L1Sparse(ForgettingMethod):
+    """ℓ1-sparse fine-tuning on D_r (module docstring). Streams D_r.
+
+    Parameters
+    ----------
+    gamma : float
+        ℓ1 weight at the first epoch (default 5e-5), decaying linearly to γ/E in the last.
+    epochs : int
+        Passes over D_r (default 10).
+    lr, momentum, weight_decay : float
+        SGD settings (defaults 0.01, 0.9, 5e-4).
+    batch_size : int or None
+        Default: the recipe's.
+    """
+
+    streams = True
+    passes = "epochs"
+    in_default_run = False
+    options = {"gamma": Option(float, ">= 0", default=5e-5), "epochs": Option(int, ">= 1", default=10),
+               "lr": Option(float, "> 0", default=0.01), "momentum": Option(float, "[0, 1)", default=0.9),
+               "weight_decay": Option(float, ">= 0", default=5e-4),
+               "batch_size": Option(int | None, ">= 1", default=None)}
+
+    def __init__(self, gamma: float = 5e-5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
+                 weight_decay: float = 5e-4, batch_size: int | None = None):
+        if not float(gamma) >= 0:
+            raise ValueError(f"gamma must be ≥ 0, got {gamma!r}")
+        check_positive(epochs=epochs, lr=lr, batch_size=batch_size)
+        self.gamma, self.epochs, self.lr = float(gamma), int(epochs), float(lr)
+        self.momentum, self.weight_decay, self.batch_size = float(momentum), float(weight_decay), batch_size
+
+    def scrub(self, model, retain, forget, ctx):
+        model = copy.deepcopy(model)
+        dev = model_device(model)
+        bs = int(self.batch_size or ctx.recipe.batch_size)
+        g = generator_for(model, ctx, 302)
+        opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
+
+        def epoch(e):
+            gamma_e = l1_weight(self.gamma, e, self.epochs)
+            train_mode(model, ctx)
+            for xr, yr in stream_batches(retain, bs, g, dev):
+                step(opt, F.cross_entropy(call_model(model, xr), yr) + gamma_e * l1_norm(model))
+
+        failed = guarded_epochs(model, self.epochs, epoch, "l1-sparse")
+        with torch.no_grad():
+            l1 = float(l1_norm(model))
+        res = ScrubResult(model.eval(), info={"l1_norm_after": l1})
+        return res.fail(failed) if failed else res
+
+    @classmethod
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
+        """ℓ1-sparse: ``epochs`` passes over D_r (the penalty is O(p) per step)."""
+        return train_cost(model, x1, n_r, int(epochs), int(batch_size or config.batch_size))
+

@@ -1,0 +1,173 @@
+"""Selective Synaptic Dampening (Foster et al., "Fast Machine Unlearning Without Retraining Through Selective
+Synaptic Dampening"): no training, one multiplicative edit of the weights.
+
+Importances F_D on D = D_r ⊔ D_f and F_f on D_f, diagonal, eval mode, one of
+
+* ``importance="fisher"`` (default): scrubnet's Fisher diagonal (:func:`~scrubnet.curvature.fisher.fisher_diag`,
+  per-sample squared gradients, mean over samples; F_D = (N_r·F_r + N_f·F_f)/N with F_r streamed over D_r);
+* ``importance="batch"``: the released code's estimate — the square of each batch's mean loss gradient,
+  averaged over the batches (of ``batch_size``, a seeded permutation of D, resp. of D_f).
+
+Every weight j with F_f,j > α·F_D,j is multiplied by β_j = min(λ·F_D,j / F_f,j, 1); the others are left as they
+are. With per-sample Fishers F_D ≥ (N_f/N)·F_f, so no weight can be selected once N_f/N ≥ 1/α (a whole class
+of a balanced 10-class set at α = 10): the result is then marked failed, with that reason. Defaults and
+sources: docs/notes/field.md ("SSD").
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
+from scrubnet.device import model_device
+from scrubnet.methods._field import (Option, check_positive, fisher_diagonal_cost, forget_in_memory,
+                                     generator_for, mixed_batches, tensor_batches)
+from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.methods.fisher import stream_fisher
+from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
+
+IMPORTANCES = ("fisher", "batch")
+
+
+def dampening(f_d: Tensor, f_f: Tensor, selection_threshold: float, dampening_constant: float) -> tuple[Tensor, Tensor]:
+    """SSD's selection and dampening factors for one parameter tensor.
+
+    Parameters
+    ----------
+    f_d, f_f : Tensor, the parameter's shape
+        Importances on D and on D_f (≥ 0).
+    selection_threshold, dampening_constant : float
+        α (selection) and λ (dampening).
+
+    Returns
+    -------
+    selected : Tensor (bool)
+        F_f > α·F_D.
+    factor : Tensor
+        min(λ·F_D/F_f, 1) where selected, 1 elsewhere.
+    """
+    selected = f_f > selection_threshold * f_d
+    ratio = torch.where(selected, dampening_constant * f_d / torch.where(selected, f_f, torch.ones_like(f_f)),
+                        torch.ones_like(f_f))
+    return selected, torch.clamp(ratio, max=1.0)
+
+
+def batch_importance(model: nn.Module, batches) -> dict[str, Tensor]:
+    """The released code's importance estimate.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Evaluated in eval mode (its mode is restored).
+    batches : iterable of (inputs (B, ...), int64 labels (B,))
+
+    Returns
+    -------
+    dict of str to Tensor
+        The mean over the batches of (∇_w mean-CE of the batch)², one tensor per trainable parameter.
+    """
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    acc = {k: torch.zeros_like(p) for k, p in params.items()}
+    n = 0
+    with eval_mode(model), torch.enable_grad():
+        for xb, yb in batches:
+            grads = torch.autograd.grad(F.cross_entropy(call_model(model, xb), yb), list(params.values()),
+                                        allow_unused=True)
+            for k, g in zip(params, grads):
+                if g is not None:
+                    acc[k] += g.detach() ** 2
+            n += 1
+    return {k: v / max(n, 1) for k, v in acc.items()}
+
+
+@register("ssd")
+class SSD(ForgettingMethod):
+    """Selective Synaptic Dampening (module docstring). Streams D_r.
+
+    Parameters
+    ----------
+    selection_threshold : float
+        Selection weighting α: a weight is dampened when F_f > α·F_D (default 10).
+    dampening_constant : float
+        Dampening constant λ: the factor is min(λ·F_D/F_f, 1) (default 1).
+    importance : {"fisher", "batch"}
+        Per-sample Fisher diagonals (default) or the released code's squared batch gradients (module docstring).
+    kind : {"empirical", "true", "mc"}
+        Which Fisher diagonal ``importance="fisher"`` uses (default "empirical": squared gradients of the loss
+        at the data's labels, as SSD defines importance).
+    batch_size : int or None
+        Batch of the importance computation (default: planned by the Fisher's memory budget; the recipe's for
+        ``importance="batch"``).
+    """
+
+    streams = True
+    passes = "1"
+    in_default_run = False
+    options = {"selection_threshold": Option(float, "> 0", default=10.0),
+               "dampening_constant": Option(float, "> 0", default=1.0),
+               "importance": Option(str, None, default="fisher", choices=IMPORTANCES),
+               "kind": Option(str, None, default="empirical", choices=FISHER_KINDS),
+               "batch_size": Option(int | None, ">= 1", default=None)}
+
+    def __init__(self, selection_threshold: float = 10.0, dampening_constant: float = 1.0, importance: str = "fisher",
+                 kind: str = "empirical", batch_size: int | None = None):
+        check_positive(selection_threshold=selection_threshold, dampening_constant=dampening_constant,
+                       batch_size=batch_size)
+        if kind not in FISHER_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(FISHER_KINDS)}, got {kind!r}")
+        if importance not in IMPORTANCES:
+            raise ValueError(f"importance must be one of {', '.join(IMPORTANCES)}, got {importance!r}")
+        self.selection_threshold, self.dampening_constant = float(selection_threshold), float(dampening_constant)
+        self.kind, self.batch_size = kind, batch_size
+        self.importance = importance
+
+    def importances(self, model, retain, forget, ctx) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(F_D, F_f) as {name: tensor} over the trainable parameters."""
+        xf, yf = forget_in_memory(forget, model_device(model))
+        if self.importance == "batch":
+            bs = int(self.batch_size or ctx.recipe.batch_size)
+            g = generator_for(model, ctx, 309)
+            f_d = batch_importance(model, ((x, y) for x, y, _ in mixed_batches(retain, xf, yf, bs, g,
+                                                                                model_device(model), "SSD")))
+            return f_d, batch_importance(model, tensor_batches(xf, yf, bs, g))
+        f_r = stream_fisher(model, retain, self.kind, self.batch_size, ctx.cache)
+        f_f = fisher_diag(model, xf, yf if self.kind == "empirical" else None, kind=self.kind,
+                          batch_size=self.batch_size, seed=ctx.seed)
+        n_r, n_f = len(retain), len(yf)
+        f_d = {k: (n_r * f_r[k] + n_f * f_f[k]) / (n_r + n_f) for k in f_r}
+        return f_d, f_f
+
+    def scrub(self, model, retain, forget, ctx):
+        f_d, f_f = self.importances(model, retain, forget, ctx)
+        model = copy.deepcopy(model)
+        n_sel = n_all = 0
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name not in f_d:
+                    continue
+                selected, factor = dampening(f_d[name], f_f[name], self.selection_threshold, self.dampening_constant)
+                p.mul_(factor.to(p.dtype))
+                n_sel += int(selected.sum())
+                n_all += p.numel()
+        res = ScrubResult(model.eval(), info={"ssd_selected_fraction": n_sel / max(n_all, 1)})
+        if n_sel == 0:
+            n_f, n = len(forget), len(forget) + len(retain)
+            res.fail(f"SSD selected no weight (no importance ratio F_f/F_D above α = {self.selection_threshold:g}); "
+                     f"with per-sample importances that is certain when N_f/N = {n_f}/{n} ≥ 1/α: lower "
+                     "selection_threshold or use "
+                     "importance='batch'" if self.importance == "fisher" else
+                     f"SSD selected no weight (no importance ratio F_f/F_D above α = {self.selection_threshold:g})")
+        return res
+
+    @classmethod
+    def cost(cls, model, x1, n_r, n_f, c, config, *, kind: str = "empirical", batch_size: int | None = None,
+             **_options):
+        """SSD: the Fisher diagonal over D_r and over D_f (no training)."""
+        est = fisher_diagonal_cost(model, x1, n_r + n_f, kind=kind, batch_size=batch_size)
+        est.passes = est.passes * (n_r + n_f) / max(n_r, 1)
+        return est
+

@@ -1,0 +1,207 @@
+"""How the user's model was trained, stated once: :class:`TrainingRecipe`.
+
+Every scrubbing method needs the objective the model minimised. The recipe states it as
+
+    L(w) = (1/N) Σ_i ℓ(f_w(x_i), y_i) + (wd/2)·‖w − c‖²
+
+with ℓ the cross-entropy (``loss="cross_entropy"``) or ½‖f − s·onehot(y)‖² (``loss="mse"``, LQF-style models;
+s = ``target_scale``, 1 by default, LQF's 15),
+``wd`` the weight-decay coefficient and ``c`` its centre (``wd_center``): ``None`` is ordinary weight decay
+(c = 0, what ``torch.optim.SGD(weight_decay=wd)`` minimises, the default), a dict of tensors a pull toward a
+known start w_0 (scrubnet's own fine-tuning protocol, :meth:`TrainingRecipe.scrubnet_protocol`). The optimiser
+settings (lr, momentum, batch_size, epochs, freeze_bn) are those the fine-tuning baselines (Finetune, NegGrad,
+Random labels) reuse.
+
+From it the methods derive Newton's retain objective L_r (the sum above over D_r), the NTK ridge, Fisher's
+curvature and the baselines' loss; :meth:`TrainingRecipe.center_for` gives the centre as a dict over a model's
+trainable parameters (zeros for ordinary weight decay).
+
+A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_toml`)::
+
+    [recipe]
+    loss = "cross_entropy"     # or "mse"
+    wd = 5e-4                  # ≥ 0
+    wd_center = "zero"         # or the path of a safetensors file holding w_0 (relative to the TOML file)
+    target_scale = 1.0         # s of the MSE target s·onehot(y) (loss = "mse" only)
+    lr = 0.01
+    momentum = 0.9
+    batch_size = 128
+    epochs = 10
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from scrubnet._config import ConfigValueError, check_table_keys, check_value
+from scrubnet.training.loops import TrainConfig
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+#: the losses a recipe can state; the curvature code calls them "ce" and "mse"
+RECIPE_LOSSES = {"cross_entropy": "ce", "mse": "mse"}
+
+#: epochs of the fine-tuning baselines in scrubnet's own protocol (the papers' 10)
+PROTOCOL_BASELINE_EPOCHS = 10
+
+#: allowed ranges of the numeric recipe keys
+RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "lr": "> 0", "momentum": "[0, 1)", "batch_size": ">= 1", "epochs": ">= 0"}
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """The objective and optimiser the model was trained with (module docstring).
+
+    loss:       ``"cross_entropy"`` or ``"mse"``.
+    wd:         the decay coefficient; objective = mean loss + (wd/2)‖w − c‖².
+    wd_center:  c as {parameter name: tensor}; ``None`` = 0 (ordinary weight decay). Parameters absent from
+                the dict feel no decay.
+    target_scale: s of the MSE loss's target s·onehot(y) (1 unless the model was trained like LQF, 15).
+    lr, momentum, batch_size, epochs, freeze_bn: the SGD settings the fine-tuning baselines reuse (BatchNorm
+                layers kept in eval mode while they train when ``freeze_bn``).
+    """
+
+    loss: str = "cross_entropy"
+    wd: float = 0.0
+    wd_center: dict[str, Tensor] | None = field(default=None, compare=False, repr=False)
+    target_scale: float = 1.0
+    lr: float = 0.01
+    momentum: float = 0.9
+    batch_size: int = 128
+    epochs: int = 10
+    freeze_bn: bool = False
+
+    def __post_init__(self):
+        if self.loss not in RECIPE_LOSSES:
+            raise ValueError(f"recipe loss must be one of {', '.join(RECIPE_LOSSES)}, got {self.loss!r}")
+        for key, spec in RECIPE_RANGES.items():
+            check_value(f"recipe.{key}", getattr(self, key), int if key in ("batch_size", "epochs") else float,
+                        spec)
+        if self.loss != "mse" and self.target_scale != 1.0:
+            raise ValueError(f"recipe.target_scale applies to the MSE loss only, got {self.target_scale:g} with "
+                             f"{self.loss!r}")
+        if self.wd_center is not None:
+            if not isinstance(self.wd_center, dict) or not all(isinstance(v, Tensor) for v in self.wd_center.values()):
+                raise TypeError("recipe.wd_center must be None or a dict of tensors (parameter name → w_0)")
+            bad = [k for k, v in self.wd_center.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+            if bad:
+                raise ValueError(f"recipe.wd_center has non-finite values in {', '.join(bad[:3])}")
+
+    # ----------------------------------------------------------------- derived quantities
+    @property
+    def curvature_loss(self) -> str:
+        """The loss as the curvature code names it: ``"ce"`` or ``"mse"``."""
+        return RECIPE_LOSSES[self.loss]
+
+    @property
+    def pulls_to_start(self) -> bool:
+        """True when the decay pulls toward a given w_0 rather than toward 0."""
+        return self.wd_center is not None
+
+    def describe(self) -> str:
+        """The objective in words, e.g. ``mean CE + (0.03/2)‖w − w_0‖²``."""
+        scale = "" if self.target_scale == 1.0 else f"{self.target_scale:g}·"
+        data = "mean CE" if self.loss == "cross_entropy" else f"mean ½‖f − {scale}onehot(y)‖²"
+        if self.wd == 0:
+            return data
+        return f"{data} + ({self.wd:g}/2)‖w − {'w_0' if self.pulls_to_start else '0'}‖²"
+
+    def center_for(self, model: nn.Module) -> dict[str, Tensor]:
+        """c over ``model``'s trainable parameters: the given w_0 (checked: names present, shapes equal), or
+        zeros for ordinary weight decay. Parameters missing from a given ``wd_center`` are left out (no decay)."""
+        params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        if self.wd_center is None:
+            return {k: torch.zeros_like(p, requires_grad=False) for k, p in params.items()}
+        unknown = sorted(set(self.wd_center) - set(params))
+        if unknown:
+            raise ValueError(f"recipe.wd_center names tensors the model has no trainable parameter for: "
+                             f"{', '.join(unknown[:3])}" + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""))
+        out = {}
+        for k, v in self.wd_center.items():
+            if tuple(v.shape) != tuple(params[k].shape):
+                raise ValueError(f"recipe.wd_center[{k!r}] has shape {tuple(v.shape)}, the parameter "
+                                 f"{tuple(params[k].shape)}")
+            out[k] = v.detach().to(params[k].device, params[k].dtype)
+        return out
+
+    def train_config(self, base: TrainConfig | None = None) -> TrainConfig:
+        """A :class:`TrainConfig` carrying this recipe's fine-tuning settings (other fields from ``base``)."""
+        base = base or TrainConfig()
+        return replace(base, lr=self.lr, momentum=self.momentum, wd=self.wd, batch_size=self.batch_size,
+                       freeze_bn=self.freeze_bn)
+
+    # ----------------------------------------------------------------- constructors
+    @classmethod
+    def scrubnet_protocol(cls, w0: dict[str, Tensor], config: TrainConfig) -> "TrainingRecipe":
+        """scrubnet's own fine-tuning: mean CE + (config.wd/2)‖w − w_0‖², SGD at config's lr, momentum and
+        batch size with frozen BatchNorm as configured; baselines train :data:`PROTOCOL_BASELINE_EPOCHS`."""
+        return cls(loss="cross_entropy", wd=float(config.wd), wd_center=w0, lr=float(config.lr),
+                   momentum=float(config.momentum), batch_size=int(config.batch_size),
+                   epochs=PROTOCOL_BASELINE_EPOCHS, freeze_bn=bool(config.freeze_bn))
+
+    @classmethod
+    def from_dict(cls, d: dict, base_dir: str | Path = ".", prefix: str = "recipe.") -> "TrainingRecipe":
+        """A recipe from a ``[recipe]`` table: unknown keys, wrong types and out-of-range values are refused
+        with a message naming the key; ``wd_center`` is ``"zero"`` or a safetensors path (relative paths
+        resolve against ``base_dir``)."""
+        check_table_keys(cls, d, "recipe", prefix)
+        kwargs: dict = {}
+        if "loss" in d:
+            loss = check_value(prefix + "loss", d["loss"], str)
+            if loss not in RECIPE_LOSSES:
+                raise ConfigValueError(f"configuration key {prefix}loss: expected one of "
+                                       f"{', '.join(repr(k) for k in RECIPE_LOSSES)}, got {loss!r}")
+            kwargs["loss"] = loss
+        for key, spec in RECIPE_RANGES.items():
+            if key in d:
+                kwargs[key] = check_value(prefix + key, d[key], int if key in ("batch_size", "epochs") else float,
+                                          spec)
+        if "freeze_bn" in d:
+            kwargs["freeze_bn"] = check_value(prefix + "freeze_bn", d["freeze_bn"], bool)
+        if "wd_center" in d:
+            center = check_value(prefix + "wd_center", d["wd_center"], str)
+            if center != "zero":
+                path = Path(center)
+                if not path.is_absolute():
+                    path = Path(base_dir) / path
+                if not path.is_file():
+                    raise ConfigValueError(f"configuration key {prefix}wd_center: expected \"zero\" or the path of "
+                                           f"a safetensors file holding w_0, got {center!r} (no file {path})")
+                try:
+                    kwargs["wd_center"] = load_file(str(path))
+                except Exception as e:  # safetensors raises its own error types on a bad header
+                    raise ConfigValueError(f"configuration key {prefix}wd_center: cannot read {path} as "
+                                           f"safetensors ({e})") from None
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "TrainingRecipe":
+        """The ``[recipe]`` table of the TOML file ``path`` (:meth:`from_dict`, paths relative to the file)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"recipe file not found: {path}")
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigValueError(f"{path} is not valid TOML: {e}") from None
+        if "recipe" not in doc:
+            raise ConfigValueError(f"{path} has no [recipe] table")
+        extra = sorted(set(doc) - {"recipe"})
+        if extra:
+            raise ValueError(f"unknown table(s) or key(s) in {path}: {', '.join(extra)} (only [recipe] is read)")
+        return cls.from_dict(doc["recipe"], base_dir=path.parent)
+
+    def to_dict(self) -> dict:
+        """The recipe's scalar settings (``wd_center`` as ``"zero"`` or ``"given"``) for reports and sidecars."""
+        return {"loss": self.loss, "wd": self.wd, "wd_center": "given" if self.pulls_to_start else "zero",
+                "target_scale": self.target_scale,
+                "lr": self.lr, "momentum": self.momentum, "batch_size": self.batch_size, "epochs": self.epochs,
+                "freeze_bn": self.freeze_bn}

@@ -1,0 +1,151 @@
+"""The one scrub path: :func:`scrub_and_measure`.
+
+Every entry point that runs a method goes through it — :func:`scrubnet.forget`, ``scrubnet forget``
+(``--checkpoint`` and ``--model``), the experiment runner (``scrubnet run``) and the audit pool — so the honesty
+checks exist once:
+
+1. the stationarity check of the recipe before a curvature method, when the context asks for it
+   (``ctx.verify_recipe``, set for a user's model): refused with
+   :class:`~scrubnet.recipe.objective.RecipeMismatch` unless ``ctx.force``;
+2. the method's own failure (a solver at its iteration cap or above its tolerance, a refused step): the
+   result is ``ok=False`` with the method's reasons;
+3. the retain-error rule: a scrub that raises the error on D_r by more than ``retain_error_tolerance`` is
+   ``ok=False`` (``retain_rule="fail"``, every entry point but one) or only reported in
+   ``checks["retain_error"]`` (``retain_rule="report"``: the protocol experiment, whose results record the
+   method's own verdict and every readout, and must not change with this rule).
+
+A failed scrub is never raised here: :func:`scrubnet.forget` raises :class:`ScrubFailed` for ``ok=False``
+(unless ``on_failure="return"``), the CLI writes nothing and exits 2, the runner records the reasons.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from scrubnet.data.stream import as_stream
+from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian
+from scrubnet.readouts.basic import stream_error_and_loss
+from scrubnet.readouts.information import weight_information
+from scrubnet.recipe import TrainingRecipe
+from scrubnet.recipe.objective import check_stationarity
+
+#: what the retain-error rule does with a scrub over the tolerance
+RETAIN_RULES = ("fail", "report")
+#: the default tolerance of the retain-error rule (a fraction: 0.05 = 5 points of error)
+RETAIN_ERROR_TOLERANCE = 0.05
+
+
+class ScrubFailed(RuntimeError):
+    """The method did not do what it claims; ``.result`` holds the :class:`ForgetResult` (model included)."""
+
+    def __init__(self, result: "ForgetResult"):
+        self.result = result
+        super().__init__(f"method {result.method!r} failed: " + "; ".join(result.reasons))
+
+
+@dataclass
+class ForgetResult:
+    """What a scrub reports.
+
+    ok, reasons:  whether the scrub did what it claims, and why not (one sentence each).
+    method:       the method's name; recipe: the recipe used.
+    report:       the method's own numbers (seconds, solver iterations and residuals, step lengths, α …) and the
+                  retain error before and after (``retain_error_before`` / ``retain_error_after``, fractions).
+    noise:        the Gaussian a noisy method sampled the weights from (None for a deterministic one).
+    bounds:       ``info_weights_nats`` = KL(scrub's Gaussian ‖ the same procedure at ``reference``) when a
+                  reference was given to a noisy method.
+    readouts:     error/loss on retain, forget (and test) of the scrubbed and the input model, when asked.
+    checks:       the honesty checks' outcomes: ``retain_error`` (``{"before", "after", "tolerance",
+                  "passed"}``) and, when it ran, ``stationarity`` (its numbers).
+    scrub:        the method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the
+                  reference and original it supplies).
+    """
+
+    ok: bool
+    reasons: list[str]
+    method: str
+    recipe: TrainingRecipe
+    report: dict[str, float] = field(default_factory=dict)
+    noise: WeightGaussian | None = None
+    bounds: dict[str, float] = field(default_factory=dict)
+    readouts: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, dict] = field(default_factory=dict)
+    scrub: ScrubResult | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> nn.Module:
+        """The scrubbed model."""
+        return self.scrub.model
+
+
+def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget, ctx: ForgetContext, *,
+                      retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, retain_rule: str = "fail",
+                      reference: nn.Module | None = None, readouts: bool = False, test=None) -> ForgetResult:
+    """Run ``method`` on ``model`` with the honesty checks (module docstring) and measure what a caller asked.
+
+    Parameters
+    ----------
+    method : ForgettingMethod
+        The configured method (:func:`~scrubnet.methods.base.get_method` / ``protocol_method``).
+    model : nn.Module
+        The trained model; not modified.
+    retain, forget, test
+        D_r, D_f (and a test set for the readouts): (x, y) tensors, a ``Dataset``, a ``DataLoader`` or a
+        :class:`~scrubnet.data.stream.DataStream` (chunked by ``ctx.chunk_size``).
+    ctx : ForgetContext
+        From :meth:`ForgetContext.from_recipe` or :func:`~scrubnet.methods.base.protocol_context`.
+    retain_error_tolerance : float
+        The largest allowed rise of the retain error (a fraction in [0, 1]).
+    retain_rule : {"fail", "report"}
+        What a rise over the tolerance does: ``ok=False`` with a reason, or only ``checks["retain_error"]``.
+    reference : nn.Module, optional
+        A model retrained without D_f: with a noisy method, ``bounds["info_weights_nats"]``.
+    readouts : bool
+        Also measure error and loss (mean CE) on D_r, D_f (and ``test``) before and after, streamed.
+
+    Returns
+    -------
+    ForgetResult
+        Never raises for a failed scrub (``ok=False``); raises for bad input and for a refused recipe.
+    """
+    if not 0 <= retain_error_tolerance <= 1:
+        raise ValueError(f"retain_error_tolerance must be in [0, 1], got {retain_error_tolerance}")
+    if retain_rule not in RETAIN_RULES:
+        raise ValueError(f"retain_rule must be one of {', '.join(RETAIN_RULES)}, got {retain_rule!r}")
+    retain_s, forget_s = as_stream(retain, chunk_size=ctx.chunk_size), as_stream(forget, chunk_size=ctx.chunk_size)
+    checks: dict[str, dict] = {}
+    if method.uses_curvature and method.needs_retain and ctx.verify_recipe and not ctx.force:
+        st = check_stationarity(model, retain_s, ctx.recipe, ctx.center(model), method=method.name)
+        checks["stationarity"] = st.as_dict()
+    res = method(model, retain_s, forget_s, ctx)
+    res.info.update(checks.get("stationarity", {}))
+    out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
+                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res)
+    if reference is not None and res.noise is not None:
+        other = method.noise_at(reference, retain_s, forget_s, ctx)
+        if other is not None:
+            out.bounds.update(weight_information(res.noise.mean, res.noise.var, other.mean, other.var))
+    # the honesty check every method gets: a scrub that costs the retain set more than a few points of error
+    # is reported as failed, whatever the method thinks of itself
+    err_in, loss_in = stream_error_and_loss(model, retain_s)
+    err_out, loss_out = stream_error_and_loss(res.model, retain_s)
+    passed = not err_out - err_in > retain_error_tolerance
+    checks["retain_error"] = {"before": err_in, "after": err_out, "tolerance": retain_error_tolerance,
+                              "passed": passed}
+    out.report.update(retain_error_before=err_in, retain_error_after=err_out)
+    if not passed and retain_rule == "fail":
+        out.ok = False
+        out.reasons.append(f"the retain error rose from {100 * err_in:.1f} % to {100 * err_out:.1f} %, more than "
+                           f"the tolerance of {100 * retain_error_tolerance:g} points")
+    if readouts:
+        out.readouts.update(retain_error=err_out, retain_loss=loss_out, original_retain_error=err_in,
+                            original_retain_loss=loss_in)
+        sets = {"forget": forget_s}
+        if test is not None:
+            sets["test"] = as_stream(test, chunk_size=ctx.chunk_size)
+        for part, data in sets.items():
+            for tag, m in (("", res.model), ("original_", model)):
+                err, loss = stream_error_and_loss(m, data)
+                out.readouts[f"{tag}{part}_error"], out.readouts[f"{tag}{part}_loss"] = err, loss
+    return out

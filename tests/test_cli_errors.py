@@ -1,0 +1,152 @@
+"""Error hygiene of every `scrubnet` command: a user error is one `error:` line and exit 2, an unexpected
+exception (here a crash inside the user's model during the scrub) one `error: <Type>: …` line, a hint and
+exit 1, and no command prints a traceback unless SCRUBNET_DEBUG=1."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import scrubnet.checkpoint
+from scrubnet.cli import app
+from scrubnet.models.user import build_user_model
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+# a forward that works without gradients (the input check on two samples) and crashes as soon as the
+# scrub differentiates through it: an exception from inside the computation, not a bad input
+NET_PY = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, crash=False):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.crash = crash
+
+    def forward(self, x):
+        if self.crash and torch.is_grad_enabled():
+            raise RuntimeError("kaboom inside the forward")
+        return self.lin(x)
+
+
+def make_net(crash=False):
+    return Net(crash)
+'''
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("errors")
+    (d / "net.py").write_text(NET_PY)
+    g = np.random.default_rng(0)
+    x = g.normal(size=(30, 4)).astype(np.float32)
+    np.savez(d / "data.npz", x_train=x, y_train=(np.arange(30) % 3).astype(np.int64))
+    torch.manual_seed(0)
+    net = build_user_model(f"{d / 'net.py'}:make_net")
+    torch.save(net.state_dict(), d / "net.pt")
+    (d / "forget.txt").write_text("0 1 2\n")
+    (d / "bad.npz").write_bytes(b"this is not an npz archive")
+    return d
+
+
+def _forget_args(d: Path, out: Path, data: str = "data.npz", crash: bool = False) -> list[str]:
+    return ["forget", "--model", f"{d / 'net.py'}:make_net", "--weights", str(d / "net.pt"), "--data", str(d / data),
+            "--forget-ids", str(d / "forget.txt"), "--method", "finetune", "--out", str(out)] \
+        + (["--model-option", "crash=true"] if crash else [])
+
+
+def _error_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("error:")]
+
+
+def _one_user_error(r, needle: str) -> None:
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_crash_inside_the_users_forward_is_one_line_naming_it(files, tmp_path):
+    out = tmp_path / "x.safetensors"
+    r = runner.invoke(app, _forget_args(files, out, crash=True))
+    assert r.exit_code == 1, r.output
+    assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output
+    lines = _error_lines(r.stderr)
+    assert lines == ["error: RuntimeError: kaboom inside the forward"], r.stderr
+    assert "SCRUBNET_DEBUG=1" in r.stderr and len(r.stderr.strip().splitlines()) == 2
+    assert not out.exists()
+    # the same model without the crash scrubs: the failure above is the forward's, not the inputs'
+    r = runner.invoke(app, _forget_args(files, out))
+    assert r.exit_code == 0 and out.exists(), r.output
+
+
+def test_the_console_script_prints_no_traceback_unless_asked(files, tmp_path):
+    args = [sys.executable, "-m", "scrubnet.cli", *_forget_args(files, tmp_path / "x.safetensors", crash=True)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("SCRUBNET_DEBUG", None)
+    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and _error_lines(p.stderr) == ["error: RuntimeError: kaboom inside the forward"]
+    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**env, "SCRUBNET_DEBUG": "1"}, timeout=300)
+    assert p.returncode != 0 and "Traceback" in p.stderr and "kaboom inside the forward" in p.stderr
+
+
+def test_a_bad_data_file_is_one_error_line(files, tmp_path):
+    out = tmp_path / "x.safetensors"
+    _one_user_error(runner.invoke(app, _forget_args(files, out, data="bad.npz")), "bad.npz")
+    assert not out.exists()
+
+
+def test_a_failed_write_is_one_error_line(files, tmp_path, monkeypatch):
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(scrubnet.checkpoint, "atomic_write_bytes", full_disk)
+    out = tmp_path / "x.safetensors"
+    _one_user_error(runner.invoke(app, _forget_args(files, out)), "No space left on device")
+    assert not out.exists()
+
+
+def test_audit_refuses_a_negative_seed(tmp_path):
+    _one_user_error(runner.invoke(app, ["audit", "--seed", "-1", "--out", str(tmp_path / "a")]), "--seed must be ≥ 0")
+    assert not (tmp_path / "a").exists()
+
+
+def test_study_refuses_an_unwritable_out_before_any_work(tmp_path, monkeypatch):
+    import scrubnet.cli.study as study
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the study started despite an unusable --out")
+
+    monkeypatch.setattr(study, "run_study", must_not_run)
+    (tmp_path / "file").write_text("x")
+    for out, needle in ((tmp_path / "file" / "cp", "is not a directory"), (tmp_path / "file", "not a directory")):
+        _one_user_error(runner.invoke(app, ["study", "critical-periods", "--seeds", "1", "--out", str(out)]), needle)
+
+
+@pytest.mark.parametrize("argv", [["config", "--dump", "--threads", "0"], ["mlforget", "show", "x", "--threads", "0"],
+                                  ["dp", "--out", "o", "--threads", "-2"], ["receipt", "verify", "r", "--key", "k",
+                                                                            "--threads", "0"]])
+def test_threads_is_one_option_everywhere(argv):
+    _one_user_error(runner.invoke(app, argv), "--threads must be at least 1")
+
+
+def test_threads_sets_torchs_thread_count():
+    before = torch.get_num_threads()
+    try:
+        r = runner.invoke(app, ["config", "--dump", "--threads", "2"])
+        assert r.exit_code == 0 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
