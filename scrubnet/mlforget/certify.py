@@ -157,7 +157,7 @@ def residual_bound(obj: UserObjective, w_stored: Tensor) -> tuple[float, dict]:
         b += obj.model.vjp(xb, jv)
     a, b = a / obj.n, b / obj.n
     g = a + b + obj.mu * w
-    k = min(obj.chunk, obj.n) * obj.num_classes + w.numel() + 3
+    k = min(obj.chunk, obj.n) * obj.num_classes + w.numel() + -(-obj.n // obj.chunk) + 3
     fp = gamma(k) * (float(torch.linalg.vector_norm(a)) + float(torch.linalg.vector_norm(b))
                      + obj.mu * float(torch.linalg.vector_norm(w)))
     gn = float(torch.linalg.vector_norm(g))

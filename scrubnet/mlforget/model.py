@@ -479,7 +479,7 @@ def _cg_step(state: MLState, lin, h: Tensor, y_all: Tensor, remaining: Tensor, w
         lam = g_norm / max(d_norm, 1e-300)
         if isinstance(precond, NystromPreconditioner) and precond.rank:
             lam = max(lam, float(precond.lam[0]) * len(rem_all) / len(remaining) + obj.mu)
-        k_sum = obj.chunk * obj.num_classes + w.numel() + 4
+        k_sum = min(obj.chunk, obj.n) * obj.num_classes + w.numel() + 4
         ex["float64_error_bound"] = (solve_rounding_bound(k_sum, 2 * lam, obj.mu, d_norm + 2 * w_norm, g_norm)
                                      + 2.0 ** -53 * float(torch.linalg.vector_norm(w64)))
         if target is None or not ex["converged"]:
