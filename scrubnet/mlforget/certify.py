@@ -118,6 +118,30 @@ def certificate(*, solve_bound: float | None, fp_bound: float, rounding: float, 
             "within_budget": None if budget is None else bool(kl <= budget)}
 
 
+def stored_certificate(info, w64: Tensor | None, w_stored: Tensor, sigma: float, budget: float | None,
+                       posterior: float | None = None) -> dict:
+    """:func:`certificate` of a request's stored weights from its step.
+
+    Parameters
+    ----------
+    info : StepInfo
+        The step (``solver``, ``relative_residual``, ``extra['weight_error_bound']`` = ε_solve and
+        ``extra['float64_error_bound']`` = ε_fp).
+    w64 : Tensor or None
+        (p,) the solver's float64 answer; None for the SGD step, which proves nothing.
+    w_stored : Tensor
+        (p,) the weights as stored (its cast to the network's dtype).
+    sigma, budget, posterior
+        As in :func:`certificate`.
+    """
+    ex = info.extra
+    rho = rounding_error(w64, w_stored) if w64 is not None else 0.0
+    return certificate(solve_bound=ex.get("weight_error_bound") if w64 is not None else None,
+                       fp_bound=ex.get("float64_error_bound", 0.0), rounding=rho, sigma=sigma, budget=budget,
+                       solver=info.solver, residual=info.relative_residual, stored_dtype=w_stored.dtype,
+                       posterior=posterior)
+
+
 def refusal(cert: dict) -> str:
     """The ``ValueError`` message of a request whose certificate misses its budget (nothing is applied)."""
     sigma, rho = cert["sigma"], cert["rounding_error"]

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
-from scrubnet.mlforget.certify import (certificate, refusal, residual_bound, rounding_bound_a_priori,
-                                      rounding_error, solve_rounding_bound)
+from scrubnet.mlforget.certify import (refusal, residual_bound, rounding_bound_a_priori, rounding_error,
+                                      solve_rounding_bound, stored_certificate)
 from scrubnet.mlforget.dual import DualFactor, dual_fit
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.mlforget.prefix import PrefixSplit
@@ -50,6 +50,7 @@ from scrubnet.mlforget.solve import (
     fit_user_weights_sgd,
     newton_step,
 )
+from scrubnet.models.call import as_float64
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -127,6 +128,8 @@ class MLState:
     primal: PrimalFactor | None = None  # the p×p user-weight system, eigendecomposed once (primal requests)
     prefix: PrefixSplit | None = None  # the frozen prefix and its features cache (:meth:`space`)
     prefix_checked: bool = False
+    base_sha256: str | None = None  # forgettable fine-tuning: sha256 of the pretrained model's state_dict
+    user_weights: dict | None = None  # forgettable fine-tuning: which weights are the user's (the spec given)
 
     def remaining_ids(self) -> Tensor:
         """User ids not yet forgotten (sorted)."""
@@ -143,7 +146,9 @@ class MLState:
         the network splits after a frozen prefix (:mod:`scrubnet.mlforget.prefix`), else (``model``,
         ``x_all``). Both give the same J, residuals and user weights (same names and order)."""
         if not self.prefix_checked:
-            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8])
+            # a prefix is cut from a traced graph of one tensor input; extra inputs (ModelInputs) run whole
+            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8]) \
+                if isinstance(x_all, Tensor) else None
             self.prefix_checked = True
         if self.prefix is None:
             return self.model, x_all
@@ -156,7 +161,7 @@ class MLState:
     def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
         """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
         m = self.model if model is None else model
-        return UserObjective(copy.deepcopy(m).double(), x.double(), y, self.num_classes, self.config.mu,
+        return UserObjective(copy.deepcopy(m).double(), as_float64(x), y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
     def primal_shape(self) -> tuple[int, bool]:
@@ -422,7 +427,7 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     if verify_stored:
         posterior, pinfo = residual_bound(state.objective64(h[remaining], y_all[remaining], lin), w_prime)
         info.extra["posterior_products"] = pinfo["products"]
-    cert = _stored_certificate(info, w64, w_prime, sigma, budget, posterior)
+    cert = stored_certificate(info, w64, w_prime, sigma, budget, posterior)
     info.extra["certificate"] = cert
     if budget is not None and w64 is not None and not cert["within_budget"]:
         raise ValueError(refusal(cert))
@@ -436,18 +441,6 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
         state.model.set_delta_flat(w_new)
         state.forgotten_ids = torch.sort(torch.cat([state.forgotten_ids, ids])).values
     return ForgetOutcome(w_prime, w_new, info)
-
-
-def _stored_certificate(info: StepInfo, w64: Tensor | None, w_stored: Tensor, sigma: float,
-                        budget: float | None, posterior: float | None) -> dict:
-    """The certificate of the stored weights (:func:`scrubnet.mlforget.certify.certificate`) from the step's
-    float64 answer ``w64`` (None: the SGD step, which proves nothing), its solve and rounding bounds."""
-    ex = info.extra
-    rho = rounding_error(w64, w_stored) if w64 is not None else 0.0
-    return certificate(solve_bound=ex.get("weight_error_bound") if w64 is not None else None,
-                       fp_bound=ex.get("float64_error_bound", 0.0), rounding=rho, sigma=sigma, budget=budget,
-                       solver=info.solver, residual=info.relative_residual, stored_dtype=w_stored.dtype,
-                       posterior=posterior)
 
 
 def _cg_step(state: MLState, lin, h: Tensor, y_all: Tensor, remaining: Tensor, w: Tensor, gen: torch.Generator,
