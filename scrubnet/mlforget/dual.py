@@ -201,10 +201,11 @@ class DualFactor:
         res_vec = torch.where(keep_rows, ka + lam_r * a - r_t, torch.zeros((), dtype=a.dtype))
         rel = float(torch.linalg.vector_norm(res_vec) / torch.linalg.vector_norm(r_t).clamp_min(1e-300))
         return a.reshape(-1, c), {"relative_residual": rel, "removed_rows": int(removed.numel()),
-                                  "dual_rows": self.rows}
+                                  "dual_rows": self.rows, "coefficient_norm": float(torch.linalg.vector_norm(a))}
 
-    def fit(self, model: LinearizedModel, x: Tensor, keep: Tensor) -> tuple[Tensor, dict]:
-        """w*(ids[keep]) = −J_Rᵀ a_R: (w in the model's dtype, info). ``x`` = all of D."""
+    def fit(self, model: LinearizedModel, x: Tensor, keep: Tensor, dtype: torch.dtype | None = None
+            ) -> tuple[Tensor, dict]:
+        """w*(ids[keep]) = −J_Rᵀ a_R: (w in ``dtype``, default the model's, info). ``x`` = all of D."""
         t0 = time.perf_counter()
         a, info = self.coefficients(keep)
         t1 = time.perf_counter()
@@ -212,4 +213,4 @@ class DualFactor:
         net = self.net if self.net is not None else jacobian_network(model)
         w = weights_from_coefficients(net, x[sel], a[keep])
         info.update({"solve_s": t1 - t0, "vjp_s": time.perf_counter() - t1})
-        return w.to(model.delta[0].dtype), info
+        return w.to(dtype or model.delta[0].dtype), info
