@@ -2,7 +2,8 @@
 
 Ratio = Newton decrement ½gᵀH⁻¹g / max(L_r, 0.1) (:mod:`scrubnet.recipe.objective`, CG to 1e-3 relative residual,
 no early stop) on three small architectures of the kinds users bring (tests/user_models.py: an MLP with
-LayerNorm/GroupNorm, a BatchNorm residual CNN, a tiny ViT), trained on 240 8×8 images of 3 overlapping classes (extra noise 1.5):
+LayerNorm/GroupNorm, a BatchNorm residual CNN, a tiny ViT), trained on 240 8×8 images of 3 overlapping
+classes (extra noise 1.5):
 
 * converged (SGD + momentum, cosine lr to 0, 60 epochs) with wd 5e-4, judged with the right recipe;
 * trained with wd 0.1 judged as 1e-3 and 1e-2 (under-stated 100×, 10×); trained with 1e-3 judged as 1e-2 and

@@ -60,7 +60,8 @@ RECIPE_LOSSES = {"cross_entropy": "ce", "mse": "mse"}
 PROTOCOL_BASELINE_EPOCHS = 10
 
 #: allowed ranges of the numeric recipe keys
-RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "label_smoothing": "[0, 1)", "lr": "> 0", "momentum": "[0, 1)", "batch_size": ">= 1", "epochs": ">= 0"}
+RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "label_smoothing": "[0, 1)", "lr": "> 0", "momentum": "[0, 1)",
+                 "batch_size": ">= 1", "epochs": ">= 0"}
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,8 @@ class TrainingRecipe:
         -------
         TrainingRecipe
             ``wd`` = the L2 equivalent of the decoupled decay (not its ``weight_decay``), the centre zero on the
-            decayed parameters only (groups with ``weight_decay = 0`` feel none), ``lr`` the first group's (its ``initial_lr`` under a scheduler).
+            decayed parameters only (groups with ``weight_decay = 0`` feel none), ``lr`` the first group's (its
+            ``initial_lr`` under a scheduler).
         """
         wd, decayed, _ = adamw_l2_equivalent(model, optimizer)
         trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
