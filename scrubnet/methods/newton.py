@@ -105,7 +105,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
                        loss: str | LossSpec = "ce", damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500,
                        batch_size: int = 512, safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
                        max_damping_tries: int = 6, data_check: bool = False, loss_tolerance: float = 0.05,
-                              error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
+                       error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
     M is the pull mask (1 on parameters present in ``w0``), μ ≥ ``damping`` the Levenberg–Marquardt
