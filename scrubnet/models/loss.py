@@ -63,7 +63,10 @@ class LossSpec:
         return 0.5 * ((logits - self.targets(y, logits.shape[-1], logits.dtype)) ** 2).sum(-1)
 
     def mean(self, logits: Tensor, y: Tensor) -> Tensor:
-        """The mean of :meth:`per_sample` (a scalar tensor)."""
+        """The mean of :meth:`per_sample` (a scalar tensor; CE through its own mean reduction, the same bits as
+        ``F.cross_entropy(logits, y)``)."""
+        if self.kind == "ce":
+            return F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
         return self.per_sample(logits, y).mean()
 
     def residual(self, logits: Tensor, y: Tensor) -> Tensor:
