@@ -45,7 +45,7 @@ STATIONARITY_CG_TOL = 1e-2
 #: an implied decay this many times above or below recipe.wd names the decay as the mistake
 DECAY_FACTOR = 3.0
 #: refuse a stated wd > 0 when the data gradient's cosine with −(w − c) is at least this and the decay it
-#: balances exceeds DECAY_FACTOR × wd (docs/notes/recipes.md: 0.98 for an under-stated decay, ≤ 0.56 right)
+#: balances exceeds DECAY_FACTOR × wd (docs/notes/recipes.md: ≥ 0.98 for an under-stated decay, ≤ 0.69 right)
 UNDERSTATED_ALIGNMENT = 0.9
 #: the objective's floor (nats) in the ratio, so a model at near-zero loss is judged on an absolute scale
 OBJECTIVE_FLOOR = 0.1
