@@ -158,7 +158,8 @@ def newton_decrement(hvp, g: Tensor, *, scale: float, tol: float = STATIONARITY_
 
 
 def stationarity(model: nn.Module, retain: DataStream, recipe: TrainingRecipe, w0: dict[str, Tensor] | None,
-                 *, batch_size: int = 512, max_iter: int | None = None, early_stop: bool = True) -> Stationarity:
+                 *, batch_size: int = 512, max_iter: int | None = None, early_stop: bool = True,
+                 tol: float = STATIONARITY_CG_TOL) -> Stationarity:
     """Measure how far ``model`` is from a minimum of the recipe's retain objective (module docstring).
 
     Parameters
@@ -169,6 +170,7 @@ def stationarity(model: nn.Module, retain: DataStream, recipe: TrainingRecipe, w
     w0 : the decay centre over the trainable parameters (``ctx.center(model)``); None = no decay mask.
     batch_size : samples per forward/backward.
     max_iter : CG steps at most (default :data:`STATIONARITY_CG_MAX`).
+    tol : CG's relative residual at which the decrement is taken (default :data:`STATIONARITY_CG_TOL`).
     early_stop : stop CG once the ratio's lower bound exceeds :data:`STATIONARITY_THRESHOLD` (the verdict is
         known); False runs CG to its tolerance.
 
@@ -189,7 +191,7 @@ def stationarity(model: nn.Module, retain: DataStream, recipe: TrainingRecipe, w
 
     scale = max(objective, OBJECTIVE_FLOOR)
     decrement, steps, converged = newton_decrement(
-        hvp, g, scale=scale, max_iter=STATIONARITY_CG_MAX if max_iter is None else int(max_iter),
+        hvp, g, scale=scale, tol=tol, max_iter=STATIONARITY_CG_MAX if max_iter is None else int(max_iter),
         refuse_above=STATIONARITY_THRESHOLD if early_stop else float("inf"))
     pull_sq, gp = float(pull @ pull), -float(g_data @ pull)
     data_norm = float(torch.linalg.vector_norm(g_data))
