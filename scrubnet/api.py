@@ -9,7 +9,10 @@ one scrub path every entry point shares (the stationarity check first for a curv
 own failure, the retain-error rule). It returns the scrubbed model with a :class:`ForgetResult`: ``ok`` and the
 reasons, the method's report, the readouts when asked (error and loss on D_r, D_f and a test set, streamed in
 chunks) and, for a noisy method given a ``reference`` model (e.g. one retrained without D_f), the white-box
-information bound. A failed scrub raises :class:`ScrubFailed` unless ``on_failure="return"``.
+information bound. With held-out data (``test``) every scrub gets a forgetting verdict (``result.forgetting``:
+does D_f now look like data the model never saw?); a method whose purpose is forgetting that ends at
+``did_not_forget`` or ``moved_wrong_way`` fails unless ``on_not_forgotten="warn"``. A failed scrub raises
+:class:`ScrubFailed` unless ``on_failure="return"``.
 """
 from __future__ import annotations
 
@@ -20,11 +23,11 @@ from torch import nn
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.recipe import TrainingRecipe
-from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
+from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
 
 ON_FAILURE = ("raise", "return")
 
-__all__ = ["ForgetResult", "ON_FAILURE", "ScrubFailed", "forget"]
+__all__ = ["ForgetResult", "ON_FAILURE", "ON_NOT_FORGOTTEN", "ScrubFailed", "forget"]
 
 
 def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: TrainingRecipe | None = None, *,
@@ -32,7 +35,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            forget_class: int | None = None, classifier: str | None = None, force: bool = False,
            readouts: bool = False, test=None, reference: nn.Module | None = None,
            keys: BatchKeys | None = None, chunk_size: int = 512,
-           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, **method_options: Any
+           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
+           **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
@@ -43,6 +47,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     force: run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
+    test: held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
+        forgetting verdict ``result.forgetting`` (:class:`~scrubnet.readouts.forgetting.ForgettingVerdict`).
+    on_not_forgotten: ``"fail"`` (default: a forgetting method whose verdict is did_not_forget or
+        moved_wrong_way is ``ok=False``, the numbers in the reason) or ``"warn"`` (``result.warnings``).
     reference: a model retrained without D_f; with a noisy method gives the information bound.
     retain_error_tolerance: the scrub fails when the retain error rises by more than this (a fraction: 0.05
         = 5 points); measured on every call (two streamed passes over D_r).
@@ -60,7 +68,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     scrubber = get_method(method, **method_options)
     out = scrub_and_measure(scrubber, model, as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size),
                             ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
-                            readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size))
+                            readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size),
+                            on_not_forgotten=on_not_forgotten)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

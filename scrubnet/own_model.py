@@ -87,12 +87,14 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
 
 def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int], method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
-               device: torch.device, before_scrub=None) -> dict | None:
+               device: torch.device, before_scrub=None, on_not_forgotten: str = "fail") -> dict | None:
     """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
     returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
     ``before_scrub(model, retain, forget, num_classes)`` runs once the inputs are loaded and checked (the CLI's
-    cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned."""
+    cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned.
+    With test arrays in ``data`` the scrub gets the forgetting verdict (``on_not_forgotten``: see
+    :func:`scrubnet.forget`); the sidecar records it (``forgetting``) and the warnings (``warnings``)."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
     model, _, ud, c = _load_all(spec, options, weights, data, device)
     idx = validate_forget_ids(forget_ids, len(ud.y))
@@ -102,10 +104,12 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     forget_set = (ud.x[idx].to(device), ud.y[idx].to(device))
     if before_scrub is not None and before_scrub(model, retain, forget_set, c):
         return None
+    test = None if ud.x_test is None else (ud.x_test.to(device), ud.y_test.to(device))
     try:
         scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
                                        on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),
-                                       force=force, **method_options)
+                                       force=force, test=test, on_not_forgotten=on_not_forgotten,
+                                       **method_options)
     except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
         raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
     if not result.ok:
@@ -115,6 +119,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
              "recipe": recipe_record(recipe, recipe_path), "factory": spec, "factory_options": options,
              "factory_sha256": factory_source_sha256(spec), "source_weights": str(weights),
              "source_sha256": state_sha256(Path(weights).read_bytes()), "data": str(data), "ok": True,
+             "forgetting": None if result.forgetting is None else result.forgetting.to_dict(),
+             "warnings": list(result.warnings),
              "report": {k: float(v) for k, v in result.report.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return save_checkpoint(out, scrubbed, arch=USER_ARCH, in_shape=list(ud.x.shape[1:]), num_classes=c,

@@ -179,7 +179,8 @@ class ScrubResult:
     supply the models its readouts must be compared with (activation distance to the retrain model,
     re-learn threshold); left ``None`` the protocol's retrain and original models are used.
     ``ok`` is False when the method did not do what it claims (a solver at its iteration cap, diverging or
-    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each.
+    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each. ``warnings``: what
+    the user must know though the method did what it claims (e.g. a Newton step damped to a near no-op).
     """
 
     model: nn.Module
@@ -189,6 +190,7 @@ class ScrubResult:
     original: nn.Module | None = None
     ok: bool = True
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> "ScrubResult":
         """Mark the result failed for ``reason`` (kept with the others); returns self."""
@@ -257,6 +259,10 @@ class ForgettingMethod(ABC):
                        Fisher's α tuned on the embedded default); a user's call gets the class defaults.
     band_reference:    the method whose readout band this one is judged against (default the retrain model).
     in_default_run:    run when an experiment names no methods.
+    forgets:           its purpose is forgetting D_f (default True): a forgetting verdict of did_not_forget or
+                       moved_wrong_way fails it (:mod:`scrubnet.scrub`). False for the anchors (the original,
+                       the gold standards) and for ``hiding`` (masks outputs only, a baseline of what is not
+                       forgetting).
     anchor:            the protocol role of an anchor method, ``"original"`` (the trained model) or
                        ``"retrain"`` (the gold standard), None for a scrub: anchors are listed first in a run's
                        tables, the separation checks compare them, and in the audit their rows are the pool's
@@ -278,6 +284,7 @@ class ForgettingMethod(ABC):
     protocol_options: ClassVar[dict] = {}
     band_reference: ClassVar[str] = "retrain"
     in_default_run: ClassVar[bool] = True
+    forgets: ClassVar[bool] = True
     anchor: ClassVar[str | None] = None
     audit_scrub_cost: ClassVar[str] = "cheap"
     figure_step: ClassVar[str | None] = None

@@ -133,6 +133,7 @@ class Original(ForgettingMethod):
 
     needs_retain = False
     anchor = "original"
+    forgets = False
     options = {}
 
     def scrub(self, model, retain, forget, ctx):
@@ -155,6 +156,7 @@ class Retrain(ForgettingMethod):
     """
 
     anchor = "retrain"
+    forgets = False  # the gold standard: judged by nothing, the others are judged against it
     options = {"mode": Option(str | None, choices=RETRAIN_MODES)}
 
     @classmethod
@@ -285,6 +287,7 @@ class Hiding(ForgettingMethod):
 
     needs_retain = False
     class_only = True
+    forgets = False  # masks the outputs only: the baseline of what does not count as forgetting
     passes = "0"
     options = {"classifier": Option(str | None)}
 

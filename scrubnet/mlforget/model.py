@@ -48,6 +48,7 @@ from scrubnet.mlforget.solve import (
     fit_user_weights_sgd,
     newton_step,
 )
+from scrubnet.models.call import as_float64
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -125,6 +126,8 @@ class MLState:
     primal: PrimalFactor | None = None  # the p×p user-weight system, eigendecomposed once (primal requests)
     prefix: PrefixSplit | None = None  # the frozen prefix and its features cache (:meth:`space`)
     prefix_checked: bool = False
+    base_sha256: str | None = None  # forgettable fine-tuning: sha256 of the pretrained model's state_dict
+    user_weights: dict | None = None  # forgettable fine-tuning: which weights are the user's (the spec given)
 
     def remaining_ids(self) -> Tensor:
         """User ids not yet forgotten (sorted)."""
@@ -141,7 +144,9 @@ class MLState:
         the network splits after a frozen prefix (:mod:`scrubnet.mlforget.prefix`), else (``model``,
         ``x_all``). Both give the same J, residuals and user weights (same names and order)."""
         if not self.prefix_checked:
-            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8])
+            # a prefix is cut from a traced graph of one tensor input; extra inputs (ModelInputs) run whole
+            self.prefix = PrefixSplit.of(self.model, chunk=self.config.chunk, check=x_all[:8]) \
+                if isinstance(x_all, Tensor) else None
             self.prefix_checked = True
         if self.prefix is None:
             return self.model, x_all
@@ -154,7 +159,7 @@ class MLState:
     def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
         """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
         m = self.model if model is None else model
-        return UserObjective(copy.deepcopy(m).double(), x.double(), y, self.num_classes, self.config.mu,
+        return UserObjective(copy.deepcopy(m).double(), as_float64(x), y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
     def primal_shape(self) -> tuple[int, bool]:

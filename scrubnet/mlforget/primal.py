@@ -38,8 +38,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call, jacrev, vmap
+from torch.func import functional_call
 
+from scrubnet.mlforget.rows import per_sample_jacobian
+from scrubnet.models.call import as_float64, call_functional
 from scrubnet.models.linearized import LinearizedModel
 
 
@@ -62,18 +64,11 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
             yield phi, r
         return
     lin = list(model.linearized_names)
-    frozen = {n: p for n, p in params.items() if n not in set(lin)}
-
-    def f(w, xi):
-        out = functional_call(net, ({**frozen, **w}, buffers), (xi.unsqueeze(0),))
-        return out.squeeze(0)
-
     for i in range(0, len(x), chunk):
-        xb = x[i:i + chunk].double()
-        jac = vmap(jacrev(f), in_dims=(None, 0))({n: params[n] for n in lin}, xb)
-        j = torch.cat([jac[n].reshape(len(xb), num_classes, -1) for n in lin], 2).reshape(len(xb) * num_classes, -1)
+        xb = as_float64(x[i:i + chunk])
+        j = per_sample_jacobian(net, params, buffers, lin, xb, num_classes).reshape(len(xb) * num_classes, -1)
         with torch.no_grad():
-            f0 = functional_call(net, (params, buffers), (xb,))
+            f0 = call_functional(net, (params, buffers), xb)
         r = (f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()).reshape(-1, 1)
         yield j, r
 

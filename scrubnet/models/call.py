@@ -127,6 +127,13 @@ def cat_inputs(parts: Iterable[Inputs]) -> Inputs:
     return torch.cat(parts)
 
 
+def as_float64(x: Inputs) -> Inputs:
+    """``x`` with its floating tensors in float64; integer tensors (token ids, masks) keep their dtype."""
+    if isinstance(x, ModelInputs):
+        return x.to(torch.float64)
+    return x.double() if x.is_floating_point() else x
+
+
 def as_logits(out: Any) -> Tensor:
     """The logits in a model's output (module docstring); ``TypeError`` naming what was found otherwise."""
     if isinstance(out, Tensor):

@@ -23,7 +23,10 @@ from typing import Iterable
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, jvp
+from torch.func import jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from scrubnet.models.call import Inputs, ModelInputs, call_functional, call_model
 
 
 def convert_relu_to_leaky(model: nn.Module, slope: float = 0.01) -> nn.Module:
@@ -100,9 +103,9 @@ class LinearizedModel(nn.Module):
             return dict(zip(self.linearized_names, tangent))
         raise TypeError("tangent must be None, a dict name→tensor, a list of tensors or a flat vector")
 
-    def core_forward(self, x: Tensor) -> Tensor:
-        """f_{w0}(x), the frozen network alone."""
-        return self.base(x)
+    def core_forward(self, x: Inputs) -> Tensor:
+        """f_{w0}(x), the frozen network alone (its logits, :func:`~scrubnet.models.call.as_logits`)."""
+        return call_model(self.base, x)
 
     def output_and_jvp(self, x: Tensor, tangent=None) -> tuple[Tensor, Tensor]:
         """(f_{w0}(x), J(x)·v) in one forward-mode pass; v defaults to Δw. Shapes (B, c) each."""
@@ -110,11 +113,17 @@ class LinearizedModel(nn.Module):
         primals = self._primals()
 
         def f(p):
-            return functional_call(self.base, p, (x,))
+            return call_functional(self.base, p, x)
 
-        return jvp(f, (primals,), (tangents,))
+        # forward-mode AD is implemented for the composite attention kernel only (not the fused CPU ones)
+        with sdpa_kernel([SDPBackend.MATH]):
+            return jvp(f, (primals,), (tangents,))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Inputs, **extras: Tensor) -> Tensor:
+        """f_{w0}(x) + J(x)·Δw, shape (B, c); keyword inputs join ``x`` as extras (as :func:`call_model` passes
+        a :class:`~scrubnet.models.call.ModelInputs`)."""
+        if extras:
+            x = ModelInputs(x.main, {**x.extras, **extras}) if isinstance(x, ModelInputs) else ModelInputs(x, extras)
         out, jv = self.output_and_jvp(x)
         return out + jv
 
@@ -129,7 +138,7 @@ class LinearizedModel(nn.Module):
         product but its first call costs ≈1.7 s of lazy imports, paid by every short-lived CLI process)."""
         primals = {n: t.clone().requires_grad_(True) for n, t in self._primals().items()}
         with torch.enable_grad():
-            out = functional_call(self.base, primals, (x,))
+            out = call_functional(self.base, primals, x)
             grads = torch.autograd.grad(out, [primals[n] for n in self.linearized_names], cotangent,
                                         allow_unused=True)
         return torch.cat([(g if g is not None else torch.zeros_like(primals[n])).reshape(-1)
