@@ -46,7 +46,7 @@ def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epo
     decay = dict(w0=ctx.center(model), wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
     sgd_loop(model, x, y, lr=r.lr if lr is None else lr, momentum=r.momentum, batch_size=r.batch_size,
              max_epochs=r.epochs if epochs is None else epochs, generator=g, freeze_bn=r.freeze_bn, ascent=negate,
-             ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.curvature_loss, **decay)
+             ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.loss_spec, **decay)
     return model
 
 
@@ -74,7 +74,7 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
             batches = data.chunks()
         for xb, yb in batches:
             xb, yb = xb.to(dev), yb.to(dev)
-            _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.curvature_loss).mean(), ctx, center)
+            _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.loss_spec).mean(), ctx, center)
     return model.eval()
 
 
@@ -127,7 +127,7 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
             pos = pos.to(dev)
             xb = cat_inputs([xr.to(dev, x_f.dtype), x_f[sel_f]])[pos]
             yb = torch.cat([yr.to(dev, y_f.dtype), y_f[sel_f]])[pos]
-            _step(model, opt, batch_loss(call_model(model, xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
+            _step(model, opt, batch_loss(call_model(model, xb), yb, r.loss_spec, (~from_r).to(dev) if negate else None,
                                          cap if negate else None), ctx, center)
     return model.eval()
 

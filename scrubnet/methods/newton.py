@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fallbacks import fallbacks_report
 from scrubnet.curvature.fisher import fisher_diag
-from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_sample_loss
+from scrubnet.curvature.ggn import GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
 from scrubnet.curvature.ntk import activation_numel_per_sample
@@ -55,6 +55,7 @@ from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, Scrub
 from scrubnet.training.cost import CostEstimate, fisher_diagonal_cost, forward_flops, seconds_at, trainable_numel
 from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
 from scrubnet.data.stream import DataStream
+from scrubnet.models.loss import LossSpec, as_loss
 from scrubnet.recipe.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -73,7 +74,7 @@ def _batches(retain, batch_size: int):
         yield x[i:i + batch_size], y[i:i + batch_size]
 
 
-def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: str, wd: float, mask: Tensor,
+def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: LossSpec, wd: float, mask: Tensor,
                       anchor: Tensor, batch_size: int) -> float:
     """L_r at the flat weights ``flat``: mean loss on ``retain`` + (wd/2)‖mask·(w − w_0)‖² (one forward pass)."""
     probe = copy.deepcopy(model)
@@ -101,11 +102,11 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
     return wrong / n, ce / n
 
 
-def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
-                damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500, batch_size: int = 512,
-                safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
-                max_damping_tries: int = 6, data_check: bool = False, loss_tolerance: float = 0.05,
-                error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
+def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float,
+                       loss: str | LossSpec = "ce", damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500,
+                       batch_size: int = 512, safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
+                       max_damping_tries: int = 6, data_check: bool = False, loss_tolerance: float = 0.05,
+                       error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
     M is the pull mask (1 on parameters present in ``w0``), μ ≥ ``damping`` the Levenberg–Marquardt
@@ -139,8 +140,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     """
     if wd < 0 or damping < 0:
         raise ValueError(f"wd and damping must be ≥ 0, got wd={wd}, damping={damping}")
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    loss = as_loss(loss)
     if safeguard not in SAFEGUARDS:
         raise ValueError(f"unknown safeguard {safeguard!r}; choose one of {', '.join(SAFEGUARDS)}")
     if isinstance(retain, DataStream) and retain.kind == "tensors":
@@ -312,12 +312,9 @@ class NewtonScrub(ForgettingMethod):
         self.max_iter, self.batch_size, self.alpha = int(max_iter), int(batch_size), float(alpha)
         self.loss_tol, self.error_tol = retain_loss_tolerance, retain_error_tolerance
 
-    def _settings(self, ctx: ForgetContext) -> tuple[str, float, float]:
+    def _settings(self, ctx: ForgetContext) -> tuple[LossSpec, float, float]:
         """(loss, wd, initial damping): the recipe's loss and decay, the damping option."""
-        if ctx.recipe.loss == "mse" and ctx.recipe.target_scale != 1.0:
-            raise ValueError("newton's retain objective is ½‖f − onehot(y)‖² for an MSE recipe: a recipe target "
-                             f"scale of {ctx.recipe.target_scale:g} is not supported")
-        loss = ctx.recipe.curvature_loss
+        loss = ctx.recipe.loss_spec
         wd = float(ctx.recipe.wd)
         damping = self.damping if (self.damping > 0 or wd > 0) else ZERO_WD_DAMPING
         return loss, wd, damping
