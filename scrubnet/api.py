@@ -16,6 +16,7 @@ does D_f now look like data the model never saw?); a method whose purpose is for
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -24,6 +25,8 @@ from torch import nn
 from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods.base import first_inputs, method_class
+from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
 
@@ -47,6 +50,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
     method, **method_options: a registered method and its options (``scrubnet.methods.available_methods()``;
         checked against the method's declared option rules).
+    num_classes, classifier: the class count, else read from the classifier (``head``/``fc``/``classifier`` or
+        the dotted name ``classifier``, which is also handed to a method taking a ``classifier`` option), else
+        from the width of the model's output on the first chunk of ``retain``.
     recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     force: run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
@@ -73,9 +79,20 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
+    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    probe = None
+    if num_classes is None:  # only read when the model has no classifier to count its classes
+        try:
+            find_classifier(model, classifier)
+        except ValueError:
+            probe = first_inputs(retain_s) if classifier is None else None
     ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                    classifier=classifier)
+                                    classifier=classifier, probe=probe)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    cls = method_class(method)
+    if classifier is not None and cls is not None and "classifier" not in method_options \
+            and "classifier" in inspect.signature(cls.__init__).parameters:
+        method_options = {**method_options, "classifier": classifier}   # one name for the head, everywhere
     scrubber = get_method(method, **method_options)
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)

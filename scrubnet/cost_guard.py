@@ -14,7 +14,7 @@ from torch import nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.methods.base import ForgetContext, estimate, method_class, costed_methods, retrain_estimate
-from scrubnet.recipe.objective import (STATIONARITY_CG_STEPS, RecipeMismatch, check_stationarity)
+from scrubnet.recipe.objective import STATIONARITY_CG_MAX, RecipeMismatch, check_stationarity
 from scrubnet.training.cost import CostEstimate, check_budget, forward_flops, seconds_at
 
 #: the forgetting verdict's sample of D_r (``forgetting_verdict(max_retain=...)``'s default)
@@ -45,8 +45,9 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
         D_r and D_f.
     ctx : ForgetContext
         The call's context: its recipe prices the reference; ``verify_recipe`` (and not ``force``) adds the
-        recipe check before a curvature method (1 gradient pass and
-        :data:`~scrubnet.recipe.objective.STATIONARITY_CG_STEPS` GGN products over D_r).
+        recipe check before a curvature method (1 gradient pass and at most
+        :data:`~scrubnet.recipe.objective.STATIONARITY_CG_MAX` GGN products over D_r: an upper bound, its CG
+        stops as soon as the verdict is decided).
     n_test : int
         Held-out samples given to the call: the forgetting verdict runs one forward per set per model (D_f,
         held-out, ≤ 10,000 samples of D_r; before and after).
@@ -75,7 +76,7 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
         extra["readouts_flops"] = 2.0 * per * (n_f + n_test)
     cls = method_class(method)
     if cls.uses_curvature and cls.needs_retain and ctx.verify_recipe and not ctx.force:
-        extra["recipe_check_flops"] = 3.0 * fwd * (1 + 2 * STATIONARITY_CG_STEPS)
+        extra["recipe_check_flops"] = 3.0 * fwd * (1 + 2 * STATIONARITY_CG_MAX)
     for k, f in extra.items():
         s = seconds_at(f, "newton")
         est.flops += f
@@ -95,7 +96,7 @@ def refuse_over(est: CostEstimate | None, max_cost_vs_retrain: float | None, met
 
 
 def recipe_refusal(method: str, model: nn.Module, retain: DataStream, ctx: ForgetContext) -> str | None:
-    """The recipe check a curvature method's call would run first (cheap: 1 + 5 passes over D_r): the
+    """The recipe check a curvature method's call would run first (it stops as soon as its verdict is decided): the
     refusal message when it would refuse, else None (also None when the call would not run it)."""
     cls = method_class(method)
     if cls is None or not (cls.uses_curvature and cls.needs_retain and ctx.verify_recipe and not ctx.force):

@@ -22,6 +22,7 @@ from scrubnet.data.splits import validate_forget_ids
 from scrubnet.data.user import UserData, load_user_data
 from scrubnet.methods.base import ForgetContext
 from scrubnet.recipe.objective import RecipeMismatch
+from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256,
                                   load_user_weights, read_state_dict)
 from scrubnet.readouts.basic import activation_l1, error_and_loss
@@ -47,17 +48,27 @@ def load_own_model(spec: str, options: dict[str, Any], weights: Path, what: str 
     return load_user_weights(model, state, f"{what} {weights}"), meta
 
 
-def num_outputs(model: nn.Module, x: Tensor) -> int:
+def describe_inputs(x) -> str:
+    """The inputs' fields with dtype and per-sample shape, e.g. ``x int64 (8,), attention_mask int64 (8,)``."""
+    fields = {"x": x.main, **x.extras} if isinstance(x, ModelInputs) else {"x": x}
+    return ", ".join(f"{k} {str(v.dtype).replace('torch.', '')} {tuple(v.shape[1:])}" for k, v in fields.items())
+
+
+def num_outputs(model: nn.Module, x) -> int:
     """The model's number of classes, read from its output on two samples (also checks it takes the data)."""
     try:
         with torch.no_grad():
-            out = model.eval()(x[:2])
-    except Exception as e:  # noqa: BLE001 - the user's forward may raise anything on a wrong shape
-        raise OwnModelError(f"the model cannot take the data's inputs of shape {tuple(x.shape[1:])}: "
+            out = call_model(model.eval(), x[:2])
+    except TypeError as e:
+        if "scrubnet reads logits" in str(e):
+            raise OwnModelError(str(e)) from None
+        raise OwnModelError(f"the model cannot take the data's inputs ({describe_inputs(x)}): "
+                            f"TypeError: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's forward may raise anything on a wrong shape or dtype
+        raise OwnModelError(f"the model cannot take the data's inputs ({describe_inputs(x)}): "
                             f"{type(e).__name__}: {e}") from None
-    if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
-        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise OwnModelError(f"the model must return logits of shape (batch, classes ≥ 2), got {shape}")
+    if out.ndim != 2 or out.shape[1] < 2:
+        raise OwnModelError(f"the model must return logits of shape (batch, classes ≥ 2), got {tuple(out.shape)}")
     return int(out.shape[1])
 
 

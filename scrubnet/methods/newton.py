@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fallbacks import cost_multipliers, fallbacks_report, probe_paths
 from scrubnet.curvature.fisher import fisher_diag
-from scrubnet.curvature.ggn import LOSSES, GGNOperator, mean_loss_and_grad, per_sample_loss
+from scrubnet.curvature.ggn import GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
 from scrubnet.curvature.ntk import activation_numel_per_sample
@@ -55,8 +55,10 @@ from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, Scrub
 from scrubnet.training.cost import CostEstimate, fisher_diagonal_cost, forward_flops, seconds_at, trainable_numel
 from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
 from scrubnet.data.stream import DataStream
+from scrubnet.models.loss import LossSpec, as_loss
 from scrubnet.recipe.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 
 
 SAFEGUARDS = ("backtrack", "lm", "none")
@@ -72,7 +74,7 @@ def _batches(retain, batch_size: int):
         yield x[i:i + batch_size], y[i:i + batch_size]
 
 
-def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: str, wd: float, mask: Tensor,
+def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: LossSpec, wd: float, mask: Tensor,
                       anchor: Tensor, batch_size: int) -> float:
     """L_r at the flat weights ``flat``: mean loss on ``retain`` + (wd/2)‖mask·(w − w_0)‖² (one forward pass)."""
     probe = copy.deepcopy(model)
@@ -80,7 +82,7 @@ def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: str, wd: 
     total, n = 0.0, 0
     with torch.no_grad(), eval_mode(probe):
         for xb, yb in _batches(retain, batch_size):
-            total += float(per_sample_loss(probe(xb), yb, loss).sum())
+            total += float(per_sample_loss(call_model(probe, xb), yb, loss).sum())
             n += len(yb)
     pull = mask * (flat - anchor)
     return total / n + 0.5 * wd * float(pull @ pull)
@@ -93,7 +95,7 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
     wrong, ce, n = 0, 0.0, 0
     with torch.no_grad(), eval_mode(probe):
         for xb, yb in _batches(retain, batch_size):
-            logits = probe(xb)
+            logits = call_model(probe, xb)
             wrong += int((logits.argmax(1) != yb).sum())
             ce += float(per_sample_loss(logits, yb, "ce").sum())
             n += len(yb)
@@ -106,11 +108,12 @@ NEWTON_DAMPING_TRIES, NEWTON_HALVINGS = 6, 30
 BUDGET_HALVINGS = 3
 
 
-def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float, loss: str = "ce",
-                damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500, batch_size: int = 512,
-                safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = NEWTON_HALVINGS,
-                max_damping_tries: int = NEWTON_DAMPING_TRIES, data_check: bool = False, loss_tolerance: float = 0.05,
-                error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
+def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float,
+                       loss: str | LossSpec = "ce", damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500,
+                       batch_size: int = 512, safeguard: str = "lm", armijo: float = 1e-4,
+                       max_halvings: int = NEWTON_HALVINGS, max_damping_tries: int = NEWTON_DAMPING_TRIES,
+                       data_check: bool = False, loss_tolerance: float = 0.05,
+                       error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
     M is the pull mask (1 on parameters present in ``w0``), μ ≥ ``damping`` the Levenberg–Marquardt
@@ -144,8 +147,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     """
     if wd < 0 or damping < 0:
         raise ValueError(f"wd and damping must be ≥ 0, got wd={wd}, damping={damping}")
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    loss = as_loss(loss)
     if safeguard not in SAFEGUARDS:
         raise ValueError(f"unknown safeguard {safeguard!r}; choose one of {', '.join(SAFEGUARDS)}")
     if isinstance(retain, DataStream) and retain.kind == "tensors":
@@ -349,12 +351,9 @@ class NewtonScrub(ForgettingMethod):
         self.max_iter, self.batch_size, self.alpha = int(max_iter), int(batch_size), float(alpha)
         self.loss_tol, self.error_tol = retain_loss_tolerance, retain_error_tolerance
 
-    def _settings(self, ctx: ForgetContext) -> tuple[str, float, float]:
+    def _settings(self, ctx: ForgetContext) -> tuple[LossSpec, float, float]:
         """(loss, wd, initial damping): the recipe's loss and decay, the damping option."""
-        if ctx.recipe.loss == "mse" and ctx.recipe.target_scale != 1.0:
-            raise ValueError("newton's retain objective is ½‖f − onehot(y)‖² for an MSE recipe: a recipe target "
-                             f"scale of {ctx.recipe.target_scale:g} is not supported")
-        loss = ctx.recipe.curvature_loss
+        loss = ctx.recipe.loss_spec
         wd = float(ctx.recipe.wd)
         damping = self.damping if (self.damping > 0 or wd > 0) else ZERO_WD_DAMPING
         return loss, wd, damping

@@ -55,7 +55,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.curvature.fallbacks import cost_multipliers, fallbacks_report, probe_paths
@@ -64,10 +63,12 @@ from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
 from scrubnet.methods.artifacts import ntk_direction_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
+from scrubnet.models.loss import LossSpec
 from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_flops, gemm_seconds, seconds_at,
                                     trainable_numel)
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.fisher import DEFAULT_LOSS_BUDGET, alpha_for_budget, fisher_noise, stream_fisher
+from scrubnet.models.call import call_model, cat_inputs
 
 LINEARIZE_AT = ("trained", "w0")
 PULLS = ("point", "w0")
@@ -85,14 +86,15 @@ class NTKStep:
     info: dict[str, float] = field(default_factory=dict)
 
 
-def residuals(logits: Tensor, y: Tensor, loss: str, num_classes: int, target_scale: float = 1.0) -> Tensor:
-    """Per-sample residual (N, c): ∂loss/∂logits for CE (softmax − onehot), f − t for ½‖f − t‖²."""
-    onehot = F.one_hot(y, num_classes).to(logits.dtype)
-    if loss == "ce":
-        return torch.softmax(logits, dim=1) - onehot
-    if loss == "mse":
-        return logits - target_scale * onehot
-    raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+def residuals(logits: Tensor, y: Tensor, loss: str, num_classes: int, target_scale: float = 1.0,
+              label_smoothing: float = 0.0) -> Tensor:
+    """Per-sample residual (N, c): ∂loss/∂logits for CE (softmax − t, t = (1 − ε)·onehot + ε/c with label
+    smoothing ε), f − t for ½‖f − t‖² (t = target_scale·onehot)."""
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    if logits.shape[-1] != num_classes:
+        raise ValueError(f"logits have {logits.shape[-1]} classes, expected {num_classes}")
+    return LossSpec(loss, target_scale, label_smoothing).residual(logits, y)
 
 
 def _model_at(model: nn.Module, flat: Tensor) -> nn.Module:
@@ -110,8 +112,8 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
                   wd: float, w0: Tensor, num_classes: int, lin_model: nn.Module | None = None,
                   loss: str = "ce", pull: str = "point", ridge: str = "set_size", ridge_value: float | None = None,
                   solver: str = "auto", memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8,
-                  cg_max_iter: int = 1000, target_scale: float = 1.0, batch_size: int | None = None
-                  ) -> NTKStep:
+                  cg_max_iter: int = 1000, target_scale: float = 1.0, batch_size: int | None = None,
+                  label_smoothing: float = 0.0) -> NTKStep:
     """δw = w_lin(D_r) − w_lin(D) at the linearisation point ``lin_model`` (default ``model``).
 
     retain/forget: (x, y) tensors; w0: flat (p,) fine-tuning start. ``ridge="set_size"`` uses λ_D = wd·N and
@@ -128,7 +130,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
         raise ValueError("the retain set is empty")
     lin = model if lin_model is None else lin_model
     n_r, n = len(y_r), len(y_r) + len(y_f)
-    x = torch.cat([x_r, x_f]) if len(y_f) else x_r
+    x = cat_inputs([x_r, x_f]) if len(y_f) else x_r
     y = torch.cat([y_r, y_f]) if len(y_f) else y_r
     if batch_size is None:
         batch_size = batch_for_budget(lin, x, memory_budget_bytes // 4)
@@ -149,11 +151,11 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
     with torch.no_grad():
         was = lin.training
         lin.eval()
-        logits = torch.cat([lin(x[s:s + batch_size]) for s in range(0, n, batch_size)])
+        logits = torch.cat([call_model(lin, x[s:s + batch_size]) for s in range(0, n, batch_size)])
         lin.train(was)
     if logits.shape[1] != num_classes:
         raise ValueError(f"model has {logits.shape[1]} outputs, num_classes is {num_classes}")
-    b = residuals(logits, y, loss, num_classes, target_scale).to(torch.float64)
+    b = residuals(logits, y, loss, num_classes, target_scale, label_smoothing).to(torch.float64)
     w_star = get_flat(lin).to(torch.float64)
     delta0 = w_star - w0.to(torch.float64)
     if pull == "w0":
@@ -348,9 +350,10 @@ class NTKScrub(ForgettingMethod):
     def _direction_options(self, ctx: ForgetContext) -> dict:
         """The options that change δw (the cache key of the direction)."""
         pull, loss, _ = self._resolved(ctx)
+        smoothing = {"label_smoothing": ctx.recipe.label_smoothing} if ctx.recipe.label_smoothing else {}
         return {"linearize_at": self.linearize_at, "pull": pull, "loss": loss,
                 "target_scale": ctx.recipe.target_scale, "ridge": self.ridge, "ridge_value": self.ridge_value,
-                "solver": self.solver, "cg_tol": self.cg_tol, "cg_max_iter": self.cg_max_iter}
+                "solver": self.solver, "cg_tol": self.cg_tol, "cg_max_iter": self.cg_max_iter, **smoothing}
 
     def direction(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> tuple[NTKStep, Tensor]:
         """δw for this model and data, memoised in ``ctx.cache`` (so ntk and ntk-fisher share one Gram)."""
@@ -366,7 +369,7 @@ class NTKScrub(ForgettingMethod):
                                  ridge_value=self.ridge_value, solver=self.solver,
                                  memory_budget_bytes=self.memory_budget_bytes, cg_tol=self.cg_tol,
                                  cg_max_iter=self.cg_max_iter, target_scale=ctx.recipe.target_scale,
-                                 batch_size=self.batch_size)
+                                 batch_size=self.batch_size, label_smoothing=ctx.recipe.label_smoothing)
 
         if ctx.cache is None:
             return compute(), w0
@@ -449,9 +452,9 @@ class NTKFisherScrub(NTKScrub):
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
         """Fisher noise at ``model`` with its own Fisher on D_r (the retrain model needs no NTK step)."""
         gen = torch.Generator(device=get_flat(model).device).manual_seed(0)
-        _, mean, var = fisher_noise(model, retain, generator=gen,
-                                    cache=ctx.cache,
-                                    **self._noise_options(ctx))
+        # the retain data may arrive as a stream (scrubnet.forget(..., reference=...)): its Fisher is streamed
+        fisher = stream_fisher(model, as_stream(retain), "true", None, ctx.cache)
+        _, mean, var = fisher_noise(model, None, generator=gen, fisher=fisher, **self._noise_options(ctx))
         return WeightGaussian(mean, var)
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
@@ -462,8 +465,10 @@ class NTKFisherScrub(NTKScrub):
             fisher = stream_fisher(res.model, as_stream(retain), "true", None, ctx.cache)
             self.alpha_used = alpha_for_budget(res.model, fisher, self.budget, num_classes=ctx.num_classes,
                                                form=self.form)
-        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, cache=ctx.cache if self.alpha is None
-                                            else None, **self._noise_options(ctx))
+        if self.alpha is not None:
+            fisher = stream_fisher(res.model, as_stream(retain), "true", None, None)
+        noisy, mean_s, var_s = fisher_noise(res.model, None, generator=gen, fisher=fisher,
+                                            **self._noise_options(ctx))
         info = dict(res.info)
         info["alpha"] = self.alpha_used
         info["fisher_seconds"] = time.perf_counter() - t0
