@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device, seeded_generator
-from scrubnet.methods.base import ForgetContext, ForgettingMethod
+from scrubnet.methods.base import ForgetContext
 from scrubnet.models import freeze_batchnorm
 from scrubnet.models.call import call_model, cat_inputs
 

@@ -35,14 +35,17 @@ from torch import Tensor, nn
 
 from scrubnet._config import ConfigValueError, check_value
 from scrubnet.curvature.attention import jvp_safe_attention
-from scrubnet.data.stream import BatchKeys, as_stream
+from scrubnet.data.stream import BatchKeys, as_stream, inputs_finite
+from scrubnet.device import model_device
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.models import eval_mode, find_classifier
+from scrubnet.models.call import Inputs, call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
-from scrubnet.training.cost import CostEstimate, estimating_on
+from scrubnet.models.call import call_model
+from scrubnet.training.cost import CostEstimate, estimating_on, retrain_reference_cost
 
-Data = tuple[Tensor, Tensor]
+Data = tuple[Inputs, Tensor]
 
 
 def as_tensors(data, keys: BatchKeys | None = None) -> Data:
@@ -110,17 +113,19 @@ class ForgetContext:
     @classmethod
     def from_recipe(cls, model: nn.Module, recipe: TrainingRecipe | None = None, *, num_classes: int | None = None,
                     seed: int = 0, forget_class: int | None = None, classifier: str | None = None,
-                    cache: ArtifactCache | None = None) -> "ForgetContext":
+                    cache: ArtifactCache | None = None, probe: Inputs | None = None) -> "ForgetContext":
         """The context of a user's model trained with ``recipe`` (default: ordinary training, no weight decay).
 
         ``num_classes`` defaults to the output features of the model's classifier (found as
-        ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``); the stationarity check is on.
+        ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``), else, when no classifier is
+        found, to the width of the model's output on ``probe`` (one batch of inputs, e.g. the first chunk of
+        D_r: a nested head such as ``wrapper.bert.classifier`` needs no name); the stationarity check is on.
         """
         recipe = TrainingRecipe() if recipe is None else recipe
         if not isinstance(recipe, TrainingRecipe):
             raise TypeError(f"recipe must be a TrainingRecipe, got {type(recipe).__name__}")
         if num_classes is None:
-            num_classes = find_classifier(model, classifier)[1].out_features
+            num_classes = infer_num_classes(model, probe, classifier)
         if not (isinstance(num_classes, int) and num_classes >= 2):
             raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
         recipe.center_for(model)  # refuse a centre that does not fit the model now, not inside a method
@@ -156,6 +161,35 @@ def protocol_context(start: nn.Module, train: TrainConfig, *, num_classes: int, 
                          retrain_mode=retrain_mode, cache=cache or ArtifactCache())
 
 
+def infer_num_classes(model: nn.Module, probe: Inputs | None = None, classifier: str | None = None) -> int:
+    """The class count c: the output features of the model's classifier (:func:`~scrubnet.models.find_classifier`),
+    else the width of ``model``'s logits on ``probe`` (one batch, eval mode, no gradient).
+
+    Raises ``ValueError`` naming ``classifier=`` and ``num_classes=`` when neither is available.
+    """
+    try:
+        return find_classifier(model, classifier)[1].out_features
+    except ValueError:
+        if classifier is not None:
+            raise
+        if probe is None:
+            raise ValueError("cannot tell the model's class count: no nn.Linear classifier under head, fc or "
+                             "classifier and no data to run it on; give num_classes=C (or classifier='dotted.name')"
+                             ) from None
+    with torch.no_grad(), eval_mode(model):
+        logits = call_model(model, probe[:min(len(probe), 2)].to(model_device(model)))
+    return int(logits.shape[-1])
+
+
+def first_inputs(data) -> Inputs | None:
+    """The inputs of the first chunk of ``data`` (a stream or (x, y)), or None when it is empty."""
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return data[0] if len(data[0]) else None
+    for x, _ in as_stream(data).chunks():
+        return x
+    return None
+
+
 @dataclass
 class WeightGaussian:
     """N(mean, diag var) over named trainable parameters: what a noisy scrub samples its weights from.
@@ -179,7 +213,8 @@ class ScrubResult:
     supply the models its readouts must be compared with (activation distance to the retrain model,
     re-learn threshold); left ``None`` the protocol's retrain and original models are used.
     ``ok`` is False when the method did not do what it claims (a solver at its iteration cap, diverging or
-    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each.
+    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each. ``warnings``: what
+    the user must know though the method did what it claims (e.g. a Newton step damped to a near no-op).
     """
 
     model: nn.Module
@@ -189,6 +224,7 @@ class ScrubResult:
     original: nn.Module | None = None
     ok: bool = True
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> "ScrubResult":
         """Mark the result failed for ``reason`` (kept with the others); returns self."""
@@ -257,6 +293,10 @@ class ForgettingMethod(ABC):
                        Fisher's α tuned on the embedded default); a user's call gets the class defaults.
     band_reference:    the method whose readout band this one is judged against (default the retrain model).
     in_default_run:    run when an experiment names no methods.
+    forgets:           its purpose is forgetting D_f (default True): a forgetting verdict of did_not_forget or
+                       moved_wrong_way fails it (:mod:`scrubnet.scrub`). False for the anchors (the original,
+                       the gold standards) and for ``hiding`` (masks outputs only, a baseline of what is not
+                       forgetting).
     anchor:            the protocol role of an anchor method, ``"original"`` (the trained model) or
                        ``"retrain"`` (the gold standard), None for a scrub: anchors are listed first in a run's
                        tables, the separation checks compare them, and in the audit their rows are the pool's
@@ -278,6 +318,7 @@ class ForgettingMethod(ABC):
     protocol_options: ClassVar[dict] = {}
     band_reference: ClassVar[str] = "retrain"
     in_default_run: ClassVar[bool] = True
+    forgets: ClassVar[bool] = True
     anchor: ClassVar[str | None] = None
     audit_scrub_cost: ClassVar[str] = "cheap"
     figure_step: ClassVar[str | None] = None
@@ -361,7 +402,7 @@ class ForgettingMethod(ABC):
             checks = [(retain[0], "D_r"), (forget[0], "D_f")]
         require_finite_model(model, "the model to scrub")
         for x, part in checks:
-            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            if not inputs_finite(x):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
         # forward-mode AD has no rule for the fused CPU attention kernels: the math kernel computes the same
         # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions/own-model.md, "SDPA under forward-mode AD")
@@ -456,20 +497,65 @@ def costed_methods() -> list[str]:
 
 def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num_classes: int | None = None,
              x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
-             config: TrainConfig | None = None, **options) -> CostEstimate:
+             config: TrainConfig | None = None, recipe: TrainingRecipe | None = None,
+             retrain_epochs: int | None = None, retrain_from_init: bool | None = None, **options) -> CostEstimate:
     """Predicted cost of ``method`` on ``model`` with |D_r| = ``n_retain``, |D_f| = ``n_forget``: the method
-    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields).
+    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields), with the cost of
+    retraining beside it.
 
-    One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or ``in_shape``
-    (zeros of that shape). ``num_classes`` defaults to the model's output width; ``config`` (fine-tuning
-    hyperparameters) is used by the training-based methods; ``options`` are the method's own options (the
-    same keywords as ``get_method(method, **options)``, checked the same way)."""
+    Parameters
+    ----------
+    model : nn.Module
+        The model to scrub.
+    n_retain, n_forget : int
+        |D_r| and |D_f|.
+    method : str
+        A registered method with a cost estimate; ``options`` are its own options (the same keywords as
+        ``get_method(method, **options)``, checked the same way).
+    num_classes : int, optional
+        c; default the model's output width.
+    x_probe, in_shape
+        One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or
+        ``in_shape`` (zeros of that shape).
+    config : TrainConfig, optional
+        Fine-tuning hyperparameters of the training-based methods (scrubnet's protocol).
+    recipe : TrainingRecipe, optional
+        How the model was trained (a user's model): its epochs and batch size price the retraining reference,
+        and ``retrain`` is priced as that retraining (from the model's initialisation). Default
+        ``TrainingRecipe()`` for the reference; ``retrain`` then keeps the protocol's estimate (from w_0, at
+        the config's epoch cap).
+    retrain_epochs : int, optional
+        The epochs of the retraining reference (default the recipe's).
+    retrain_from_init : bool, optional
+        Whether ``retrain`` runs from the model's initialisation (a user's model: priced as the reference) or
+        from the protocol's w_0 (its own estimate); default: True when ``recipe`` is given.
+
+    Returns
+    -------
+    CostEstimate
+        With ``retrain_flops``, ``retrain_seconds`` (:func:`~scrubnet.training.cost.retrain_reference_cost`)
+        and ``cost_vs_retrain`` = seconds / retrain_seconds.
+    """
     cls = method_class(method)
     if cls is None or method not in costed_methods():
         raise ValueError(f"no cost model for method {method!r}; methods with one: {', '.join(costed_methods())}")
     options = cls.check_options(options)
     if int(n_retain) < 1 or int(n_forget) < 0:
         raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
+    x1, num_classes = _probe(model, x_probe, in_shape, num_classes)
+    if recipe is not None and getattr(cls, "epochs_from_recipe", False) and options.get("epochs") is None:
+        options["epochs"] = recipe.epochs     # a user's call trains the recipe's epochs, not the protocol's
+    ref = retrain_estimate(model, int(n_retain), x_probe=x1, recipe=recipe, epochs=retrain_epochs)
+    if cls.anchor == "retrain" and (recipe is not None if retrain_from_init is None else retrain_from_init):
+        est = CostEstimate(method, ref.flops, ref.seconds, ref.peak_bytes, ref.passes, dict(ref.details))
+    else:
+        est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
+    est.method = method
+    return est.against(ref)
+
+
+def _probe(model: nn.Module, x_probe, in_shape, num_classes) -> tuple[Tensor, int]:
+    """(one probe sample, c) for the estimates; sets the device whose GEMM rate prices them."""
     if x_probe is None:
         if in_shape is None:
             raise ValueError("estimate needs x_probe (a batch of inputs) or in_shape")
@@ -478,8 +564,26 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     x1 = x_probe[:1]
     if num_classes is None:
         with eval_mode(model), torch.no_grad():
-            num_classes = int(model(x1).shape[-1])
+            num_classes = int(call_model(model, x1).shape[-1])
     estimating_on(x1.device)
-    est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
-    est.method = method
-    return est
+    return x1, int(num_classes)
+
+
+def retrain_estimate(model: nn.Module, n_retain: int, *, x_probe: Tensor | None = None,
+                     in_shape: tuple[int, ...] | None = None, recipe: TrainingRecipe | None = None,
+                     epochs: int | None = None) -> CostEstimate:
+    """The cost of retraining ``model`` from its initialisation on |D_r| = ``n_retain`` samples with
+    ``recipe`` (its ``epochs`` unless ``epochs``, its ``batch_size``):
+    :func:`~scrubnet.training.cost.retrain_reference_cost`.
+
+    Returns
+    -------
+    CostEstimate
+        ``flops`` (FLOPs of the training loop), ``seconds`` on this machine, ``passes`` = epochs.
+    """
+    x1, _ = _probe(model, x_probe, in_shape, 0)
+    r = recipe or TrainingRecipe()
+    ep = r.epochs if epochs is None else int(epochs)
+    if ep < 1:
+        raise ValueError(f"the retraining reference needs ≥ 1 epoch, got {ep}")
+    return retrain_reference_cost(model, x1, int(n_retain), ep, r.batch_size)

@@ -129,6 +129,8 @@ class MLForget(_MLBase):
 class MLForgetRetrain(_MLBase):
     """The ML model retrained from scratch without D_f (the band ``mlforget`` must fall into)."""
 
+    forgets = False  # a gold standard, not a scrub
+
     def scrub(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
         art = ml_artifacts(ctx, self.cfg)
         info = {"sigma": self.cfg.sigma, **art["sizes"]}

@@ -38,9 +38,11 @@ from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
 from scrubnet.curvature.progress import current_progress
+from scrubnet.models.call import call_model
 from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
+from scrubnet.models.loss import LossSpec
 
 
 #: how the gold standard is retrained without D_f by default (the authors' code; see :func:`retrain`)
@@ -151,7 +153,7 @@ def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tenso
     """Logits of ``model`` in eval mode, batched; the model's train/eval mode is restored."""
     was_training = model.training
     model.eval()
-    out = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else \
+    out = torch.cat([call_model(model, x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else \
         torch.zeros(0, device=x.device)
     model.train(was_training)
     return out
@@ -169,10 +171,17 @@ def _set_mode(model: nn.Module, freeze_bn: bool) -> None:
         freeze_batchnorm(model)
 
 
-def batch_loss(logits: Tensor, y: Tensor, loss_fn: str = "ce", ascent: Tensor | None = None,
+def batch_loss(logits: Tensor, y: Tensor, loss_fn: str | LossSpec = "ce", ascent: Tensor | None = None,
                ascent_cap: float | None = None) -> Tensor:
     """The mean training loss of one batch: CE, ½‖f − onehot‖² ("mse"), or CE with the samples flagged in
-    ``ascent`` (bool, (B,)) negated and capped at ``ascent_cap`` (−min(CE_i, cap): NegGrad)."""
+    ``ascent`` (bool, (B,)) negated and capped at ``ascent_cap`` (−min(CE_i, cap): NegGrad). A
+    :class:`~scrubnet.models.loss.LossSpec` adds label smoothing or the MSE target scale."""
+    if isinstance(loss_fn, LossSpec):
+        if ascent is None:
+            return loss_fn.mean(logits, y)
+        ce = loss_fn.per_sample(logits, y)
+        capped = ce if ascent_cap is None else torch.clamp(ce, max=ascent_cap)
+        return torch.where(ascent, -capped, ce).mean()
     if loss_fn == "mse":
         return 0.5 * ((logits - F.one_hot(y, logits.shape[-1]).to(logits.dtype)) ** 2).sum(-1).mean()
     if ascent is None:
@@ -222,7 +231,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
 
     Returns (epochs trained, whether ``stop`` ended it).
     """
-    if loss_fn not in ("ce", "mse") or (loss_fn == "mse" and ascent is not None):
+    kind = loss_fn.kind if isinstance(loss_fn, LossSpec) else loss_fn
+    if kind not in ("ce", "mse") or (kind == "mse" and ascent is not None):
         raise ValueError(f"loss_fn must be 'ce' or 'mse' (mse without ascent), got {loss_fn!r}")
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
@@ -258,7 +268,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
         order = order.to(x.device)
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
-            logits = model(x[idx] if augment_now is None else augment_now(x[idx]))
+            logits = call_model(model, x[idx] if augment_now is None else augment_now(x[idx]))
             loss = batch_loss(logits, y[idx], loss_fn, None if ascent is None else ascent[idx], ascent_cap)
             if w0 is not None and wd_now > 0:
                 loss = loss + 0.5 * wd_now * l2_pull(model, w0)
