@@ -3,6 +3,8 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
 :mod:`scrubnet.mlforget.store`).
 
     scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
+    scrubnet mlforget finetune --model FILE.py:FACTORY|hf:DIR [--weights W] --data D.npz \
+        --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
     scrubnet mlforget forget-all --checkpoint ml/
@@ -18,21 +20,28 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import torch
 import typer
 
 from scrubnet._config import tiny_mode
-from scrubnet.cli.common import UserError, json_option, read_ids, require_cpu, require_writable, threads_option
+from scrubnet.cli.common import (DATA_HELP, MODEL_OPTION_HELP, UserError, json_option, parse_options, read_ids, require_cpu,
+                                 require_writable, threads_option)
 from scrubnet.data import DataConfig, load_split
 from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.experiments.config import TINY_EXPERIMENT
+from scrubnet.data.user import load_user_data
 from scrubnet.methods.mlforget import ml_config_from_options
+from scrubnet.mlforget.finetune import forgettable_finetune
+from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_inputs, default_weights, finetune_record,
+                                      load_base, main_input, parse_user_weights)
+from scrubnet.models.call import call_model
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new
 from scrubnet.serve.anchor import verify  # the chain, and the signed receipts and head against it
 from scrubnet.training import TrainConfig
 
 mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                           help="ML-Forgetting on checkpoints: train, forget, forget-all, show.")
+                           help="ML-Forgetting on checkpoints: train, finetune, forget, forget-all, show.")
 
 DEVICE_HELP = ("auto | cpu | cuda; the mixed-linear computations run on the CPU, so auto means the CPU here "
                "and cuda is refused")
@@ -92,6 +101,51 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
              data_fingerprint=split.fingerprint(), extra={"train_config": tcfg.to_dict()})
     typer.echo(f"wrote {out}: {len(state.user_ids)} user samples, {len(state.core_ids)} core samples "
                f"(never forgettable), {state.model.num_linearized} user weights")
+
+
+def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directory (must not exist)"),
+             model: str = typer.Option(..., "--model", help="the pretrained model: FILE.py:FACTORY, "
+                                       "MODULE:FACTORY or hf:DIR (a HuggingFace directory, nothing downloaded)"),
+             weights: Optional[Path] = typer.Option(None, "--weights", help="its weights (.safetensors or a "
+                                                    "torch.save state_dict); default for hf:DIR: "
+                                                    "DIR/model.safetensors"),
+             data: Path = typer.Option(..., "--data", help=DATA_HELP),
+             user_weights: str = typer.Option("head", "--user-weights", help="head | layers:A,B | "
+                                              "lora:T1,T2:rR[:aALPHA][:save=M1,M2] (LoRA B on the nn.Linear "
+                                              "modules T1, T2; the modules M also user weights)"),
+             model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
+             mu: float = typer.Option(0.05, help="µ of the ridge (µ/2)‖w_u‖²"),
+             target_scale: float = typer.Option(5.0, help="s of the s·one-hot regression target"),
+             sigma: float = typer.Option(1e-4, help="default noise std of the deletion requests"),
+             solver: str = typer.Option("auto", help="auto | primal | cg (dual: tensor inputs only)"),
+             dtype: str = typer.Option("float64", help="float64 (exact deletions) | float32"),
+             seed: int = typer.Option(0, help="seed of the LoRA factors A and the requests' noise"),
+             threads: int = threads_option(THREADS_HELP),
+             device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
+    """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
+    the checkpoint: `scrubnet mlforget forget`, `show` and `scrubnet serve` then work on it."""
+    require_cpu(device)
+    if out.exists():
+        raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
+    require_writable(out)
+    if dtype not in DTYPES or not (mu > 0 and target_scale > 0 and sigma >= 0):
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}; --mu and --target-scale > 0, --sigma ≥ 0")
+    spec = parse_user_weights(user_weights)
+    base = base_record(model, default_weights(model, weights), parse_options(model_option, "--model-option"),
+                       dtype)
+    net = load_base(base)
+    ud = load_user_data(data)
+    x = cast_inputs(ud.x, dtype)
+    with torch.no_grad():
+        c = int(call_model(net, x[:1]).shape[1])
+    ud.check_labels(c)
+    state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu, target_scale=target_scale,
+                                 sigma=sigma, solver=solver, seed=seed)
+    save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
+             data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data)})
+    typer.echo(f"wrote {out}: {len(state.user_ids)} user samples (all deletable), {state.model.num_linearized} "
+               f"user weights, {state.train_info.get('solver', state.config.solver.solver)} solver; base model "
+               f"{base['model']} (state_dict sha256 {state.base_sha256[:12]}, unchanged)")
 
 
 def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,

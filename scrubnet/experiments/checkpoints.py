@@ -24,6 +24,7 @@ from scrubnet.data.splits import Split
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import SeedRun, get_split
 from scrubnet.methods.base import ForgetContext, protocol_context
+from scrubnet.mlforget.ftstore import finetune_data, is_finetune
 from scrubnet.models.user import USER_ARCH
 
 #: the files `scrubnet train` writes
@@ -200,13 +201,15 @@ def ml_data_loader(meta: dict) -> tuple[torch.Tensor, torch.Tensor]:
     ----------
     meta : dict
         The checkpoint's static record (``data``: a DataConfig dict; optional ``data_fingerprint`` and
-        ``data_fingerprint_v1``).
+        ``data_fingerprint_v1``); a forgettable fine-tune's (``finetune``: its ``.npz`` file) reads that file.
 
     Returns
     -------
     (x, y) : (Tensor (n, ...), Tensor (n,) int64)
         The training inputs and labels, positions in D as the checkpoint's ids count them.
     """
+    if is_finetune(meta):  # a forgettable fine-tune: its .npz, checked against the recorded fingerprint
+        return finetune_data(meta)
     split = load_split(DataConfig.from_dict(meta["data"]))
     if meta.get("data_fingerprint_v1") and fingerprint_v1(split) != meta["data_fingerprint_v1"]:
         raise ValueError("the data regenerated from the checkpoint's data configuration differ from the data "

@@ -128,6 +128,27 @@ def user_weight_names(model: nn.Module, user_weights: UserWeights) -> tuple[nn.M
     return net, select_parameter_names(net, prefixes), spec
 
 
+def tangent_network(net: nn.Module, names: list[str]) -> LinearizedModel:
+    """The linearised network of ``net`` in exactly the parameters ``names``, tangent (user weights) at 0.
+
+    Parameters
+    ----------
+    net : nn.Module
+        The network to linearise (adapters already applied).
+    names : list of str
+        The user-weight parameter names (:func:`user_weight_names`).
+
+    Returns
+    -------
+    LinearizedModel
+    """
+    lin = LinearizedModel(net, prefixes=names)
+    lin.linearized_names = list(names)  # exactly the user weights (prefix matching could add more)
+    params = dict(lin.base.named_parameters())
+    lin.delta = nn.ParameterList([nn.Parameter(torch.zeros_like(params[n])) for n in names])
+    return lin
+
+
 def _check_data(x: Inputs, y: Tensor, num_classes: int | None) -> int:
     if y is None:
         raise ValueError("no labels: give y, or a dict batch with 'labels'")
@@ -248,10 +269,7 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
         spec["core"] = core_info
     cfg = _solver_config(config, names, isinstance(data_x, ModelInputs), mu=mu, target_scale=target_scale,
                          sigma=sigma, solver=SolverConfig(solver=solver))
-    lin = LinearizedModel(net, prefixes=names)
-    lin.linearized_names = list(names)  # exactly the user weights (prefix matching could add more)
-    params = dict(lin.base.named_parameters())
-    lin.delta = nn.ParameterList([nn.Parameter(torch.zeros_like(params[n])) for n in names])
+    lin = tangent_network(net, names)
     state = MLState(lin, core, torch.arange(len(y)), torch.zeros(0, dtype=torch.long), cfg, c, int(seed))
     state.base_sha256, state.user_weights = sha, spec
     state.space(data_x)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as st_load
 
+from scrubnet.mlforget.ftstore import is_finetune, rebuild_network
 from scrubnet.mlforget.model import MLConfig, MLState
 from scrubnet.mlforget.store.blobs import _check_finite_model, _weights_path
 from scrubnet.mlforget.store.chain import _seal_all
@@ -158,6 +159,8 @@ def _write_transaction(con: sqlite3.Connection):
 
 
 def _empty_model(static: dict) -> LinearizedModel:
+    if is_finetune(static):  # a forgettable fine-tune: the recorded base model (hash-checked) and its adapters
+        return rebuild_network(static)
     cfg = MLConfig.from_dict(static["ml_config"])
     core = build_model(static["arch"], static["in_shape"], static["num_classes"], seed=0, **static["arch_options"])
     if cfg.leaky_slope is not None:
@@ -178,7 +181,11 @@ def _load_state(path: Path, static: dict, st: dict, model: LinearizedModel | Non
     except RuntimeError as e:
         raise StoreError(f"weights in {wf} do not fit the recorded architecture: {e}") from None
     _check_finite_model(model, f"checkpoint {path}")
-    return MLState(model, torch.tensor(static["core_ids"], dtype=torch.long),
-                   torch.tensor(static["user_ids"], dtype=torch.long),
-                   torch.tensor(st["forgotten_ids"], dtype=torch.long), MLConfig.from_dict(static["ml_config"]),
-                   static["num_classes"], static["seed"])
+    state = MLState(model, torch.tensor(static["core_ids"], dtype=torch.long),
+                    torch.tensor(static["user_ids"], dtype=torch.long),
+                    torch.tensor(st["forgotten_ids"], dtype=torch.long), MLConfig.from_dict(static["ml_config"]),
+                    static["num_classes"], static["seed"])
+    if is_finetune(static):
+        state.base_sha256 = static["finetune"]["base"]["state_dict_sha256"]
+        state.user_weights = static["finetune"]["user_weights"]
+    return state

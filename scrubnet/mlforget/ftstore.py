@@ -1,0 +1,200 @@
+"""Forgettable fine-tuning as a checkpoint of the request store: what it records, and how it is rebuilt.
+
+A checkpoint of a forgettable fine-tune (:func:`scrubnet.mlforget.finetune.forgettable_finetune`) is an ordinary
+ML checkpoint (:mod:`scrubnet.mlforget.store`) whose static record has ``arch`` = :data:`FINETUNE_ARCH` and a
+``finetune`` entry:
+
+* ``base``: the pretrained model's source — ``model`` (``FILE.py:FACTORY``, ``MODULE:FACTORY`` or ``hf:DIR``),
+  ``options`` (the factory's keyword arguments), ``weights`` (the weights file, absolute path),
+  ``weights_sha256`` (sha256 of that file's bytes), ``dtype`` (the model is cast to it before fine-tuning) and
+  ``state_dict_sha256`` (``state.base_sha256``: the state_dict of the cast model);
+* ``user_weights``: the spec (``state.user_weights``: LoRA config, layer prefixes or head);
+* ``data``: the ``.npz`` file (absolute path; its array fingerprint is the checkpoint's ``data_fingerprint``).
+
+The store rebuilds the network's *structure* from these (the base model, its adapters) and loads the stored
+weights into it; the base model is loaded from its file and refused when either hash differs, so a request
+never runs on another base model. The base model's file is only read, never written.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from scrubnet.data.user import load_user_data
+from scrubnet.mlforget.finetune import UserWeights, state_dict_sha256, tangent_network, user_weight_names
+from scrubnet.models.linearized import LinearizedModel
+from scrubnet.models.lora import LoRA
+from scrubnet.models.user import HF_PREFIX, build_user_model, load_user_weights, read_state_dict
+
+#: the ``arch`` of a forgettable fine-tune's checkpoint (rebuilt from its ``finetune`` record, not the zoo)
+FINETUNE_ARCH = "forgettable-finetune"
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def parse_user_weights(spec: str) -> UserWeights:
+    """The user weights of a command-line spec.
+
+    Parameters
+    ----------
+    spec : str
+        ``head``; ``layers:A,B`` (parameter-name prefixes); ``lora:T1,T2:rR[:aALPHA][:save=M1,M2][:seedS]``
+        (a LoRA adapter of rank R on the ``nn.Linear`` modules named T1, T2 — peft's suffix matching —, scale
+        ALPHA/R, with the modules M1, M2 (e.g. a classifier head) also user weights).
+
+    Returns
+    -------
+    LoRA, list of str, or "head"
+    """
+    kind, _, rest = spec.partition(":")
+    if kind == "head" and not rest:
+        return "head"
+    if kind == "layers" and rest:
+        return [s for s in rest.split(",") if s]
+    if kind == "lora" and rest:
+        targets, *opts = rest.split(":")
+        kw: dict = {"target_modules": [t for t in targets.split(",") if t]}
+        try:
+            for o in opts:
+                if o.startswith("save="):
+                    kw["modules_to_save"] = [m for m in o[5:].split(",") if m]
+                elif o.startswith("seed"):
+                    kw["seed"] = int(o[4:])
+                elif o.startswith("r"):
+                    kw["rank"] = int(o[1:])
+                elif o.startswith("a"):
+                    kw["alpha"] = float(o[1:])
+                else:
+                    raise ValueError(f"unknown part {o!r}")
+            return LoRA(**kw)
+        except ValueError as e:
+            raise ValueError(f"--user-weights {spec!r}: {e}") from None
+    raise ValueError(f"--user-weights {spec!r}: expected head, layers:A,B or lora:T1,T2:rR[:aALPHA][:save=M]")
+
+
+def user_weights_from_dict(spec: dict) -> UserWeights:
+    """The inverse of ``state.user_weights`` (the spec dict :func:`user_weight_names` returns)."""
+    kind = spec.get("kind")
+    if kind == "lora":
+        return LoRA(spec["target_modules"], spec["rank"], spec.get("alpha"), spec.get("modules_to_save") or [],
+                    spec.get("seed", 0))
+    if kind == "head":
+        return list(spec["prefixes"])  # the head found at training time, by its name
+    if kind == "layers":
+        return list(spec["prefixes"])
+    raise ValueError(f"unknown user-weights kind {kind!r} in the checkpoint")
+
+
+def load_base(base: dict) -> nn.Module:
+    """The pretrained model a checkpoint's ``finetune.base`` record names, checked against both its hashes.
+
+    Parameters
+    ----------
+    base : dict
+        ``model``, ``options``, ``weights``, ``weights_sha256``, ``dtype``, ``state_dict_sha256`` (module
+        docstring); ``*_sha256`` may be None (not checked) when building the record.
+
+    Returns
+    -------
+    nn.Module
+        The model (eval mode, cast to ``dtype``); ``ValueError`` when the weights file or its state_dict is
+        not the recorded one.
+    """
+    weights = Path(base["weights"])
+    if not weights.is_file():
+        raise ValueError(f"the base model's weights file {weights} is not found (the checkpoint needs it; it "
+                         "was recorded with its sha256)")
+    if base.get("weights_sha256") and file_sha256(weights) != base["weights_sha256"]:
+        raise ValueError(f"the base model's weights file {weights} changed since the fine-tuning (sha256 "
+                         "differs); the checkpoint refuses another base model")
+    model = build_user_model(base["model"], base.get("options") or {})
+    load_user_weights(model, read_state_dict(weights), str(weights))
+    model = model.to(DTYPES[base.get("dtype", "float64")]).eval()
+    if base.get("state_dict_sha256") and state_dict_sha256(model) != base["state_dict_sha256"]:
+        raise ValueError(f"the base model built from {base['model']} and {weights} differs from the one "
+                         "fine-tuned (state_dict sha256); the checkpoint refuses another base model")
+    return model
+
+
+def default_weights(model_spec: str, weights: str | Path | None) -> Path:
+    """``weights``, or for ``hf:DIR`` without one, DIR's ``model.safetensors``."""
+    if weights is not None:
+        return Path(weights)
+    if model_spec.startswith(HF_PREFIX):
+        return Path(model_spec[len(HF_PREFIX):]) / "model.safetensors"
+    raise ValueError("--weights is needed with a factory --model (hf:DIR defaults to DIR/model.safetensors)")
+
+
+def base_record(model_spec: str, weights: str | Path, options: dict | None, dtype: str) -> dict:
+    """The ``finetune.base`` record of a model source (hashes filled in by :func:`finetune_record`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    spec = model_spec
+    if spec.startswith(HF_PREFIX):
+        spec = HF_PREFIX + str(Path(spec[len(HF_PREFIX):]).resolve())
+    elif ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
+        src, name = spec.rsplit(":", 1)
+        spec = f"{Path(src).resolve()}:{name}"
+    return {"model": spec, "options": dict(options or {}), "weights": str(Path(weights).resolve()),
+            "weights_sha256": None, "dtype": dtype, "state_dict_sha256": None}
+
+
+def finetune_record(base: dict, state, data_path: str | Path) -> dict:
+    """The static record's ``finetune`` entry for a state trained from ``base`` (:func:`base_record`)."""
+    return {"base": {**base, "weights_sha256": file_sha256(base["weights"]),
+                     "state_dict_sha256": state.base_sha256},
+            "user_weights": state.user_weights, "data": str(Path(data_path).resolve())}
+
+
+def rebuild_network(static: dict) -> LinearizedModel:
+    """The linearised network of a fine-tune checkpoint, its user weights at 0: the base model (hashes
+    checked), its adapters, the tangent in the user weights. The store loads the stored weights into it."""
+    ft = static["finetune"]
+    base = load_base(ft["base"])
+    net, names, _ = user_weight_names(base, user_weights_from_dict(ft["user_weights"]))
+    return tangent_network(net, names)
+
+
+def finetune_data(static: dict) -> tuple:
+    """The data D of a fine-tune checkpoint: its ``.npz`` read again and checked against the recorded
+    fingerprint (``ValueError`` on a mismatch).
+
+    Returns
+    -------
+    (x, y) : (Tensor or ModelInputs (n, ...), Tensor (n,) int64)
+    """
+    path = static["finetune"]["data"]
+    data = load_user_data(path)
+    if static.get("data_fingerprint") and data.fingerprint != static["data_fingerprint"]:
+        raise ValueError(f"the data file {path} differs from the data the checkpoint was trained on "
+                         "(fingerprint mismatch)")
+    return cast_inputs(data.x, static["finetune"]["base"].get("dtype", "float64")), data.y
+
+
+def cast_inputs(x, dtype: str):
+    """``x`` (a tensor or ModelInputs) with its floating tensors in ``dtype`` (token ids keep theirs)."""
+    if isinstance(x, Tensor):
+        return x.to(DTYPES[dtype]) if x.is_floating_point() else x
+    return x.to(DTYPES[dtype])
+
+
+def is_finetune(static: dict) -> bool:
+    """True for the static record of a forgettable fine-tune's checkpoint."""
+    return static.get("arch") == FINETUNE_ARCH
+
+
+def main_input(x) -> Tensor:
+    """The main tensor of inputs (a tensor or ModelInputs)."""
+    return getattr(x, "main", x)
