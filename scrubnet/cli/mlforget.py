@@ -144,7 +144,7 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
              data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data)})
     typer.echo(f"wrote {out}: {len(state.user_ids)} user samples (all deletable), {state.model.num_linearized} "
-               f"user weights, {state.train_info.get('solver', state.config.solver.solver)} solver; base model "
+               f"user weights, {state.train_info.get('train_solver', '?')} solver; base model "
                f"{base['model']} (state_dict sha256 {state.base_sha256[:12]}, unchanged)")
 
 
