@@ -91,6 +91,7 @@ def test_finetune_forget_show_serve(base, tmp_path):
         w = store.load(ck)[0].model.delta_flat()
         ref = reference(bert_dir, b, keep)
         rel = float((w - ref).norm() / ref.norm())
+        print(f"request {ids}: relative difference to fine-tuning on D_r: {rel:.2e}")
         assert rel <= 1e-8, rel
         assert float((w - ref_all).norm() / ref_all.norm()) > 1e-4  # the request did change the weights
     code, out = cli("mlforget", "show", ck)
