@@ -36,20 +36,60 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
-    retain, forget, test: (x, y) tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
-        (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
-    method, **method_options: a registered method and its options (``scrubnet.methods.available_methods()``;
-        checked against the method's declared option rules).
-    recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
-    force: run a curvature method even when the model is far from a minimum of the recipe's objective.
-    readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
-    reference: a model retrained without D_f; with a noisy method gives the information bound.
-    retain_error_tolerance: the scrub fails when the retain error rises by more than this (a fraction: 0.05
-        = 5 points); measured on every call (two streamed passes over D_r).
-    on_failure: ``"raise"`` (:class:`ScrubFailed`) or ``"return"`` (the result says ``ok=False``).
-    keys, chunk_size: how dict batches are read and how many samples a chunk holds.
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model, returning logits (n, c) (or a tuple / mapping / ``.logits`` holding them); not
+        modified.
+    retain, forget, test : tensors, Dataset or DataLoader
+        D_r, D_f and an optional test set: ``(x (n, ...), y (n,))`` tensors, a ``Dataset`` or a ``DataLoader``
+        with tuple or dict batches (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
+    method : str
+        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
+    recipe : TrainingRecipe, optional
+        How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
+    seed : int
+        Fixes the method's random choices (noise, batch order).
+    on_failure : {"raise", "return"}
+        A failed scrub raises :class:`ScrubFailed` or is returned with ``ok=False``.
+    num_classes : int, optional
+        c (default: the output features of the model's classifier).
+    forget_class : int, optional
+        The forgotten class when a whole class is forgotten (class-only methods need it).
+    classifier : str, optional
+        Name of the final ``nn.Linear`` when it is not ``head``, ``fc``, ``classifier`` or ``get_classifier()``.
+    force : bool
+        Run a curvature method even when the model is far from a minimum of the recipe's objective.
+    readouts : bool
+        Also measure error (fraction) and loss (nats) on D_r, D_f (and ``test``) before and after, streamed.
+    reference : nn.Module, optional
+        A model retrained without D_f; with a noisy method gives the information bound (nats).
+    keys : BatchKeys, optional
+        How dict batches are read.
+    chunk_size : int
+        Samples per streamed chunk.
+    retain_error_tolerance : float
+        The scrub fails when the retain error rises by more than this (a fraction: 0.05 = 5 points); measured on
+        every call (two streamed passes over D_r).
+    **method_options
+        The method's options, checked against its declared option rules.
 
-    Returns (scrubbed model, :class:`ForgetResult`). ``model`` is not modified.
+    Returns
+    -------
+    model : nn.Module
+        The scrubbed model (a new module).
+    result : ForgetResult
+        Whether the scrub did what it claims, the method's numbers, the checks (and readouts, bounds).
+
+    Raises
+    ------
+    ScrubFailed
+        The scrub failed its checks and ``on_failure="raise"``.
+    ValueError
+        Bad input: an unknown method or option, a bad ``on_failure``, non-finite weights or data.
+    RecipeMismatch
+        A curvature method refused because the model is not at a minimum of the recipe's objective (unless
+        ``force``).
     """
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")

@@ -37,7 +37,18 @@ RETAIN_ERROR_TOLERANCE = 0.05
 
 
 class ScrubFailed(RuntimeError):
-    """The method did not do what it claims; ``.result`` holds the :class:`ForgetResult` (model included)."""
+    """The method did not do what it claims (raised by :func:`scrubnet.forget` when ``on_failure="raise"``).
+
+    Parameters
+    ----------
+    result : ForgetResult
+        The failed result (``ok`` False, its ``reasons``; the scrubbed model in ``result.scrub.model``).
+
+    Returns
+    -------
+    ScrubFailed
+        A ``RuntimeError`` whose message names the method and its reasons; ``.result`` holds ``result``.
+    """
 
     def __init__(self, result: "ForgetResult"):
         self.result = result
@@ -48,18 +59,38 @@ class ScrubFailed(RuntimeError):
 class ForgetResult:
     """What a scrub reports.
 
-    ok, reasons:  whether the scrub did what it claims, and why not (one sentence each).
-    method:       the method's name; recipe: the recipe used.
-    report:       the method's own numbers (seconds, solver iterations and residuals, step lengths, α …) and the
-                  retain error before and after (``retain_error_before`` / ``retain_error_after``, fractions).
-    noise:        the Gaussian a noisy method sampled the weights from (None for a deterministic one).
-    bounds:       ``info_weights_nats`` = KL(scrub's Gaussian ‖ the same procedure at ``reference``) when a
-                  reference was given to a noisy method.
-    readouts:     error/loss on retain, forget (and test) of the scrubbed and the input model, when asked.
-    checks:       the honesty checks' outcomes: ``retain_error`` (``{"before", "after", "tolerance",
-                  "passed"}``) and, when it ran, ``stationarity`` (its numbers).
-    scrub:        the method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the
-                  reference and original it supplies).
+    Parameters
+    ----------
+    ok : bool
+        Whether the scrub did what it claims.
+    reasons : list of str
+        Why not (one sentence each); empty when ``ok``.
+    method : str
+        The method's name.
+    recipe : TrainingRecipe
+        The recipe used.
+    report : dict of str to float
+        The method's own numbers (seconds, solver iterations and residuals, step lengths, α …) and the retain
+        error before and after (``retain_error_before`` / ``retain_error_after``, fractions in [0, 1]).
+    noise : WeightGaussian or None
+        The Gaussian a noisy method sampled the weights from (None for a deterministic one).
+    bounds : dict of str to float
+        ``info_weights_nats`` = KL(scrub's Gaussian ‖ the same procedure at ``reference``), in nats, when a
+        reference was given to a noisy method.
+    readouts : dict of str to float
+        Error (fraction) and mean cross-entropy (nats) on retain, forget (and test) of the scrubbed and the input
+        model, when asked.
+    checks : dict of str to dict
+        The honesty checks' outcomes: ``retain_error`` (``{"before", "after", "tolerance", "passed"}``) and,
+        when it ran, ``stationarity`` (its numbers).
+    scrub : ScrubResult or None
+        The method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the reference and
+        original it supplies).
+
+    Returns
+    -------
+    ForgetResult
+        Returned by :func:`scrubnet.forget` (second element) and :func:`scrub_and_measure`.
     """
 
     ok: bool
@@ -90,7 +121,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
         The configured method (:func:`~scrubnet.methods.base.get_method` / ``protocol_method``).
     model : nn.Module
         The trained model; not modified.
-    retain, forget, test
+    retain, forget, test : tensors, Dataset, DataLoader or DataStream
         D_r, D_f (and a test set for the readouts): (x, y) tensors, a ``Dataset``, a ``DataLoader`` or a
         :class:`~scrubnet.data.stream.DataStream` (chunked by ``ctx.chunk_size``).
     ctx : ForgetContext

@@ -32,7 +32,24 @@ DEFAULT_CHUNK = 512
 
 @dataclass(frozen=True)
 class BatchKeys:
-    """Which dict keys hold the input and the label (first present wins), and whether other fields are ignored."""
+    """Which dict keys hold the input and the label (first present wins), and whether other fields are ignored.
+
+    Parameters
+    ----------
+    x : tuple of str
+        Candidate keys of the input (default ``x``, ``input``, ``inputs``, ``image``, ``images``, ``img``,
+        ``pixel_values``, ``features``).
+    y : tuple of str
+        Candidate keys of the label (default ``y``, ``label``, ``labels``, ``target``, ``targets``).
+    ignore_extra : bool
+        Ignore other fields of a dict batch (and fields after the second of a tuple batch) instead of refusing
+        the batch (default False).
+
+    Returns
+    -------
+    BatchKeys
+        A frozen rule; :meth:`split` maps one batch to ``(input (n, ...), label (n,))``.
+    """
 
     x: tuple[str, ...] = ("x", "input", "inputs", "image", "images", "img", "pixel_values", "features")
     y: tuple[str, ...] = ("y", "label", "labels", "target", "targets")

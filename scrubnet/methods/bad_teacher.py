@@ -139,7 +139,13 @@ class BadTeacher(ForgettingMethod):
     T : float
         Temperature of the KL (default 1).
     batch_size : int
-        Default 256.
+        Samples per batch (default 256).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the distilled student (eval mode); ``info["bad_teacher_retain_used"]`` is the number of
+        retained samples in the mixed set. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

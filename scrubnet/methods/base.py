@@ -57,26 +57,45 @@ def as_tensors(data, keys: BatchKeys | None = None) -> Data:
 class ForgetContext:
     """What the protocol knows besides (model, D_r, D_f).
 
-    recipe:        the :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with: the one source of
-                   the objective (loss, decay coefficient ``wd`` and centre) and of the SGD settings the
-                   fine-tuning baselines reuse. Build a context with :meth:`from_recipe` (a user's model) or
-                   :func:`protocol_context` (scrubnet's own protocol), not by hand.
-    num_classes:   c, outputs of the model.
-    seed:          fixes every random choice of the method (noise, batch order).
-    forget_class:  the forgotten class when a whole class is forgotten, else None.
-    split:         the full :class:`scrubnet.data.Split` when known (core data, D order, test set).
-    start:         the model at w_0 (needed by methods that retrain, e.g. ``retrain``).
-    schedule:      the protocol's training schedule (epoch caps, stopping rule, pre-training) for methods
-                   that retrain; its objective and SGD fields are overridden by the recipe's (:attr:`config`).
-    retrain_mode:  how the protocol retrains without D_f ("replace" | "remove", see
-                   :func:`scrubnet.training.retrain`).
-    cache:         the :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed
-                   (Fisher diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
-    force:         run a curvature method even when the stationarity check refuses the recipe.
-    verify_recipe: run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
-                   :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's
-                   own protocol, which trained the model to the recipe itself, leaves it off.
-    chunk_size:    samples per chunk when a method streams a Dataset or DataLoader.
+    Build a context with :meth:`from_recipe` (a user's model) or :func:`protocol_context` (scrubnet's own
+    protocol), not by hand.
+
+    Parameters
+    ----------
+    recipe : TrainingRecipe
+        The :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with: the one source of the objective
+        (loss, decay coefficient ``wd`` and centre) and of the SGD settings the fine-tuning baselines reuse.
+    num_classes : int
+        c, outputs of the model.
+    seed : int
+        Fixes every random choice of the method (noise, batch order).
+    forget_class : int or None
+        The forgotten class when a whole class is forgotten, else None.
+    split : Split or None
+        The full :class:`scrubnet.data.Split` when known (core data, D order, test set).
+    start : nn.Module or None
+        The model at w_0 (needed by methods that retrain, e.g. ``retrain``).
+    schedule : TrainConfig or None
+        The protocol's training schedule (epoch caps, stopping rule, pre-training) for methods that retrain; its
+        objective and SGD fields are overridden by the recipe's (:attr:`config`).
+    retrain_mode : {"replace", "remove"}
+        How the protocol retrains without D_f (see :func:`scrubnet.training.retrain`).
+    cache : ArtifactCache
+        The :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed (Fisher
+        diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
+    force : bool
+        Run a curvature method even when the stationarity check refuses the recipe.
+    chunk_size : int
+        Samples per chunk when a method streams a Dataset or DataLoader.
+    verify_recipe : bool
+        Run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
+        :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's own protocol,
+        which trained the model to the recipe itself, leaves it off.
+
+    Returns
+    -------
+    ForgetContext
+        The context a method's ``scrub(model, retain, forget, ctx)`` reads.
     """
 
     recipe: TrainingRecipe
@@ -457,13 +476,39 @@ def costed_methods() -> list[str]:
 def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num_classes: int | None = None,
              x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
              config: TrainConfig | None = None, **options) -> CostEstimate:
-    """Predicted cost of ``method`` on ``model`` with |D_r| = ``n_retain``, |D_f| = ``n_forget``: the method
-    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields).
+    """Predicted cost of ``method`` on ``model``: the method class's :meth:`~ForgettingMethod.cost`.
 
-    One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or ``in_shape``
-    (zeros of that shape). ``num_classes`` defaults to the model's output width; ``config`` (fine-tuning
-    hyperparameters) is used by the training-based methods; ``options`` are the method's own options (the
-    same keywords as ``get_method(method, **options)``, checked the same way)."""
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model (not modified; one probe sample is run through it).
+    n_retain, n_forget : int
+        |D_r| ≥ 1 and |D_f| ≥ 0, samples.
+    method : str
+        A registered method with a cost model (:func:`costed_methods`).
+    num_classes : int, optional
+        c (default: the model's output width on the probe).
+    x_probe : Tensor, optional
+        A batch of inputs, shape (n, ...); its first sample fixes the input shape.
+    in_shape : tuple of int, optional
+        The shape of one input, without the batch dimension (zeros of it are the probe) when ``x_probe`` is not
+        given.
+    config : TrainConfig, optional
+        Fine-tuning hyperparameters used by the training-based methods (default ``TrainConfig()``).
+    **options
+        The method's own options (the same keywords as ``get_method(method, **options)``, checked the same way).
+
+    Returns
+    -------
+    CostEstimate
+        FLOPs, seconds, peak bytes and passes (:mod:`scrubnet.training.cost` for the fields).
+
+    Raises
+    ------
+    ValueError
+        An unknown method or one without a cost model, a bad option, bad sizes, or neither ``x_probe`` nor
+        ``in_shape``.
+    """
     cls = method_class(method)
     if cls is None or method not in costed_methods():
         raise ValueError(f"no cost model for method {method!r}; methods with one: {', '.join(costed_methods())}")

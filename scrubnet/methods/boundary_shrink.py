@@ -82,7 +82,13 @@ class BoundaryShrink(ForgettingMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info["boundary_shrink_classes"]`` is the number of
+        distinct nearest-boundary labels D_f was relabelled to. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     needs_retain = False

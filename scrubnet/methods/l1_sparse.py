@@ -62,7 +62,13 @@ class L1Sparse(ForgettingMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info["l1_norm_after"]`` is ‖w‖₁ of its weights.
+        When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

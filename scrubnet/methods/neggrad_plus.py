@@ -68,6 +68,12 @@ class NegGradPlus(ForgettingMethod):
         SGD settings (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
         Retain and forget batch size (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info["neggrad_plus_steps"]`` is the number of SGD
+        steps taken. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

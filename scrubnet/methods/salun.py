@@ -95,7 +95,14 @@ class SalUn(ForgettingMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.1, 0.9, 5e-4; the decay acts inside the mask only).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info``: ``salun_mask_fraction`` (share of the
+        weights the mask let train) and ``salun_labels_changed`` (fraction of D_f labels the random relabelling
+        changed). When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

@@ -78,6 +78,8 @@ class Scrub(ForgettingMethod):
     epochs : int
         Epochs in all (default 10); the first ``msteps`` (default 3; all when ``msteps`` ≥ ``epochs``) also
         run max-steps.
+    msteps : int
+        Epochs that run a max-step on D_f before the min-step (default 3).
     lr, weight_decay : float
         Adam settings (defaults 5e-4, 0.1).
     T : float
@@ -86,6 +88,12 @@ class Scrub(ForgettingMethod):
         Weights of the KL and the cross-entropy in the min-steps (defaults 0.5, 1).
     retain_batch, forget_batch : int
         Batch sizes (defaults 32, 64).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the student (eval mode); ``info``: ``scrub_max_steps``, ``scrub_min_steps`` (optimiser
+        steps of each kind). When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

@@ -102,6 +102,12 @@ class SSD(ForgettingMethod):
     batch_size : int or None
         Batch of the importance computation (default: planned by the Fisher's memory budget; the recipe's for
         ``importance="batch"``).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the dampened model (eval mode); ``info["ssd_selected_fraction"]`` is the share of the
+        weights dampened. ``ok`` is False when no weight was selected.
     """
 
     streams = True

@@ -93,7 +93,13 @@ class UNSIR(ForgettingMethod):
     lr : float
         Adam's step size in both phases (default 1e-4).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the repaired model; ``info``: ``unsir_noise_ce_start``, ``unsir_noise_ce_end`` (the
+        forgotten class's cross-entropy on the noise at the first and last noise step, nats). When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True
