@@ -131,10 +131,7 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
 class Original(ForgettingMethod):
     """No forgetting: the trained model itself (the upper end of what an attacker can recover).
 
-    Parameters
-    ----------
-    None
-        The method has no options.
+    It takes no options.
 
     Returns
     -------
