@@ -297,16 +297,14 @@ class RandomLabels(ForgettingMethod):
 
     Parameters
     ----------
-    epochs : int or None
-        Passes over D (default: the recipe's).
-    lr : float or None
-        SGD step size (default: the recipe's).
+    epochs, lr : int or None, float or None
+        As :class:`NegGrad`'s: epochs over D and the SGD step size (defaults: the recipe's).
 
     Returns
     -------
     ScrubResult
-        ``scrub`` returns the fine-tuned model (eval mode); ``info["randomlabels_changed"]`` is the fraction of
-        D_f labels the resampling changed (in [0, 1]).
+        The model fine-tuned on the relabelled D (eval mode); ``info["randomlabels_changed"]`` is the fraction
+        of D_f labels the resampling changed (in [0, 1]).
     """
 
     streams = True

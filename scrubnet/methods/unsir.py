@@ -99,7 +99,8 @@ class UNSIR(ForgettingMethod):
     -------
     ScrubResult
         ``scrub`` returns the repaired model; ``info``: ``unsir_noise_ce_start``, ``unsir_noise_ce_end`` (the
-        forgotten class's cross-entropy on the noise at the first and last noise step, nats). When the training diverged (a non-finite loss): ``ok`` False with the reason.
+        forgotten class's cross-entropy on the noise at the first and last noise step, nats). ``ok`` is False
+        (with the reason) when a phase diverged.
     """
 
     streams = True
