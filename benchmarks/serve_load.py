@@ -9,7 +9,8 @@ run and restarts it at once. At the end (the server running again until every re
 
 * every request that got a 202/200 is applied exactly once: its submission is ``applied``, and the store
   holds exactly one forget request with its ids (none twice, none missing);
-* the store's record chain verifies (:func:`scrubnet.mlforget.store.verify`);
+* the store's record chain verifies, and so do the signed receipts and head against it
+  (:func:`scrubnet.serve.anchor.verify`);
 * every receipt verifies: signature under the server's key, the requester's ids with their salt, the chain
   link to the previous receipt and sha256_before = the previous sha256_after;
 * the weights equal a replay of the store's requests, in its order, on a copy of the trained checkpoint.
@@ -42,7 +43,7 @@ import torch
 
 from scrubnet.experiments.checkpoints import ml_data_loader as _data_loader
 from scrubnet.mlforget import store
-from scrubnet.serve import receipts
+from scrubnet.serve import anchor, receipts
 
 TOKEN = "load-benchmark-token-0001"
 DATA = {"num_samples": 1000, "n_train_per_class": 40, "n_test_per_class": 10, "forget_count": 2}
@@ -189,11 +190,14 @@ def main() -> None:
         for r in forgets:
             by_ids[tuple(r["ids"])] = by_ids.get(tuple(r["ids"]), 0) + 1
         lost = 0
-        subs = {s["idempotency_key"]: s for s in store.submissions(ckpt, limit=1_000_000)}
+        # stored keys are scoped to the submitting identity ("<tag>/<client key>")
+        subs = {s["idempotency_key"].split("/", 1)[-1]: s for s in store.submissions(ckpt, limit=1_000_000)}
         for key, acc in accepted.items():
             s = subs.get(key)
             if s is None or s["status"] != "applied" or by_ids.get(tuple(acc["ids"]), 0) != 1:
                 lost += 1
+        if lost:
+            problems.append(f"{lost} accepted requests not applied exactly once")
         twice = sum(n > 1 for n in by_ids.values())
         not_planned = [r["id"] for r in forgets if tuple(r["ids"]) not in {tuple(a["ids"]) for a in accepted.values()}]
         if twice:
@@ -203,7 +207,7 @@ def main() -> None:
         never = need // args.ids - len(accepted)
         if never:
             problems.append(f"{never} requests never got a 202 before the deadline")
-        rec = store.verify(ckpt)
+        rec = anchor.verify(ckpt)  # the chain, and the signed receipts and head against it
         if not rec["valid"]:
             problems.append("record chain: " + "; ".join(rec["problems"]))
         pub = receipts.load_public_key(_write(work / "key.pub", key_hex["pem"]))

@@ -9,22 +9,28 @@ one scrub path every entry point shares (the stationarity check first for a curv
 own failure, the retain-error rule). It returns the scrubbed model with a :class:`ForgetResult`: ``ok`` and the
 reasons, the method's report, the readouts when asked (error and loss on D_r, D_f and a test set, streamed in
 chunks) and, for a noisy method given a ``reference`` model (e.g. one retrained without D_f), the white-box
-information bound. A failed scrub raises :class:`ScrubFailed` unless ``on_failure="return"``.
+information bound. With held-out data (``test``) every scrub gets a forgetting verdict (``result.forgetting``:
+does D_f now look like data the model never saw?); a method whose purpose is forgetting that ends at
+``did_not_forget`` or ``moved_wrong_way`` fails unless ``on_not_forgotten="warn"``. A failed scrub raises
+:class:`ScrubFailed` unless ``on_failure="return"``.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
 
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods.base import first_inputs, method_class
+from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
-from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
+from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
 
 ON_FAILURE = ("raise", "return")
 
-__all__ = ["ForgetResult", "ON_FAILURE", "ScrubFailed", "forget"]
+__all__ = ["ForgetResult", "ON_FAILURE", "ON_NOT_FORGOTTEN", "ScrubFailed", "forget"]
 
 
 def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: TrainingRecipe | None = None, *,
@@ -32,7 +38,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            forget_class: int | None = None, classifier: str | None = None, force: bool = False,
            readouts: bool = False, test=None, reference: nn.Module | None = None,
            keys: BatchKeys | None = None, chunk_size: int = 512,
-           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, **method_options: Any
+           retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
+           **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
@@ -41,9 +48,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     model : nn.Module
         The trained model, returning logits (n, c) (or a tuple / mapping / ``.logits`` holding them); not
         modified.
-    retain, forget, test : tensors, Dataset or DataLoader
-        D_r, D_f and an optional test set: ``(x (n, ...), y (n,))`` tensors, a ``Dataset`` or a ``DataLoader``
-        with tuple or dict batches (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
+    retain, forget : tensors, Dataset or DataLoader
+        D_r, D_f: ``(x (n, ...), y (n,))`` tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
+        (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
     method : str
         A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
     recipe : TrainingRecipe, optional
@@ -53,15 +60,23 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     on_failure : {"raise", "return"}
         A failed scrub raises :class:`ScrubFailed` or is returned with ``ok=False``.
     num_classes : int, optional
-        c (default: the output features of the model's classifier).
+        c (default: read from the classifier, else from the width of the model's output on the first chunk of
+        ``retain``).
     forget_class : int, optional
         The forgotten class when a whole class is forgotten (class-only methods need it).
     classifier : str, optional
-        Name of the final ``nn.Linear`` when it is not ``head``, ``fc``, ``classifier`` or ``get_classifier()``.
+        Dotted name of the final ``nn.Linear`` when it is not ``head``, ``fc`` or ``classifier`` (also handed to
+        a method taking a ``classifier`` option).
     force : bool
         Run a curvature method even when the model is far from a minimum of the recipe's objective.
     readouts : bool
         Also measure error (fraction) and loss (nats) on D_r, D_f (and ``test``) before and after, streamed.
+    test : tensors, Dataset or DataLoader, optional
+        Held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
+        forgetting verdict ``result.forgetting`` (:class:`~scrubnet.readouts.forgetting.ForgettingVerdict`).
+    on_not_forgotten : {"fail", "warn"}
+        A forgetting method whose verdict is did_not_forget or moved_wrong_way is ``ok=False`` (the numbers in
+        the reason) or only reported in ``result.warnings``.
     reference : nn.Module, optional
         A model retrained without D_f; with a noisy method gives the information bound (nats).
     keys : BatchKeys, optional
@@ -94,13 +109,25 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
+    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    probe = None
+    if num_classes is None:  # only read when the model has no classifier to count its classes
+        try:
+            find_classifier(model, classifier)
+        except ValueError:
+            probe = first_inputs(retain_s) if classifier is None else None
     ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                    classifier=classifier)
+                                    classifier=classifier, probe=probe)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    cls = method_class(method)
+    if classifier is not None and cls is not None and "classifier" not in method_options \
+            and "classifier" in inspect.signature(cls.__init__).parameters:
+        method_options = {**method_options, "classifier": classifier}   # one name for the head, everywhere
     scrubber = get_method(method, **method_options)
-    out = scrub_and_measure(scrubber, model, as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size),
-                            ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
-                            readouts=readouts, test=None if test is None else as_stream(test, keys, chunk_size))
+    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, retain_error_tolerance=retain_error_tolerance,
+                            reference=reference, readouts=readouts,
+                            test=None if test is None else as_stream(test, keys, chunk_size),
+                            on_not_forgotten=on_not_forgotten)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

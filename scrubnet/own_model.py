@@ -21,6 +21,7 @@ from scrubnet.checkpoint import read_meta, save_checkpoint, sidecar_path, state_
 from scrubnet.data.splits import validate_forget_ids
 from scrubnet.data.user import UserData, load_user_data
 from scrubnet.recipe.objective import RecipeMismatch
+from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256,
                                   load_user_weights, read_state_dict)
 from scrubnet.readouts.basic import activation_l1, error_and_loss
@@ -46,17 +47,27 @@ def load_own_model(spec: str, options: dict[str, Any], weights: Path, what: str 
     return load_user_weights(model, state, f"{what} {weights}"), meta
 
 
-def num_outputs(model: nn.Module, x: Tensor) -> int:
+def describe_inputs(x) -> str:
+    """The inputs' fields with dtype and per-sample shape, e.g. ``x int64 (8,), attention_mask int64 (8,)``."""
+    fields = {"x": x.main, **x.extras} if isinstance(x, ModelInputs) else {"x": x}
+    return ", ".join(f"{k} {str(v.dtype).replace('torch.', '')} {tuple(v.shape[1:])}" for k, v in fields.items())
+
+
+def num_outputs(model: nn.Module, x) -> int:
     """The model's number of classes, read from its output on two samples (also checks it takes the data)."""
     try:
         with torch.no_grad():
-            out = model.eval()(x[:2])
-    except Exception as e:  # noqa: BLE001 - the user's forward may raise anything on a wrong shape
-        raise OwnModelError(f"the model cannot take the data's inputs of shape {tuple(x.shape[1:])}: "
+            out = call_model(model.eval(), x[:2])
+    except TypeError as e:
+        if "scrubnet reads logits" in str(e):
+            raise OwnModelError(str(e)) from None
+        raise OwnModelError(f"the model cannot take the data's inputs ({describe_inputs(x)}): "
+                            f"TypeError: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's forward may raise anything on a wrong shape or dtype
+        raise OwnModelError(f"the model cannot take the data's inputs ({describe_inputs(x)}): "
                             f"{type(e).__name__}: {e}") from None
-    if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2:
-        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise OwnModelError(f"the model must return logits of shape (batch, classes ≥ 2), got {shape}")
+    if out.ndim != 2 or out.shape[1] < 2:
+        raise OwnModelError(f"the model must return logits of shape (batch, classes ≥ 2), got {tuple(out.shape)}")
     return int(out.shape[1])
 
 
@@ -87,12 +98,14 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
 
 def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int], method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
-               device: torch.device, before_scrub=None) -> dict | None:
+               device: torch.device, before_scrub=None, on_not_forgotten: str = "fail") -> dict | None:
     """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
     returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
     ``before_scrub(model, retain, forget, num_classes)`` runs once the inputs are loaded and checked (the CLI's
-    cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned."""
+    cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned.
+    With test arrays in ``data`` the scrub gets the forgetting verdict (``on_not_forgotten``: see
+    :func:`scrubnet.forget`); the sidecar records it (``forgetting``) and the warnings (``warnings``)."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
     model, _, ud, c = _load_all(spec, options, weights, data, device)
     idx = validate_forget_ids(forget_ids, len(ud.y))
@@ -102,10 +115,12 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     forget_set = (ud.x[idx].to(device), ud.y[idx].to(device))
     if before_scrub is not None and before_scrub(model, retain, forget_set, c):
         return None
+    test = None if ud.x_test is None else (ud.x_test.to(device), ud.y_test.to(device))
     try:
         scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
                                        on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),
-                                       force=force, **method_options)
+                                       force=force, test=test, on_not_forgotten=on_not_forgotten,
+                                       **method_options)
     except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
         raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
     if not result.ok:
@@ -115,6 +130,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
              "recipe": recipe_record(recipe, recipe_path), "factory": spec, "factory_options": options,
              "factory_sha256": factory_source_sha256(spec), "source_weights": str(weights),
              "source_sha256": state_sha256(Path(weights).read_bytes()), "data": str(data), "ok": True,
+             "forgetting": None if result.forgetting is None else result.forgetting.to_dict(),
+             "warnings": list(result.warnings),
              "report": {k: float(v) for k, v in result.report.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return save_checkpoint(out, scrubbed, arch=USER_ARCH, in_shape=list(ud.x.shape[1:]), num_classes=c,

@@ -12,13 +12,19 @@ checks exist once:
 3. the retain-error rule: a scrub that raises the error on D_r by more than ``retain_error_tolerance`` is
    ``ok=False`` (``retain_rule="fail"``, every entry point but one) or only reported in
    ``checks["retain_error"]`` (``retain_rule="report"``: the protocol experiment, whose results record the
-   method's own verdict and every readout, and must not change with this rule).
+   method's own verdict and every readout, and must not change with this rule);
+4. the forgetting verdict, when held-out data are given (``test``): does D_f now look like data the model
+   never saw (:func:`~scrubnet.readouts.forgetting.forgetting_verdict`, no retrained model needed)? A method
+   whose purpose is forgetting (its ``forgets`` trait) that ends at ``did_not_forget`` or ``moved_wrong_way``
+   is ``ok=False`` (``on_not_forgotten="fail"``) or only warned (``"warn"``); the verdict is in
+   ``result.forgetting`` either way.
 
 A failed scrub is never raised here: :func:`scrubnet.forget` raises :class:`ScrubFailed` for ``ok=False``
 (unless ``on_failure="return"``), the CLI writes nothing and exits 2, the runner records the reasons.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -26,6 +32,7 @@ from torch import nn
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian
 from scrubnet.readouts.basic import stream_error_and_loss
+from scrubnet.readouts.forgetting import ForgettingVerdict, forgetting_verdict
 from scrubnet.readouts.information import weight_information
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.recipe.objective import check_stationarity
@@ -34,6 +41,8 @@ from scrubnet.recipe.objective import check_stationarity
 RETAIN_RULES = ("fail", "report")
 #: the default tolerance of the retain-error rule (a fraction: 0.05 = 5 points of error)
 RETAIN_ERROR_TOLERANCE = 0.05
+#: what a failing forgetting verdict does to a method whose purpose is forgetting
+ON_NOT_FORGOTTEN = ("fail", "warn")
 
 
 class ScrubFailed(RuntimeError):
@@ -86,6 +95,12 @@ class ForgetResult:
     scrub : ScrubResult or None
         The method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the reference and
         original it supplies).
+    forgetting : ForgettingVerdict or None
+        The :class:`~scrubnet.readouts.forgetting.ForgettingVerdict` (D_f against held-out data, before and
+        after; its ``summary`` is one line), None without held-out data.
+    warnings : list of str
+        What the user must know though the scrub is ``ok`` (a Newton step damped to a near no-op, a failing
+        verdict under ``on_not_forgotten="warn"``, a verdict that could not be computed).
 
     Returns
     -------
@@ -103,6 +118,8 @@ class ForgetResult:
     readouts: dict[str, float] = field(default_factory=dict)
     checks: dict[str, dict] = field(default_factory=dict)
     scrub: ScrubResult | None = field(default=None, repr=False)
+    forgetting: ForgettingVerdict | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def model(self) -> nn.Module:
@@ -112,7 +129,8 @@ class ForgetResult:
 
 def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget, ctx: ForgetContext, *,
                       retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, retain_rule: str = "fail",
-                      reference: nn.Module | None = None, readouts: bool = False, test=None) -> ForgetResult:
+                      reference: nn.Module | None = None, readouts: bool = False, test=None,
+                      on_not_forgotten: str = "fail") -> ForgetResult:
     """Run ``method`` on ``model`` with the honesty checks (module docstring) and measure what a caller asked.
 
     Parameters
@@ -122,8 +140,9 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     model : nn.Module
         The trained model; not modified.
     retain, forget, test : tensors, Dataset, DataLoader or DataStream
-        D_r, D_f (and a test set for the readouts): (x, y) tensors, a ``Dataset``, a ``DataLoader`` or a
-        :class:`~scrubnet.data.stream.DataStream` (chunked by ``ctx.chunk_size``).
+        D_r, D_f (and held-out data for the readouts and the forgetting verdict): (x, y) tensors, a
+        ``Dataset``, a ``DataLoader`` or a :class:`~scrubnet.data.stream.DataStream` (chunked by
+        ``ctx.chunk_size``).
     ctx : ForgetContext
         From :meth:`ForgetContext.from_recipe` or :func:`~scrubnet.methods.base.protocol_context`.
     retain_error_tolerance : float
@@ -134,6 +153,9 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
         A model retrained without D_f: with a noisy method, ``bounds["info_weights_nats"]``.
     readouts : bool
         Also measure error and loss (mean CE) on D_r, D_f (and ``test``) before and after, streamed.
+    on_not_forgotten : {"fail", "warn"}
+        What a ``did_not_forget`` / ``moved_wrong_way`` verdict does to a method whose ``forgets`` trait is
+        set: ``ok=False`` with the numbers as the reason, or a warning (``result.warnings``).
 
     Returns
     -------
@@ -144,6 +166,8 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
         raise ValueError(f"retain_error_tolerance must be in [0, 1], got {retain_error_tolerance}")
     if retain_rule not in RETAIN_RULES:
         raise ValueError(f"retain_rule must be one of {', '.join(RETAIN_RULES)}, got {retain_rule!r}")
+    if on_not_forgotten not in ON_NOT_FORGOTTEN:
+        raise ValueError(f"on_not_forgotten must be one of {', '.join(ON_NOT_FORGOTTEN)}, got {on_not_forgotten!r}")
     retain_s, forget_s = as_stream(retain, chunk_size=ctx.chunk_size), as_stream(forget, chunk_size=ctx.chunk_size)
     checks: dict[str, dict] = {}
     if method.uses_curvature and method.needs_retain and ctx.verify_recipe and not ctx.force:
@@ -152,7 +176,8 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     res = method(model, retain_s, forget_s, ctx)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
-                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res)
+                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res,
+                       warnings=list(res.warnings))
     if reference is not None and res.noise is not None:
         other = method.noise_at(reference, retain_s, forget_s, ctx)
         if other is not None:
@@ -179,4 +204,37 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
             for tag, m in (("", res.model), ("original_", model)):
                 err, loss = stream_error_and_loss(m, data)
                 out.readouts[f"{tag}{part}_error"], out.readouts[f"{tag}{part}_loss"] = err, loss
+    if test is not None:
+        verdict_step(out, method, model, retain_s, forget_s, as_stream(test, chunk_size=ctx.chunk_size),
+                     on_not_forgotten)
     return out
+
+
+def verdict_step(out: ForgetResult, method: ForgettingMethod, model: nn.Module, retain, forget, heldout,
+                 on_not_forgotten: str) -> None:
+    """Step 4 of the scrub path: the forgetting verdict into ``out.forgetting`` and, for a method whose
+    purpose is forgetting, a failing verdict into ``out.ok`` / ``out.reasons`` (``"fail"``) or
+    ``out.warnings`` (``"warn"``). ``out.report["verdict_seconds"]`` is its cost (s).
+
+    The "before" model is the method's own original when it supplies one (a method that trains its own
+    model family), else ``model``. Held-out data the verdict cannot use (no label in common with D_f)
+    leave ``out.forgetting`` None with a warning.
+    """
+    t0 = time.perf_counter()
+    before = out.scrub.original if out.scrub.original is not None else model
+    try:
+        v = forgetting_verdict(before, out.model, forget, retain, heldout)
+    except ValueError as e:
+        out.warnings.append(f"no forgetting verdict: {e}")
+        return
+    finally:
+        out.report["verdict_seconds"] = time.perf_counter() - t0
+    out.forgetting = v
+    if not (v.failed and method.forgets):
+        return
+    msg = f"forgetting verdict {v.summary}"
+    if on_not_forgotten == "fail":
+        out.ok = False
+        out.reasons.append(msg + " (on_not_forgotten='warn' / --warn-not-forgotten to accept it)")
+    else:
+        out.warnings.append(msg)

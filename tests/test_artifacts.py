@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from scrubnet.curvature.params import get_flat
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import get_method
 from scrubnet.methods.artifacts import (ArtifactCache, ArtifactKey, artifact_key, fisher_key, ntk_direction_key,
                                         retrain_key, weights_fingerprint)
 from scrubnet.models import build_model

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from scrubnet.cli import app
 from scrubnet.experiments.config import ExperimentConfig, load_config
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import get_method
 from scrubnet.methods.base import available_methods
 from scrubnet.methods.fisher import head_param_names
 from scrubnet.models import find_classifier

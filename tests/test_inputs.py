@@ -14,7 +14,7 @@ from scrubnet.checkpoint import sidecar_path, state_sha256
 from scrubnet.cli import app
 from scrubnet.data.files import load_image_folder
 from scrubnet.experiments.config import ExperimentConfig
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import get_method
 from scrubnet.models import build_model
 from tests.conftest import protocol_ctx
 from tests.test_cli import TINY_TOML

@@ -8,7 +8,7 @@ from torch import nn
 
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.params import get_flat, set_flat
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import get_method
 from scrubnet.methods.fisher import (CLAMP_MAX, CLAMP_MAX_HEAD, FORGOTTEN_ROW_VAR, fisher_noise,
                                      fisher_noise_variance, head_param_names)
 from scrubnet.data.embedded import digits_pools

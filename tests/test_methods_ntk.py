@@ -11,7 +11,7 @@ from torch import nn
 
 from scrubnet.curvature.params import flatten, get_flat
 from scrubnet.experiments.runner import noise_information
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import get_method
 from scrubnet.methods.ntk import ntk_direction, residuals, trapezium_scale
 from scrubnet.models.zoo import build_model
 from scrubnet.readouts.information import weight_step_geometry

@@ -181,7 +181,7 @@ def test_bad_requests_are_refused():
 
 
 def test_methods_mlforget_and_retrain_share_the_cached_ml_model():
-    from scrubnet.methods import ForgetContext, get_method
+    from scrubnet.methods import get_method
     from scrubnet.models import build_model
 
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from scrubnet.cli import app
 from scrubnet.experiments.report import render_report
 from scrubnet.experiments.runner import CORE_READOUTS, inside_band, separation_checks, summarise
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import get_method
 from scrubnet.training import TrainConfig
 from tests.conftest import protocol_ctx
 from tests import dense_refs

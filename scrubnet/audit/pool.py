@@ -48,6 +48,7 @@ from scrubnet.methods.user_methods import load_user_method
 from scrubnet.models import build_model
 from scrubnet.scrub import scrub_and_measure
 from scrubnet.training import finetune_many, finetune_start, predict_logits, pretrain, retrain_many
+from scrubnet.models.call import cat_inputs
 
 #: version of the pool's rules; part of every cache key (2: the stopping rule as stated, see :func:`train_task`)
 POOL_VERSION = 2
@@ -182,7 +183,7 @@ def _worker_split(shared: dict):
 
 
 def _points(split) -> torch.Tensor:
-    return torch.cat([split.x, split.x_test])
+    return cat_inputs([split.x, split.x_test])
 
 
 def _logits(model, x) -> torch.Tensor:

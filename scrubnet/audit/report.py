@@ -17,6 +17,49 @@ def _ci(v, digits: int = 3) -> str:
     return "–" if not v else f"[{v[0]:.{digits}f}, {v[1]:.{digits}f}]"
 
 
+#: the statistics compared pairwise (``results["comparisons"]``) and how audit.md names them
+COMPARED = {"ulira_game_balanced_accuracy": "the U-MIA game's balanced accuracy", "klom_forget": "KLoM (forget)"}
+
+
+def game_power(results: dict, original: str = "original", retrain: str = "retrain") -> dict | None:
+    """Whether the U-MIA game can rank methods: its 95 % interval of the original − retrain difference
+    excludes 0. None when the audit holds no such comparison (an anchor missing).
+
+    Returns
+    -------
+    dict or None
+        ``can_rank`` (bool), ``difference_ci95`` (the game's interval) and ``separating``: the compared
+        statistics whose interval does separate the original from retrain (keys of :data:`COMPARED`).
+    """
+    found = {}
+    for key, rows in (results.get("comparisons") or {}).items():
+        for r in rows:
+            if {r["a"], r["b"]} == {original, retrain}:
+                found[key] = r
+    game = found.get("ulira_game_balanced_accuracy")
+    if game is None:
+        return None
+    return {"can_rank": bool(game["distinguishable"]), "difference_ci95": game["difference_ci95"],
+            "separating": [k for k, r in found.items() if r["distinguishable"] and k != "ulira_game_balanced_accuracy"]}
+
+
+def audit_warnings(results: dict) -> list[str]:
+    """What the reader must know before ranking methods by the audit, one sentence each (audit.md and the
+    terminal): the game that cannot tell the original from retrain, and the statistic that can."""
+    p = results.get("power") or game_power(results)
+    if p is None or p["can_rank"]:
+        return []
+    ci = p["difference_ci95"]
+    msg = ("the U-MIA game cannot rank methods: it cannot tell the original from retrain at 95 % (interval of "
+           f"the difference {_ci(ci)} contains 0), so a method it finds indistinguishable from retrain is also "
+           "indistinguishable from the untouched original")
+    if p["separating"]:
+        msg += "; " + " and ".join(COMPARED.get(k, k) for k in p["separating"]) + " separate(s) them: rank by it"
+    else:
+        msg += "; no compared statistic separates them on this pool (a larger pool or more models may)"
+    return [msg]
+
+
 def render_markdown(results: dict) -> str:
     a = results["config"]["audit"]
     plan = a["plan"]
@@ -32,6 +75,9 @@ def render_markdown(results: dict) -> str:
                   "at zero error; cap max_epochs): " + "; ".join(
                       f"{k}: {d['rule_not_met']} of {d['models']} did not fit (max final training error "
                       f"{100 * d['max_final_error']:.1f} %)" for k, d in fit.items()) + ".", ""]
+    warns = audit_warnings(results)
+    if warns:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in warns] + [""]
     lines += ["**U-MIA game** (Hayes et al. 2024, the default): the attacker holds one of the method's unlearned "
               "models and must tell an example it unlearned (IN) from one it never trained on (OUT); per-example "
               "Gaussians of the logit-scaled confidence fitted on the shadow splits, a likelihood-ratio test on "

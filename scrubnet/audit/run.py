@@ -21,7 +21,7 @@ import numpy as np
 from scrubnet._config import tiny_mode
 from scrubnet.audit import pool as P
 from scrubnet.audit.engine import LocalEngine
-from scrubnet.audit.report import write_audit
+from scrubnet.audit.report import game_power, write_audit
 from scrubnet.audit.reference import roc_metrics_reference, roc_reference, ulira_game_reference
 from scrubnet.audit.stats import (epsilon_score, example_epsilons, forget_score, klom, lira_pairs, logit_confidence,
                                   ulira)
@@ -506,6 +506,7 @@ def run_audit(cfg: ExperimentConfig, methods: list[str], out_dir: Path, *, plan:
                                                     "n_pool": audit.data.n,
                                                     "forget_set_size": int(len(audit.data.forget[(0, 0)]))}},
                **audit.results(), "pool_fit": audit.pool_fit()}
+    results["power"] = game_power(results, anchor_method("original"), anchor_method("retrain"))
     results["seconds"] = time.perf_counter() - t0
     write_audit(results, out_dir)
     return results

@@ -22,7 +22,7 @@ from rich.table import Table
 from scrubnet.atomic_io import prepare_output_dir
 from scrubnet.audit.engine import make_engine
 from scrubnet.audit.logits_file import audit_logits_files
-from scrubnet.audit.report import write_logits_audit
+from scrubnet.audit.report import audit_warnings, write_logits_audit
 from scrubnet.audit.run import EPS_MODELS_RANGE, POOL_RANGE, default_plan, run_audit
 from scrubnet.cli.common import QUIET_OPTION, UserError, console, require_out_dir, threads_option
 from scrubnet.device import resolve_device
@@ -99,6 +99,8 @@ def audit(out: Path = typer.Option(..., "--out", help="output directory (audit.j
     finally:
         eng.close()
     print_summary(results)
+    for w in audit_warnings(results):
+        console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     console.print(f"wrote {out / 'audit.json'}, {out / 'audit.md'}, roc.png, epsilon_hist.png "
                   f"({results['seconds']:.0f} s)")
 

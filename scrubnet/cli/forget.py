@@ -104,23 +104,33 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
            max_seconds: Optional[float] = typer.Option(None, help="refuse (exit 2) when the estimated time on this "
                                                         "machine exceeds it"),
            memory: Optional[str] = typer.Option(None, help="refuse (exit 2) when the estimated peak memory exceeds "
-                                                 "it (e.g. 2GiB, 500MB, bytes)")):
+                                                 "it (e.g. 2GiB, 500MB, bytes)"),
+           warn_not_forgotten: bool = typer.Option(False, "--warn-not-forgotten", help="write the scrub even when "
+                                                   "the forgetting verdict (D_f against the test data) is "
+                                                   "did_not_forget or moved_wrong_way; default: that fails")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
-    are written as safetensors with a sidecar (hashes, recipe, method, ids). A failed scrub writes nothing."""
+    are written as safetensors with a sidecar (hashes, recipe, method, ids). A failed scrub writes nothing.
+
+    With test data (the split's test set; x_test/y_test in --data) the forgetting verdict is printed: does D_f
+    now look like data the model never saw? A forgetting method ending at did_not_forget or moved_wrong_way
+    fails unless --warn-not-forgotten."""
     own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
     refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
     _refuse_own_retrain_family(method, own)
     opts = parse_options(option)
     budget = _budget_check(method, opts, dry_run, max_seconds, memory)
+    on_not_forgotten = "warn" if warn_not_forgotten else "fail"
     if own:
         with progress_with_eta():
             meta = forget_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
                               data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
                               recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
-                              device=resolve_device(device), before_scrub=budget)
+                              device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten)
         if meta is not None:
+            v = meta.get("forgetting")
+            _print_verdict(v["summary"] if v else None, meta.get("warnings", []))
             console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
         return
     dev = resolve_device(device)
@@ -131,15 +141,27 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     if budget(net, split.retain, split.forget, ctx.num_classes, ctx.config):
         return
     with progress_with_eta():  # the one scrub path: the same failure rules as scrubnet.forget
-        checked = scrub_and_measure(m, net, split.retain, split.forget, ctx)
+        checked = scrub_and_measure(m, net, split.retain, split.forget, ctx,
+                                    test=split.test if len(split.y_test) else None, on_not_forgotten=on_not_forgotten)
     if not checked.ok:  # nothing is written for a scrub that did not do what it claims
         raise UserError(f"method {method!r} failed: " + "; ".join(checked.reasons))
     res = checked.scrub
     save_scrubbed(out, res.model, checkpoint, meta,
                   {"role": "scrubbed", "method": method, "method_options": opts,
                    "forget_ids": split.forget_idx.tolist(),
-                   "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))}})
+                   "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))},
+                   "forgetting": None if checked.forgetting is None else checked.forgetting.to_dict(),
+                   "warnings": list(checked.warnings)})
+    _print_verdict(None if checked.forgetting is None else checked.forgetting.summary, checked.warnings)
     console.print(f"wrote {out} ({method}, |D_f| = {len(split.forget_idx)})")
+
+
+def _print_verdict(summary: str | None, warnings: list[str]) -> None:
+    """The forgetting verdict's one line (or why there is none) and the scrub's warnings."""
+    console.print(f"forgetting verdict: {summary}" if summary else
+                  "forgetting verdict: none (no test data to compare D_f with)", highlight=False, soft_wrap=True)
+    for w in warnings:
+        console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 
 
 def evaluate(checkpoint: Optional[Path] = typer.Option(None, help="checkpoint to evaluate (a model scrubnet "

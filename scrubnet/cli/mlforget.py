@@ -27,7 +27,8 @@ from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.pipeline import train_ml
-from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, verify
+from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new
+from scrubnet.serve.anchor import verify  # the chain, and the signed receipts and head against it
 from scrubnet.training import TrainConfig
 
 mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,

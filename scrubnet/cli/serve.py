@@ -19,7 +19,7 @@ import typer
 from scrubnet.cli.common import UserError, fail, read_ids, read_json_file, threads_option
 from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.mlforget import store
-from scrubnet.serve import receipts
+from scrubnet.serve import receipts, startup
 from scrubnet.serve.app import create_app, read_tokens
 
 try:  # optional dependency: pip install "scrubnet[serve]"
@@ -64,13 +64,18 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
         raise UserError("--max-body must be in 1024..2^30 bytes")
     token_table = read_tokens(tokens)
     store.verify(checkpoint)  # a missing or damaged checkpoint is refused before binding
+    warnings = startup.check_modes(checkpoint, tokens)  # refused before anything is written
     key = key or checkpoint / "receipt-key.pem"
     if not key.exists():
         receipts.write_key_pair(key, key.with_suffix(".pub"))
+    warnings += startup.check_modes(key=key)
     private = receipts.load_private_key(key)
-    app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body)
+    app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body)  # anchored verify
+    for w in warnings + app.state.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    sock = startup.bind(host, port)  # a busy port: one error line, exit 2, before claiming to serve
     typer.echo(f"serving {checkpoint} on http://{host}:{port} (public key {receipts.public_key_hex(private)})")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
 
 
 def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),

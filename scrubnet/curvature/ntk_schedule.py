@@ -12,7 +12,6 @@ in docs/decisions/index.md).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 
 FISHER_TRACE_MODES = ("sampled", "exact")
 
@@ -51,7 +52,7 @@ def sample_model_labels(model: nn.Module, x: Tensor, generator: torch.Generator,
                         ) -> Tensor:
     """ŷ (M·S,) ∼ p_w(·|x_i), S = ``label_samples`` per input, in the order x_1 (S times), x_2, …; eval mode."""
     with eval_mode(model), torch.no_grad():
-        probs = torch.softmax(model(x).double(), dim=-1)
+        probs = torch.softmax(call_model(model, x).double(), dim=-1)
     draws = torch.multinomial(probs.to(generator.device), label_samples, replacement=True, generator=generator)
     return draws.reshape(-1).to(x.device)
 

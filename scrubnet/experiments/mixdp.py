@@ -44,6 +44,7 @@ from scrubnet.privacy.linear import error_rate, fit_full_batch, loss_per_sample,
 from scrubnet.privacy.model import FrozenFeatureLinear, save_private_classifier
 from scrubnet.privacy.noisygd import PRESETS, NoisyGDConfig, preset, train_private
 from scrubnet.training import TrainConfig, pretrain
+from scrubnet.models.call import call_model
 
 PRIVATE_METHODS = ("adamix", "noisygd", "public-init-dp")
 METHODS = PRIVATE_METHODS + ("only-public", "paragon")
@@ -197,10 +198,10 @@ def embed(cfg: MixDPConfig, split, seed: int) -> Embedded:
     net.head = torch.nn.Identity()
     net.eval()
     with torch.no_grad():
-        center = net(split.x_core).mean(0)
+        center = call_model(net, split.x_core).mean(0)
 
         def feats(x):
-            return normalise_features(net(x) - center)
+            return normalise_features(call_model(net, x) - center)
 
         x_all, x_test = feats(split.x), feats(split.x_test)
     rng = np.random.default_rng(10_009 * seed + 5)

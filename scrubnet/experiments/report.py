@@ -116,10 +116,20 @@ def report_warnings(results: dict) -> list[str]:
                             + (f" ({100 * err:.1f} % left)" if isinstance(err, (int, float)) else "")
                             + "; the protocol's stopping rule did not fire (raise train.max_epochs or lower "
                             "train.wd)")
+            elif k == "original" and (p.get("original_train_error") or 0) > 0:
+                warn.append(f"seed {seed}: the original model stopped at {100 * p['original_train_error']:.1f} % "
+                            "training error, not 0 % (it reached 0 % at epoch "
+                            f"{p.get('original_zero_error_epoch')} and rose again): it is not the interpolating "
+                            "minimum the curvature methods and the re-learn readout assume")
+    added = (results["config"].get("resolved") or {}).get("anchors_added")
+    if added:
+        warn.append(f"the run named no {' and no '.join(added)}: added ({', '.join(added)}), since every "
+                    "comparison of this report is with them")
     for m, d in results["methods"].items():
         for run in d.get("runs", []):
             if run.get("failed"):
                 warn.append(f"seed {run['seed']}: method {m} failed: " + "; ".join(run["failed"]))
+            warn.extend(f"seed {run['seed']}: `{m}`: {w}" for w in run.get("warnings") or [])
     bands = sorted({d.get("band", "retrain") for m, d in results["methods"].items() if m != "original"}
                    & set(results["methods"]))
     for b in bands:
@@ -135,6 +145,33 @@ def report_warnings(results: dict) -> list[str]:
     for m, seeds in objective_raised(results).items():
         warn.append(f"`{m}` raised its own objective (objective_after > objective_before) on seeds {seeds}")
     return warn
+
+
+def verdict_lines(results: dict) -> list[str]:
+    """The forgetting verdicts (D_f against the test set, no retrained model needed) as a table: a row per
+    method with the verdicts' counts over seeds and the mean AUCs before and after; empty without verdicts."""
+    rows = []
+    for m, d in results["methods"].items():
+        vs = [r["forgetting"] for r in d.get("runs", []) if r.get("forgetting")]
+        if not vs:
+            continue
+        counts: dict[str, int] = {}
+        for v in vs:
+            counts[v["verdict"]] = counts.get(v["verdict"], 0) + 1
+        cell = ", ".join(f"{k} ×{n}" for k, n in counts.items())
+        mean = lambda k: sum(v[k] for v in vs) / len(vs)  # noqa: E731
+        rows.append(f"| {m} | {cell} | {mean('auc_before'):.2f} | {mean('auc_after'):.2f} | "
+                    f"{mean('auc_retain_heldout'):.2f} | {vs[0]['statistic']} |")
+    if not rows:
+        return []
+    return ["## Forgetting verdict (no retrained model needed)", "",
+            "Does D_f look like data the model never saw? AUC of D_f against the test examples of D_f's labels "
+            "(0.5: like unseen data, 1: memorised) under the original (before) and the method's model (after); "
+            "D_r vs test under the original says how much the model tells members apart at all. Means over "
+            "seeds; the verdict per seed (forgot, partly, did_not_forget, moved_wrong_way, inconclusive, "
+            "nothing_to_measure). The retrain comparison above remains the judge where both exist.", "",
+            "| method | verdicts over seeds | AUC before | AUC after | AUC D_r vs test | statistic |",
+            "|---|---|---|---|---|---|"] + rows + [""]
 
 
 def _readout_table(results: dict, cols: list[str], degenerate: set) -> list[str]:
@@ -218,6 +255,7 @@ def render_report(results: dict) -> str:
         lines += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
     degenerate = mia_degenerate(results)
     lines += ["## Readouts", ""] + _readout_table(results, core, degenerate) + [""]
+    lines += verdict_lines(results)
     info = [r for r in extra if r.startswith("info_") or r in ("loss_retain", "loss_test")]
     if info:
         lines += ["## Losses and information (nats)", ""] + _readout_table(results, info, degenerate) + [""]

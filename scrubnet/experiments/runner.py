@@ -9,8 +9,14 @@ readouts over seeds (std with ddof=0, as ``numpy.std``).
 ``results.json`` layout::
 
     {"config": {...},
-     "methods": {"<method>": {"runs": [{"seed": s, "time_s": t, "readouts": {...}}],
+     "methods": {"<method>": {"runs": [{"seed": s, "time_s": t, "readouts": {...},
+                                        "forgetting": {...} | null, "warnings": [...]}],
                               "summary": {"<readout>": {"mean": m, "std": s}}}}}
+
+``forgetting`` is the forgetting verdict of the run (:mod:`scrubnet.readouts.forgetting`: D_f against the test
+set, before and after, no retrained model needed); it is kept out of the readouts and the summary. The two
+anchors (original, retrain) are always run: a run naming neither gets them added
+(``config.resolved.anchors_added``), since every comparison of the report is with them.
 """
 from __future__ import annotations
 
@@ -91,6 +97,12 @@ def resolve_methods(cfg: ExperimentConfig, split: Split) -> list[str]:
     return list(cfg.methods)
 
 
+def with_anchors(methods: list[str]) -> tuple[list[str], list[str]]:
+    """(``methods`` with the original and retrain anchors first where missing, the anchors added)."""
+    added = [a for a in (anchor_method("original"), anchor_method("retrain")) if a and a not in methods]
+    return added + list(methods), added
+
+
 def prepare_seed(cfg: ExperimentConfig, seed: int, device: torch.device | str | None = None) -> SeedRun:
     """Pre-train, build w_0, fine-tune the original and retrain the gold standard for ``seed``, with the data
     and the models on ``device`` (default CPU; the model is initialised on the CPU, then moved, so every
@@ -116,15 +128,20 @@ def configured_method(name: str, sr: SeedRun, options: dict | None = None) -> Fo
     return protocol_method(name, **opts)
 
 
-def scrub_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ForgetResult, float]:
+def scrub_method(name: str, sr: SeedRun, options: dict | None = None, *,
+                 verdict: bool = False) -> tuple[ForgetResult, float]:
     """Run one method on the seed's original model through :func:`scrubnet.scrub.scrub_and_measure` (the one
-    scrub path; its retain-error rule reported in ``checks``, not failing the run, so the protocol's results
-    record the method's own verdict); returns the result and its wall time (s, the checks included)."""
+    scrub path; its retain-error rule reported in ``checks`` and a failing forgetting verdict in ``warnings``,
+    neither failing the run, so the protocol's results record the method's own verdict); returns the result
+    and its wall time (s, the checks included, the forgetting verdict not). ``verdict``: also judge D_f
+    against the test set (``result.forgetting``)."""
     method = configured_method(name, sr, options)
     ctx = copy.copy(sr.ctx)  # methods may add to ctx.cache (shared dict) but not rebind the fields
     t0 = time.perf_counter()
-    out = scrub_and_measure(method, sr.original, sr.split.retain, sr.split.forget, ctx, retain_rule="report")
-    return out, time.perf_counter() - t0
+    test = sr.split.test if verdict and len(sr.split.y_test) else None
+    out = scrub_and_measure(method, sr.original, sr.split.retain, sr.split.forget, ctx, retain_rule="report",
+                            test=test, on_not_forgotten="warn")
+    return out, time.perf_counter() - t0 - out.report.get("verdict_seconds", 0.0)
 
 
 def run_method(name: str, sr: SeedRun, options: dict | None = None) -> tuple[ScrubResult, float]:
@@ -252,13 +269,13 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
     device = torch.device(device or "cpu")
 
     split = get_split(cfg)
-    methods = resolve_methods(cfg, split)
+    methods, added = with_anchors(resolve_methods(cfg, split))
     results: dict = {"config": cfg.to_dict(), "methods": {m: {"runs": []} for m in methods}}
     results["config"]["resolved"] = {"methods": methods, "num_classes": split.num_classes,
                                      "n_retain": int(len(split.retain_idx)), "n_forget": int(len(split.forget_idx)),
                                      "n_test": int(len(split.y_test)), "n_core": int(len(split.y_core)),
                                      "forget_class": split.forget_class, "data_fingerprint": split.fingerprint(),
-                                     "device": str(device)}
+                                     "device": str(device), "anchors_added": added}
     hist_data: dict[str, dict] = {}
     total = len(cfg.seeds) * (len(methods) + 1)
     with make_progress(enabled=progress, console=console) as bar:
@@ -276,10 +293,12 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
             steps: dict[str, nn.Module] = {}
             for m in methods:
                 bar.update(task, description=f"seed {seed}: {m}")
-                checked, t = scrub_method(m, sr)
+                checked, t = scrub_method(m, sr, verdict=True)
                 res = checked.scrub
                 readouts = measure(m, res, sr)
-                run = {"seed": seed, "time_s": t, "readouts": readouts}
+                run = {"seed": seed, "time_s": t, "readouts": readouts,
+                       "forgetting": None if checked.forgetting is None else checked.forgetting.to_dict(),
+                       "warnings": list(checked.warnings)}
                 if not res.ok:  # the method says it did not do what it claims: the report warns
                     run["failed"] = list(res.reasons)
                 results["methods"][m]["runs"].append(run)

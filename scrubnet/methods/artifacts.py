@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import torch
 from torch import Tensor, nn
 
+from scrubnet.models.call import ModelInputs
+
 T = TypeVar("T")
 Weights = nn.Module | Mapping[str, Tensor]
 
@@ -49,11 +51,17 @@ def weights_fingerprint(*weights: Weights | None) -> str:
 
 
 def data_fingerprint(*tensors: Tensor | None) -> str:
-    """sha256 over the given tensors (dtype, shape and bytes each; ``None`` counts as an absent tensor)."""
+    """sha256 over the given tensors (dtype, shape and bytes each; ``None`` counts as an absent tensor; a
+    :class:`~scrubnet.models.call.ModelInputs` counts with every field and its name)."""
     h = hashlib.sha256()
     for t in tensors:
         if t is None:
             h.update(b"none|")
+        elif isinstance(t, ModelInputs):  # the main input, then each extra under its name
+            _update_tensor(h, t.main)
+            for name, v in sorted(t.extras.items()):
+                h.update(f"extra:{name}|".encode())
+                _update_tensor(h, v)
         else:
             _update_tensor(h, torch.as_tensor(t))
     return h.hexdigest()

@@ -35,14 +35,16 @@ from torch import Tensor, nn
 
 from scrubnet._config import ConfigValueError, check_value
 from scrubnet.curvature.attention import jvp_safe_attention
-from scrubnet.data.stream import BatchKeys, as_stream
+from scrubnet.data.stream import BatchKeys, as_stream, inputs_finite
+from scrubnet.device import model_device
 from scrubnet.methods.artifacts import ArtifactCache
 from scrubnet.models import eval_mode, find_classifier
+from scrubnet.models.call import Inputs, call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
 from scrubnet.training.cost import CostEstimate, estimating_on
 
-Data = tuple[Tensor, Tensor]
+Data = tuple[Inputs, Tensor]
 
 
 def as_tensors(data, keys: BatchKeys | None = None) -> Data:
@@ -129,17 +131,19 @@ class ForgetContext:
     @classmethod
     def from_recipe(cls, model: nn.Module, recipe: TrainingRecipe | None = None, *, num_classes: int | None = None,
                     seed: int = 0, forget_class: int | None = None, classifier: str | None = None,
-                    cache: ArtifactCache | None = None) -> "ForgetContext":
+                    cache: ArtifactCache | None = None, probe: Inputs | None = None) -> "ForgetContext":
         """The context of a user's model trained with ``recipe`` (default: ordinary training, no weight decay).
 
         ``num_classes`` defaults to the output features of the model's classifier (found as
-        ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``); the stationarity check is on.
+        ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``), else, when no classifier is
+        found, to the width of the model's output on ``probe`` (one batch of inputs, e.g. the first chunk of
+        D_r: a nested head such as ``wrapper.bert.classifier`` needs no name); the stationarity check is on.
         """
         recipe = TrainingRecipe() if recipe is None else recipe
         if not isinstance(recipe, TrainingRecipe):
             raise TypeError(f"recipe must be a TrainingRecipe, got {type(recipe).__name__}")
         if num_classes is None:
-            num_classes = find_classifier(model, classifier)[1].out_features
+            num_classes = infer_num_classes(model, probe, classifier)
         if not (isinstance(num_classes, int) and num_classes >= 2):
             raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
         recipe.center_for(model)  # refuse a centre that does not fit the model now, not inside a method
@@ -175,6 +179,35 @@ def protocol_context(start: nn.Module, train: TrainConfig, *, num_classes: int, 
                          retrain_mode=retrain_mode, cache=cache or ArtifactCache())
 
 
+def infer_num_classes(model: nn.Module, probe: Inputs | None = None, classifier: str | None = None) -> int:
+    """The class count c: the output features of the model's classifier (:func:`~scrubnet.models.find_classifier`),
+    else the width of ``model``'s logits on ``probe`` (one batch, eval mode, no gradient).
+
+    Raises ``ValueError`` naming ``classifier=`` and ``num_classes=`` when neither is available.
+    """
+    try:
+        return find_classifier(model, classifier)[1].out_features
+    except ValueError:
+        if classifier is not None:
+            raise
+        if probe is None:
+            raise ValueError("cannot tell the model's class count: no nn.Linear classifier under head, fc or "
+                             "classifier and no data to run it on; give num_classes=C (or classifier='dotted.name')"
+                             ) from None
+    with torch.no_grad(), eval_mode(model):
+        logits = call_model(model, probe[:min(len(probe), 2)].to(model_device(model)))
+    return int(logits.shape[-1])
+
+
+def first_inputs(data) -> Inputs | None:
+    """The inputs of the first chunk of ``data`` (a stream or (x, y)), or None when it is empty."""
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return data[0] if len(data[0]) else None
+    for x, _ in as_stream(data).chunks():
+        return x
+    return None
+
+
 @dataclass
 class WeightGaussian:
     """N(mean, diag var) over named trainable parameters: what a noisy scrub samples its weights from.
@@ -198,7 +231,8 @@ class ScrubResult:
     supply the models its readouts must be compared with (activation distance to the retrain model,
     re-learn threshold); left ``None`` the protocol's retrain and original models are used.
     ``ok`` is False when the method did not do what it claims (a solver at its iteration cap, diverging or
-    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each.
+    ending above its tolerance, a refused step); ``reasons`` says why, one sentence each. ``warnings``: what
+    the user must know though the method did what it claims (e.g. a Newton step damped to a near no-op).
     """
 
     model: nn.Module
@@ -208,6 +242,7 @@ class ScrubResult:
     original: nn.Module | None = None
     ok: bool = True
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> "ScrubResult":
         """Mark the result failed for ``reason`` (kept with the others); returns self."""
@@ -276,6 +311,10 @@ class ForgettingMethod(ABC):
                        Fisher's α tuned on the embedded default); a user's call gets the class defaults.
     band_reference:    the method whose readout band this one is judged against (default the retrain model).
     in_default_run:    run when an experiment names no methods.
+    forgets:           its purpose is forgetting D_f (default True): a forgetting verdict of did_not_forget or
+                       moved_wrong_way fails it (:mod:`scrubnet.scrub`). False for the anchors (the original,
+                       the gold standards) and for ``hiding`` (masks outputs only, a baseline of what is not
+                       forgetting).
     anchor:            the protocol role of an anchor method, ``"original"`` (the trained model) or
                        ``"retrain"`` (the gold standard), None for a scrub: anchors are listed first in a run's
                        tables, the separation checks compare them, and in the audit their rows are the pool's
@@ -297,6 +336,7 @@ class ForgettingMethod(ABC):
     protocol_options: ClassVar[dict] = {}
     band_reference: ClassVar[str] = "retrain"
     in_default_run: ClassVar[bool] = True
+    forgets: ClassVar[bool] = True
     anchor: ClassVar[str | None] = None
     audit_scrub_cost: ClassVar[str] = "cheap"
     figure_step: ClassVar[str | None] = None
@@ -380,7 +420,7 @@ class ForgettingMethod(ABC):
             checks = [(retain[0], "D_r"), (forget[0], "D_f")]
         require_finite_model(model, "the model to scrub")
         for x, part in checks:
-            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            if not inputs_finite(x):
                 raise ValueError(f"the inputs of {part} contain non-finite values (NaN or inf)")
         # forward-mode AD has no rule for the fused CPU attention kernels: the math kernel computes the same
         # softmax(QKᵀ/√d)V with differentiable primitives (docs/decisions/own-model.md, "SDPA under forward-mode AD")
@@ -523,7 +563,7 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     x1 = x_probe[:1]
     if num_classes is None:
         with eval_mode(model), torch.no_grad():
-            num_classes = int(model(x1).shape[-1])
+            num_classes = int(call_model(model, x1).shape[-1])
     estimating_on(x1.device)
     est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
     est.method = method

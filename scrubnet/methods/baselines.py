@@ -27,6 +27,7 @@ from scrubnet.data.stream import DataStream
 from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
 from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, batch_loss, l2_pull, retrain as retrain_fn, sgd_loop
 from scrubnet.training.cost import copy_cost, train_cost
+from scrubnet.models.call import call_model, cat_inputs
 
 
 #: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10)
@@ -73,7 +74,7 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
             batches = data.chunks()
         for xb, yb in batches:
             xb, yb = xb.to(dev), yb.to(dev)
-            _step(model, opt, per_sample_loss(model(xb), yb, r.curvature_loss).mean(), ctx, center)
+            _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.curvature_loss).mean(), ctx, center)
     return model.eval()
 
 
@@ -118,11 +119,15 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
             idx = order[i:i + r.batch_size]
             from_r = idx < n_r
             xr, yr = retain.take(idx[from_r])
-            xb = torch.empty((len(idx),) + tuple(x_f.shape[1:]), dtype=x_f.dtype, device=dev)
-            yb = torch.empty(len(idx), dtype=y_f.dtype, device=dev)
-            xb[from_r.to(dev)], yb[from_r.to(dev)] = xr.to(dev, x_f.dtype), yr.to(dev)
-            xb[~from_r.to(dev)], yb[~from_r.to(dev)] = x_f[(idx[~from_r] - n_r).to(dev)], y_f[(idx[~from_r] - n_r).to(dev)]
-            _step(model, opt, batch_loss(model(xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
+            sel_f = (idx[~from_r] - n_r).to(dev)
+            # the batch in the permutation's order: position j holds D_r's next sample or D_f's
+            pos = torch.empty(len(idx), dtype=torch.long)
+            pos[from_r] = torch.arange(int(from_r.sum()))
+            pos[~from_r] = int(from_r.sum()) + torch.arange(int((~from_r).sum()))
+            pos = pos.to(dev)
+            xb = cat_inputs([xr.to(dev, x_f.dtype), x_f[sel_f]])[pos]
+            yb = torch.cat([yr.to(dev, y_f.dtype), y_f[sel_f]])[pos]
+            _step(model, opt, batch_loss(call_model(model, xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
                                          cap if negate else None), ctx, center)
     return model.eval()
 
@@ -141,6 +146,7 @@ class Original(ForgettingMethod):
 
     needs_retain = False
     anchor = "original"
+    forgets = False
     options = {}
 
     def scrub(self, model, retain, forget, ctx):
@@ -173,6 +179,7 @@ class Retrain(ForgettingMethod):
     """
 
     anchor = "retrain"
+    forgets = False  # the gold standard: judged by nothing, the others are judged against it
     options = {"mode": Option(str | None, choices=RETRAIN_MODES)}
 
     @classmethod
@@ -281,7 +288,7 @@ class NegGrad(ForgettingMethod):
         if retain.kind != "tensors":
             return ScrubResult(_finetune_mixed_stream(model, retain, x_f, y_f, ctx, negate=True, epochs=self.epochs,
                                                       lr=self.lr, seed_offset=1))
-        x = torch.cat([retain.x, x_f])
+        x = cat_inputs([retain.x, x_f])
         y = torch.cat([retain.y, y_f])
         dev = retain.y.device
         neg = torch.cat([torch.zeros(len(retain.y), dtype=torch.bool, device=dev),
@@ -327,7 +334,7 @@ class RandomLabels(ForgettingMethod):
         if retain.kind != "tensors":
             return ScrubResult(_finetune_mixed_stream(model, retain, x_f, y_rand, ctx, negate=False,
                                                       epochs=self.epochs, lr=self.lr, seed_offset=2), info=info)
-        x = torch.cat([retain.x, x_f])
+        x = cat_inputs([retain.x, x_f])
         y = torch.cat([retain.y, y_rand])
         return ScrubResult(_finetune(model, x, y, ctx, epochs=self.epochs, lr=self.lr, seed_offset=2), info=info)
 
@@ -352,6 +359,7 @@ class Hiding(ForgettingMethod):
 
     needs_retain = False
     class_only = True
+    forgets = False  # masks the outputs only: the baseline of what does not count as forgetting
     passes = "0"
     options = {"classifier": Option(str | None)}
 

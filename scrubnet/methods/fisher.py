@@ -45,6 +45,7 @@ from scrubnet.data.stream import DataStream, as_stream
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
 from scrubnet.training.cost import fisher_diagonal_cost
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 
 DEFAULT_ALPHA = 3e-6
 FORMS = ("code", "paper")
@@ -198,7 +199,7 @@ def _stream_mean_loss(model: nn.Module, data: DataStream) -> float:
     total, n = 0.0, 0
     with torch.no_grad(), eval_mode(model):
         for x, y in data.chunks():
-            total += float(F.cross_entropy(model(x), y, reduction="sum"))
+            total += float(F.cross_entropy(call_model(model, x), y, reduction="sum"))
             n += len(y)
     return total / max(n, 1)
 

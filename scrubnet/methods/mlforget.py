@@ -161,6 +161,8 @@ class MLForgetRetrain(_MLBase):
         ``ml_num_user_weights``.
     """
 
+    forgets = False  # a gold standard, not a scrub
+
     def scrub(self, model, retain, forget, ctx: ForgetContext) -> ScrubResult:
         art = ml_artifacts(ctx, self.cfg)
         info = {"sigma": self.cfg.sigma, **art["sizes"]}

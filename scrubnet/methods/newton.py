@@ -57,6 +57,7 @@ from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
 from scrubnet.data.stream import DataStream
 from scrubnet.recipe.objective import pull_mask_and_anchor, stream_ggn_matvec, stream_loss_and_grad
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 
 
 SAFEGUARDS = ("backtrack", "lm", "none")
@@ -80,7 +81,7 @@ def _retain_objective(model: nn.Module, flat: Tensor, retain, *, loss: str, wd: 
     total, n = 0.0, 0
     with torch.no_grad(), eval_mode(probe):
         for xb, yb in _batches(retain, batch_size):
-            total += float(per_sample_loss(probe(xb), yb, loss).sum())
+            total += float(per_sample_loss(call_model(probe, xb), yb, loss).sum())
             n += len(yb)
     pull = mask * (flat - anchor)
     return total / n + 0.5 * wd * float(pull @ pull)
@@ -93,7 +94,7 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
     wrong, ce, n = 0, 0.0, 0
     with torch.no_grad(), eval_mode(probe):
         for xb, yb in _batches(retain, batch_size):
-            logits = probe(xb)
+            logits = call_model(probe, xb)
             wrong += int((logits.argmax(1) != yb).sum())
             ce += float(per_sample_loss(logits, yb, "ce").sum())
             n += len(yb)
@@ -131,7 +132,8 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     most ``error_tolerance`` (t = 0 when no halving passes; ``data_rejections`` counts the halvings). δᵀHδ comes for free from the CG residual: (H + μI)δ ≈ g ⇒ δᵀHδ ≈ gᵀδ − μ‖δ‖².
 
     Returns (a new model at h(w), the last CG :class:`SolveInfo`, diagnostics: grad_norm, step_norm (of the
-    accepted t·δ), full_step_norm (‖δ‖), objective_before/objective_after (L_r), objective_full_step (L_r at
+    accepted t·δ), full_step_norm (‖δ‖), undamped_step_norm (‖δ‖ of the first solve, at the initial damping),
+    objective_before/objective_after (L_r), objective_full_step (L_r at
     w − δ of the last solve), step_length t, damping μ, damping_tries, line_search_trials, rho (at the
     accepted point), cg_iterations_total). ``model`` is not modified.
     """
@@ -169,6 +171,8 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
 
         delta, info = conjugate_gradient(hvp, grad, tol=tol, max_iter=max_iter)
         cg_total += info.iterations
+        if tries == 0:  # the step at the initial damping: what the safeguard shortened, if it did
+            first_norm = float(torch.linalg.vector_norm(delta))
         slope = float(grad @ delta)                              # gᵀδ: decrease rate along −δ at t = 0
         curvature = slope - mu * float(delta @ delta)            # δᵀHδ from (H + μI)δ ≈ g
         obj_full = objective(w - delta)
@@ -209,6 +213,7 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
     diag = {"grad_norm": float(torch.linalg.vector_norm(grad)),
             "step_norm": t * float(torch.linalg.vector_norm(delta)),
             "full_step_norm": float(torch.linalg.vector_norm(delta)),
+            "undamped_step_norm": first_norm,
             "objective_before": obj_before, "objective_after": obj_after, "objective_full_step": obj_full,
             "step_length": t, "damping": mu, "damping_tries": float(tries),
             "line_search_trials": float(trials), "rho": rho_t, "cg_iterations_total": float(cg_total),
@@ -234,6 +239,9 @@ def newton_noise_variance(model: nn.Module, retain, *, alpha: float, wd: float, 
         var[name] = (math.sqrt(alpha) * b.rsqrt()).to(p.dtype)
     return mean, var
 
+
+#: a safeguarded step shorter than this fraction of the step at the initial damping is a near no-op (warned)
+NEAR_NOOP_FRACTION = 0.1
 
 #: Levenberg–Marquardt damping used when the recipe has no weight decay (wd = 0): G_r alone is singular
 ZERO_WD_DAMPING = 1e-3
@@ -363,8 +371,15 @@ class NewtonScrub(ForgettingMethod):
             **cg.as_dict("newton_cg_"), **{f"newton_{k}": v for k, v in diag.items()},
             "objective_before": diag["objective_before"], "objective_after": diag["objective_after"]}
         info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
+        self._near_noop_check(info)
         noise = None if var is None else WeightGaussian(mean, var)
         res = ScrubResult(model=out.eval(), info=info, noise=noise)
+        if info["newton_near_noop"]:
+            res.warnings.append(
+                f"the Newton step was damped to a near no-op: the accepted step is {info['newton_step_fraction']:.3g} "
+                f"of the step at the initial damping (μ {info['newton_damping']:.3g} after "
+                f"{int(info['newton_damping_tries'])} re-solves, step length t = {info['newton_step_length']:.3g}, "
+                f"‖Δw‖ = {info['newton_step_norm']:.3g}); expect the forget readouts at the original's")
         if not cg.converged:
             res.fail(f"CG stopped after {cg.iterations} of at most {self.max_iter} iterations with relative "
                      f"residual {cg.relative_residual:.3g} above its tolerance {self.tol:g}"
@@ -373,6 +388,15 @@ class NewtonScrub(ForgettingMethod):
             res.fail("no Newton step passed the safeguards (retain objective, retain fit): the weights are "
                      "unchanged")
         return res
+
+    @staticmethod
+    def _near_noop_check(info: dict) -> None:
+        """``newton_step_fraction`` = ‖accepted t·δ‖ / ‖δ at the initial damping‖ and ``newton_near_noop``
+        (1.0 when below :data:`NEAR_NOOP_FRACTION`: the safeguard, not the curvature, decided the step)."""
+        first = info["newton_undamped_step_norm"]
+        frac = info["newton_step_norm"] / first if first > 0 else 1.0
+        info["newton_step_fraction"] = frac
+        info["newton_near_noop"] = float(info["newton_step_length"] > 0 and frac < NEAR_NOOP_FRACTION)
 
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian | None:
         """The same procedure at ``model``: its Newton step h, then the Prop. 4 Gaussian at h (None if alpha = 0)."""

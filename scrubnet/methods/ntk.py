@@ -68,6 +68,7 @@ from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_
                                     trainable_numel)
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.fisher import DEFAULT_LOSS_BUDGET, alpha_for_budget, fisher_noise, stream_fisher
+from scrubnet.models.call import call_model, cat_inputs
 
 LINEARIZE_AT = ("trained", "w0")
 PULLS = ("point", "w0")
@@ -128,7 +129,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
         raise ValueError("the retain set is empty")
     lin = model if lin_model is None else lin_model
     n_r, n = len(y_r), len(y_r) + len(y_f)
-    x = torch.cat([x_r, x_f]) if len(y_f) else x_r
+    x = cat_inputs([x_r, x_f]) if len(y_f) else x_r
     y = torch.cat([y_r, y_f]) if len(y_f) else y_r
     if batch_size is None:
         batch_size = batch_for_budget(lin, x, memory_budget_bytes // 4)
@@ -149,7 +150,7 @@ def ntk_direction(model: nn.Module, retain: tuple[Tensor, Tensor], forget: tuple
     with torch.no_grad():
         was = lin.training
         lin.eval()
-        logits = torch.cat([lin(x[s:s + batch_size]) for s in range(0, n, batch_size)])
+        logits = torch.cat([call_model(lin, x[s:s + batch_size]) for s in range(0, n, batch_size)])
         lin.train(was)
     if logits.shape[1] != num_classes:
         raise ValueError(f"model has {logits.shape[1]} outputs, num_classes is {num_classes}")
@@ -469,9 +470,9 @@ class NTKFisherScrub(NTKScrub):
     def noise_at(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> WeightGaussian:
         """Fisher noise at ``model`` with its own Fisher on D_r (the retrain model needs no NTK step)."""
         gen = torch.Generator(device=get_flat(model).device).manual_seed(0)
-        _, mean, var = fisher_noise(model, retain, generator=gen,
-                                    cache=ctx.cache,
-                                    **self._noise_options(ctx))
+        # the retain data may arrive as a stream (scrubnet.forget(..., reference=...)): its Fisher is streamed
+        fisher = stream_fisher(model, as_stream(retain), "true", None, ctx.cache)
+        _, mean, var = fisher_noise(model, None, generator=gen, fisher=fisher, **self._noise_options(ctx))
         return WeightGaussian(mean, var)
 
     def scrub(self, model: nn.Module, retain, forget, ctx: ForgetContext) -> ScrubResult:
@@ -482,8 +483,10 @@ class NTKFisherScrub(NTKScrub):
             fisher = stream_fisher(res.model, as_stream(retain), "true", None, ctx.cache)
             self.alpha_used = alpha_for_budget(res.model, fisher, self.budget, num_classes=ctx.num_classes,
                                                form=self.form)
-        noisy, mean_s, var_s = fisher_noise(res.model, retain, generator=gen, cache=ctx.cache if self.alpha is None
-                                            else None, **self._noise_options(ctx))
+        if self.alpha is not None:
+            fisher = stream_fisher(res.model, as_stream(retain), "true", None, None)
+        noisy, mean_s, var_s = fisher_noise(res.model, None, generator=gen, fisher=fisher,
+                                            **self._noise_options(ctx))
         info = dict(res.info)
         info["alpha"] = self.alpha_used
         info["fisher_seconds"] = time.perf_counter() - t0

@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.ntk import DEFAULT_BUDGET, jacobian_vjp, ntk_gram
 from scrubnet.models.linearized import LinearizedModel
+from scrubnet.models.call import call_model, floating_to
 
 
 def jacobian_network(model: LinearizedModel) -> nn.Module:
@@ -72,14 +73,14 @@ def base_residuals(net: nn.Module, x: Tensor, y: Tensor, num_classes: int, targe
     outs = []
     with torch.no_grad():
         for i in range(0, len(x), batch_size):
-            outs.append(net(x[i:i + batch_size].double()))
+            outs.append(call_model(net, floating_to(x[i:i + batch_size], torch.float64)))
     f0 = torch.cat(outs)
     return f0 - target_scale * F.one_hot(y, num_classes).double()
 
 
 def weights_from_coefficients(net: nn.Module, x: Tensor, a: Tensor, batch_size: int = 256) -> Tensor:
     """w = −Jᵀa: one VJP through the core network; x (N, ...), a (N, c) → (p,) float64."""
-    return -jacobian_vjp(net, x.double(), a, batch_size=batch_size)
+    return -jacobian_vjp(net, floating_to(x, torch.float64), a, batch_size=batch_size)
 
 
 def dual_fit(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, mu: float,
@@ -91,7 +92,7 @@ def dual_fit(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, mu:
     n = len(y)
     net = jacobian_network(model)
     t0 = time.perf_counter()
-    k = ntk_gram(net, x.double(), memory_budget_bytes=memory_budget_bytes)
+    k = ntk_gram(net, floating_to(x, torch.float64), memory_budget_bytes=memory_budget_bytes)
     t1 = time.perf_counter()
     r = base_residuals(net, x, y, num_classes, target_scale).reshape(-1, 1)
     lam = n * mu
@@ -153,7 +154,7 @@ class DualFactor:
               target_scale: float = 5.0, memory_budget_bytes: int = DEFAULT_BUDGET) -> "DualFactor":
         """Gram of the samples ``x[ids]`` (sample-major rows) and its eigendecomposition. ``x, y`` = all of D."""
         net = jacobian_network(model)
-        xs = x[ids].double()
+        xs = floating_to(x[ids], torch.float64)
         t0 = time.perf_counter()
         k = ntk_gram(net, xs, memory_budget_bytes=memory_budget_bytes)
         t1 = time.perf_counter()
@@ -200,10 +201,11 @@ class DualFactor:
         res_vec = torch.where(keep_rows, ka + lam_r * a - r_t, torch.zeros((), dtype=a.dtype))
         rel = float(torch.linalg.vector_norm(res_vec) / torch.linalg.vector_norm(r_t).clamp_min(1e-300))
         return a.reshape(-1, c), {"relative_residual": rel, "removed_rows": int(removed.numel()),
-                                  "dual_rows": self.rows}
+                                  "dual_rows": self.rows, "coefficient_norm": float(torch.linalg.vector_norm(a))}
 
-    def fit(self, model: LinearizedModel, x: Tensor, keep: Tensor) -> tuple[Tensor, dict]:
-        """w*(ids[keep]) = −J_Rᵀ a_R: (w in the model's dtype, info). ``x`` = all of D."""
+    def fit(self, model: LinearizedModel, x: Tensor, keep: Tensor, dtype: torch.dtype | None = None
+            ) -> tuple[Tensor, dict]:
+        """w*(ids[keep]) = −J_Rᵀ a_R: (w in ``dtype``, default the model's, info). ``x`` = all of D."""
         t0 = time.perf_counter()
         a, info = self.coefficients(keep)
         t1 = time.perf_counter()
@@ -211,4 +213,4 @@ class DualFactor:
         net = self.net if self.net is not None else jacobian_network(model)
         w = weights_from_coefficients(net, x[sel], a[keep])
         info.update({"solve_s": t1 - t0, "vjp_s": time.perf_counter() - t1})
-        return w.to(model.delta[0].dtype), info
+        return w.to(dtype or model.delta[0].dtype), info

@@ -36,6 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
+from scrubnet.mlforget.certify import (refusal, residual_bound, rounding_bound_a_priori, rounding_error,
+                                      solve_rounding_bound, stored_certificate)
 from scrubnet.mlforget.dual import DualFactor, dual_fit
 from scrubnet.mlforget.objective import UserObjective
 from scrubnet.mlforget.prefix import PrefixSplit
@@ -48,7 +50,7 @@ from scrubnet.mlforget.solve import (
     fit_user_weights_sgd,
     newton_step,
 )
-from scrubnet.models.call import as_float64
+from scrubnet.models.call import floating_to
 from scrubnet.models.linearized import LinearizedModel, convert_relu_to_leaky
 from scrubnet.training import TrainConfig, finetune
 
@@ -159,7 +161,7 @@ class MLState:
     def objective64(self, x: Tensor, y: Tensor, model: LinearizedModel | None = None) -> UserObjective:
         """The objective on a float64 copy of the ML module (the exact CG solves run in float64)."""
         m = self.model if model is None else model
-        return UserObjective(copy.deepcopy(m).double(), as_float64(x), y, self.num_classes, self.config.mu,
+        return UserObjective(copy.deepcopy(m).double(), floating_to(x, torch.float64), y, self.num_classes, self.config.mu,
                              self.config.target_scale, self.config.chunk)
 
     def primal_shape(self) -> tuple[int, bool]:
@@ -372,7 +374,8 @@ def reference_noise(cfg: MLConfig, out: ForgetOutcome, seed: int) -> Tensor:
 
 
 def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: float | None = None,
-                   noise_seed: int = 0, apply: bool = True, budget_nats: float | None = None) -> ForgetOutcome:
+                   noise_seed: int = 0, apply: bool = True, budget_nats: float | None = None,
+                   verify_stored: bool = False) -> ForgetOutcome:
     """ML-Forgetting of one request: on the remaining data D_r (user ids minus the forgotten ones minus
     ``ids``), the exact step w' = w_u − H_{D_r}⁻¹ g_{D_r}(w_u) = argmin L_{D_r}; then w_u ← w' + σ·ε,
     ε ~ N(0, I) drawn from ``torch.Generator().manual_seed(noise_seed)``. ``x_all, y_all`` = all of D.
@@ -388,7 +391,10 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     ``budget_nats`` (default ``config.solver.budget_nats``): a certified request — CG stops as soon as the
     proven bound on KL(scrubbed ‖ retrained) at σ is ≤ the budget (:func:`~scrubnet.mlforget.solve.certified_cg`)
     and refuses (``ValueError``) when it cannot; every request's ``info.extra['certificate']`` holds the bound
-    (:func:`certificate`).
+    on the weights *as stored* (float32 rounding included, :mod:`scrubnet.mlforget.certify`), and an exact
+    (primal, dual) request whose bound misses the budget — the float32 rounding alone can — is refused too.
+    ``verify_stored``: also the a-posteriori bound from the stored weights' float64 gradient over D_r (one
+    JVP and two VJPs per chunk; :func:`~scrubnet.mlforget.certify.residual_bound`); the smaller one is kept.
     With ``apply`` the state is updated (weights and forgotten ids)."""
     ids = check_forget_ids(state, ids)
     sigma = state.config.sigma if sigma is None else float(sigma)
@@ -405,31 +411,26 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
         raise ValueError(f"budget_nats must be a finite number > 0, got {budget}")
     lin, h = state.space(x_all)
     exact = state.exact_solver(len(state.remaining_ids()))
+    w64 = None
     if solver.solver == "sgd":
         delta, info = newton_step(state.objective(h[remaining], y_all[remaining], lin), w, solver, generator=gen)
         w_prime = w - delta
     elif exact == "primal":
-        w_prime, info = _primal_step(state, x_all, y_all, remaining)
+        w64, info = _primal_step(state, x_all, y_all, remaining)
     elif exact == "dual":
-        w_prime, info = _dual_step(state, x_all, y_all, remaining)
+        w64, info = _dual_step(state, x_all, y_all, remaining)
     else:
-        obj = state.objective64(h[remaining], y_all[remaining], lin)
-        t1 = time.perf_counter()
-        built = state.precond is None
-        rem_all = state.remaining_ids()
-        precond = _precond_for(state, state.objective64(h[rem_all], y_all[rem_all], lin) if built else obj, gen)
-        t2 = time.perf_counter()
-        # certified: the proven weight error that keeps KL(N(w', σ²I) ‖ N(w*, σ²I)) = ‖w' − w*‖²/(2σ²) ≤ budget
-        target = sigma * math.sqrt(2.0 * budget) if budget is not None and sigma > 0 else None
-        delta, info = newton_step(obj, w.double(), SolverConfig(**{**asdict(solver), "solver": "cg"}),
-                                  generator=gen, precond=precond, target_error=target)
-        w_prime = (w.double() - delta).to(w.dtype)
-        info.extra["precond_build_s"] = (t2 - t1) if built else 0.0
-        if target is not None and not info.extra["converged"]:
-            raise ValueError(f"the certified request did not reach its budget of {budget} nats within "
-                             f"{solver.cg_max_iter} CG iterations (proven weight error "
-                             f"{info.extra['weight_error_bound']:.3g} > {target:.3g}); nothing was applied")
-    info.extra["certificate"] = certificate(info.extra.get("weight_error_bound"), sigma, budget, info)
+        w64, info = _cg_step(state, lin, h, y_all, remaining, w, gen, sigma, budget)
+    if w64 is not None:
+        w_prime = w64.to(w.dtype)
+    posterior = None
+    if verify_stored:
+        posterior, pinfo = residual_bound(state.objective64(h[remaining], y_all[remaining], lin), w_prime)
+        info.extra["posterior_products"] = pinfo["products"]
+    cert = stored_certificate(info, w64, w_prime, sigma, budget, posterior)
+    info.extra["certificate"] = cert
+    if budget is not None and w64 is not None and not cert["within_budget"]:
+        raise ValueError(refusal(cert))
     eps = torch.randn(w.shape, generator=gen, dtype=w.dtype)
     w_new = w_prime + sigma * eps if sigma > 0 else w_prime.clone()
     info.seconds = time.perf_counter() - t0
@@ -442,19 +443,53 @@ def forget_request(state: MLState, x_all: Tensor, y_all: Tensor, ids, *, sigma: 
     return ForgetOutcome(w_prime, w_new, info)
 
 
-def certificate(weight_error_bound: float | None, sigma: float, budget: float | None, info: StepInfo) -> dict:
-    """The request's certificate: a proven bound ε ≥ ‖w' − w*‖ (w' scrubbed before noise, w* the exact
-    retrained weights) and KL(N(w', σ²I) ‖ N(w*, σ²I)) ≤ ε²/(2σ²) nats (``inf`` at σ = 0 unless ε = 0)."""
-    eps = float("nan") if weight_error_bound is None else float(weight_error_bound)
-    if eps != eps:
-        kl = float("nan")  # the SGD step proves nothing
-    elif sigma > 0:
-        kl = eps * eps / (2.0 * sigma * sigma)
-    else:
-        kl = 0.0 if eps == 0 else float("inf")
-    return {"kl_bound_nats": kl, "sigma": float(sigma), "weight_error_bound": eps,
-            "residual": float(info.relative_residual), "budget_nats": budget, "solver": info.solver,
-            "within_budget": None if budget is None else bool(kl <= budget)}
+def _cg_step(state: MLState, lin, h: Tensor, y_all: Tensor, remaining: Tensor, w: Tensor, gen: torch.Generator,
+             sigma: float, budget: float | None) -> tuple[Tensor, StepInfo]:
+    """w' (float64) by CG warm-started at ``w``; certified (:func:`certified_cg`) when a budget is set, with a
+    target ε = σ√(2B) less an a-priori bound on the storage rounding — re-solved once to a target less the
+    exact rounding when that bound was too optimistic (the caller refuses a request still over budget)."""
+    solver = state.config.solver
+    obj = state.objective64(h[remaining], y_all[remaining], lin)
+    t1 = time.perf_counter()
+    built = state.precond is None
+    rem_all = state.remaining_ids()
+    precond = _precond_for(state, state.objective64(h[rem_all], y_all[rem_all], lin) if built else obj, gen)
+    t2 = time.perf_counter()
+    # certified: the proven weight error that keeps KL(N(w', σ²I) ‖ N(w*, σ²I)) = ‖w' − w*‖²/(2σ²) ≤ budget
+    target = sigma * math.sqrt(2.0 * budget) if budget is not None and sigma > 0 else None
+    cfg = SolverConfig(**{**asdict(solver), "solver": "cg"})
+    w_norm = float(torch.linalg.vector_norm(w.double()))
+    tries = [] if target is None else [max(target - rounding_bound_a_priori(2 * w_norm + target, w.dtype, w.numel()),
+                                           0.5 * target)]
+    for k in range(2 if tries else 1):
+        delta, info = newton_step(obj, w.double(), cfg, generator=gen, precond=precond,
+                                  target_error=tries[k] if tries else None)
+        w64 = w.double() - delta
+        ex = info.extra
+        d_norm, g_norm = float(torch.linalg.vector_norm(delta)), float(info.grad_norm or 0.0)
+        # L ≥ λ_max(H_R) estimated (×2): the Nyström sketch's top eigenvalue of F_U scaled to D_r, or the
+        # Rayleigh-like ‖g‖/‖Δ‖ (g ≈ HΔ); only the 1e-16-relative fp term uses it
+        lam = g_norm / max(d_norm, 1e-300)
+        if isinstance(precond, NystromPreconditioner) and precond.rank:
+            lam = max(lam, float(precond.lam[0]) * len(rem_all) / len(remaining) + obj.mu)
+        k_sum = min(obj.chunk, obj.n) * obj.num_classes + w.numel() + 4
+        ex["float64_error_bound"] = (solve_rounding_bound(k_sum, 2 * lam, obj.mu, d_norm + 2 * w_norm, g_norm)
+                                     + 2.0 ** -53 * float(torch.linalg.vector_norm(w64)))
+        if target is None or not ex["converged"]:
+            break
+        rho = rounding_error(w64, w64.to(w.dtype))
+        slack = target - rho - ex["float64_error_bound"]
+        if ex["weight_error_bound"] <= slack or slack <= 0 or k:
+            break
+        tries.append(0.99 * slack)
+    ex["precond_build_s"] = (t2 - t1) if built else 0.0
+    if target is not None:
+        ex["certified_solves"] = len(tries)
+    if target is not None and not ex["converged"]:
+        raise ValueError(f"the certified request did not reach its budget of {budget} nats within "
+                         f"{solver.cg_max_iter} CG iterations (proven weight error "
+                         f"{ex['weight_error_bound']:.3g} > {tries[-1]:.3g}); nothing was applied")
+    return w64, info
 
 
 def _rebuild_reason(fac, remaining: Tensor) -> str:
@@ -478,33 +513,41 @@ def _current_factor(state: MLState, attr: str, build, x_all: Tensor, y_all: Tens
 
 
 def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
-    """w' = argmin L_{remaining} by the Woodbury downdate on the state's primal factor (built or rebuilt)."""
+    """w' = argmin L_{remaining} (float64) by the Woodbury downdate on the state's primal factor (built or
+    rebuilt)."""
     t0 = time.perf_counter()
     fac, rebuilt = _current_factor(state, "primal", build_primal, x_all, y_all, remaining)
     t1 = time.perf_counter()
     lin, h = state.space(x_all)
-    w_prime, d = fac.fit(lin, h, y_all, torch.isin(fac.ids, remaining))
+    w_prime, d = fac.fit(lin, h, y_all, torch.isin(fac.ids, remaining), dtype=torch.float64)
     extra = {"primal_rows": d["primal_rows"], "primal_block": d["primal_block"], "removed_rows": d["removed_rows"],
              "solve_s": d["solve_s"], "weight_error_bound": d["weight_error_bound"],
-             "factor_build_s": t1 - t0 if rebuilt else 0.0, "factor_rebuilt": rebuilt or "no",
+             "float64_error_bound": d["float64_error_bound"], "factor_build_s": t1 - t0 if rebuilt else 0.0,
+             "factor_rebuilt": rebuilt or "no",
              "factor_source": "rebuilt" if rebuilt else fac.source}
     return w_prime, StepInfo("primal", 0, d["relative_residual"], None, None, 0.0, extra)
 
 
 def _dual_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor) -> tuple[Tensor, StepInfo]:
-    """w' = argmin L_{remaining} by the Schur complement on the state's factor (built or rebuilt if needed)."""
+    """w' = argmin L_{remaining} (float64) by the Schur complement on the state's factor (built or rebuilt)."""
     t0 = time.perf_counter()
     fac, rebuilt = _current_factor(state, "factor", build_factor, x_all, y_all, remaining)
     t1 = time.perf_counter()
     lin, h = state.space(x_all)
     keep = torch.isin(fac.ids, remaining)
-    w_prime, d = fac.fit(lin, h, keep)
+    w_prime, d = fac.fit(lin, h, keep, dtype=torch.float64)
     # ‖w − w*‖ = ‖J_Rᵀ δa‖ ≤ √λ_max(K) · ‖dual residual‖/λ_R (λ_min(K_RR + λ_R I) ≥ λ_R = n_R µ)
     n_r = int(keep.sum())
     r_norm = float(torch.linalg.vector_norm(fac.residuals[keep]))
-    bound = float(fac.eigvals.max().clamp_min(0.0)) ** 0.5 * d["relative_residual"] * r_norm / (n_r * fac.mu)
+    lam_r, lam_max = n_r * fac.mu, float(fac.eigvals.max().clamp_min(0.0))
+    bound = lam_max ** 0.5 * d["relative_residual"] * r_norm / lam_r
+    # float64 rounding: of the dual residual (3 products with Q, the m×m solve), then of the VJP −J_Rᵀa
+    a_norm = d["coefficient_norm"]
+    fp = (lam_max ** 0.5 * solve_rounding_bound(3 * fac.rows + d["removed_rows"] + 4, lam_max + lam_r, lam_r,
+                                                a_norm, r_norm)
+          + solve_rounding_bound(n_r * fac.num_classes + 2, lam_max ** 0.5, 1.0, a_norm, 0.0))
     extra = {"dual_rows": d["dual_rows"], "removed_rows": d["removed_rows"], "solve_s": d["solve_s"],
-             "weight_error_bound": bound,
+             "weight_error_bound": bound, "float64_error_bound": fp,
              "vjp_s": d["vjp_s"], "factor_build_s": t1 - t0 if rebuilt else 0.0,
              "factor_rebuilt": rebuilt or "no", "factor_source": "rebuilt" if rebuilt else fac.source}
     return w_prime, StepInfo("dual", 0, d["relative_residual"], None, None, 0.0, extra)

@@ -30,6 +30,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 
 from scrubnet.models.linearized import LinearizedModel
+from scrubnet.models.call import call_model, input_parts
 
 
 def _module_touches(target: str, names: set[str]) -> bool:
@@ -131,8 +132,8 @@ class PrefixSplit:
         split = cls(model, *parts, chunk=chunk)
         if check is not None and len(check):
             with torch.no_grad():
-                full = model.base(check)
-                via = split.suffix_model.base(split.prefix(check))
+                full = call_model(model.base, check)
+                via = call_model(split.suffix_model.base, call_model(split.prefix, check))
             tol = 1e3 * torch.finfo(full.dtype).eps * float(full.abs().max().clamp_min(1.0))
             if full.shape != via.shape or float((full - via).abs().max()) > tol:
                 return None
@@ -160,12 +161,12 @@ class PrefixSplit:
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:
         """h(x), streamed in chunks of ``chunk`` samples, cached for the last input tensor seen."""
-        key = (x.data_ptr(), tuple(x.shape), x.dtype, x.device, getattr(x, "_version", 0))
+        key = tuple((t.data_ptr(), tuple(t.shape), t.dtype, t.device, getattr(t, "_version", 0)) for t in input_parts(x))
         if self._key == key and self._x is x:
             return self._h
         t0 = time.perf_counter()
-        outs = [self.prefix(x[i:i + self.chunk]) for i in range(0, len(x), self.chunk)]
-        h = torch.cat(outs) if outs else self.prefix(x[:0])
+        outs = [call_model(self.prefix, x[i:i + self.chunk]) for i in range(0, len(x), self.chunk)]
+        h = torch.cat(outs) if outs else call_model(self.prefix, x[:0])
         self.seconds += time.perf_counter() - t0
         self._key, self._x, self._h = key, x, h
         return h

@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call
 
+from scrubnet.mlforget.certify import solve_rounding_bound
 from scrubnet.mlforget.rows import per_sample_jacobian
-from scrubnet.models.call import as_float64, call_functional
 from scrubnet.models.linearized import LinearizedModel
+from scrubnet.models.call import call_functional, floating_to
 
 
 def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, target_scale: float,
@@ -54,9 +54,9 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
     buffers = {n: b.double() if b.is_floating_point() else b for n, b in net.named_buffers()}
     if block:
         for i in range(0, len(x), chunk):
-            xb = x[i:i + chunk].double()
+            xb = floating_to(x[i:i + chunk], torch.float64)
             with torch.no_grad():
-                f0 = functional_call(net, (params, buffers), (xb,))
+                f0 = call_functional(net, (params, buffers), xb)
             r = f0 - target_scale * F.one_hot(y[i:i + chunk], num_classes).double()
             phi = xb.reshape(len(xb), -1)
             if len(model.linearized_names) == 2:
@@ -65,7 +65,7 @@ def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, 
         return
     lin = list(model.linearized_names)
     for i in range(0, len(x), chunk):
-        xb = as_float64(x[i:i + chunk])
+        xb = floating_to(x[i:i + chunk], torch.float64)
         j = per_sample_jacobian(net, params, buffers, lin, xb, num_classes).reshape(len(xb) * num_classes, -1)
         with torch.no_grad():
             f0 = call_functional(net, (params, buffers), xb)
@@ -153,11 +153,13 @@ class PrimalFactor:
     def rows(self) -> int:
         return int(self.eigvecs.shape[0])
 
-    def fit(self, model: LinearizedModel, x: Tensor, y: Tensor, keep: Tensor, chunk: int = 256
-            ) -> tuple[Tensor, dict]:
-        """w*(ids[keep]) by the Woodbury downdate (module docstring): (w in the model's dtype, info with
-        ``relative_residual``, ``removed_rows``, ``primal_rows``, ``solve_s``, ``weight_error_bound`` =
-        ‖residual‖/λ_R ≥ ‖w − w*‖ because λ_min(A_R + λ_R I) ≥ λ_R). ``x, y`` = all samples (solve space)."""
+    def fit(self, model: LinearizedModel, x: Tensor, y: Tensor, keep: Tensor, chunk: int = 256,
+            dtype: torch.dtype | None = None) -> tuple[Tensor, dict]:
+        """w*(ids[keep]) by the Woodbury downdate (module docstring): (w in ``dtype``, default the model's, info
+        with ``relative_residual``, ``removed_rows``, ``primal_rows``, ``solve_s``, ``weight_error_bound`` =
+        ‖residual‖/λ_R ≥ ‖w₆₄ − w*‖ because λ_min(A_R + λ_R I) ≥ λ_R, ``float64_error_bound`` = the float64
+        rounding of that residual, :func:`~scrubnet.mlforget.certify.solve_rounding_bound` with k = n_U + 3q +
+        m + 4: accumulation, eigendecomposition and residual). ``x, y`` = all samples (solve space)."""
         t0 = time.perf_counter()
         n_r = int(keep.sum())
         if n_r == 0:
@@ -191,8 +193,12 @@ class PrimalFactor:
         info = {"relative_residual": rel, "removed_rows": int(removed.numel()) * (1 if self.block else
                                                                                    self.num_classes),
                 "primal_rows": self.rows, "primal_block": self.block, "solve_s": time.perf_counter() - t0,
-                "weight_error_bound": res_norm / lam_r}
-        return weights_from_block(model, w, self.block).to(model.delta[0].dtype), info
+                "weight_error_bound": res_norm / lam_r,
+                "float64_error_bound": solve_rounding_bound(
+                    len(self.ids) * (1 if self.block else self.num_classes) + 3 * self.rows + int(removed.numel())
+                    + 4, float(ev.max()) + lam_r, lam_r, float(torch.linalg.vector_norm(w)),
+                    float(torch.linalg.vector_norm(b_r)))}
+        return weights_from_block(model, w, self.block).to(dtype or model.delta[0].dtype), info
 
 
 def primal_fit(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, mu: float, target_scale: float,

@@ -7,8 +7,10 @@ The network's weights are the core weights w_c as given (frozen, eval mode: Batc
 statistics). The layers named by ``linearize`` (parameter-name prefixes; default: the head, found as
 ``head``, ``fc``, ``classifier``, ``get_classifier()`` or the last ``nn.Linear``) become the linear part:
 their trained values are **discarded** and replaced by a data-independent centre (``center='zero'``: zeros,
-the default for a head alone; ``'init'``: the layers' own ``reset_parameters()`` under ``seed``, needed when
-more than the head is linearised, since a zero head has a zero Jacobian for every layer before it), and the
+the default for a head that is one affine layer; ``'init'``: the layers' own ``reset_parameters()`` under
+``seed``, the default when more than one layer is linearised — a head that is a two-layer ``Sequential``
+included — since at a zero centre every layer but the last has a zero Jacobian, and the last one's inputs
+vanish too: a zero centre there is refused with that reason), and the
 user weights w_u are trained from 0 on (x, y) with the mean MSE to s·onehot + (µ/2)‖w_u‖² — the exact
 minimiser, by the solver chosen by size (primal, dual or CG).
 
@@ -27,6 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from scrubnet.mlforget.model import MLConfig, MLState, train_exact_factored
+from scrubnet.models import eval_mode
+from scrubnet.models.call import Inputs, call_model, input_parts
 from scrubnet.models.linearized import LinearizedModel, select_parameter_names
 
 
@@ -48,6 +52,16 @@ def find_head(model: nn.Module) -> str:
         return linears[-1]
     raise ValueError("no classifier head found (no head/fc/classifier, no get_classifier(), no nn.Linear); "
                      "name the layers to linearise")
+
+
+def _owning_layers(model: nn.Module, names: list[str]) -> list[str]:
+    """The modules owning the linearised parameters ``names`` (those holding a weight), in order."""
+    owners = []
+    for n in names:
+        owner = n.rsplit(".", 1)[0] if "." in n else ""
+        if n.endswith("weight") and owner not in owners:
+            owners.append(owner)
+    return owners
 
 
 @torch.no_grad()
@@ -73,27 +87,37 @@ def _reset(model: nn.Module, names: list[str], center: str, seed: int) -> None:
                     p.copy_(fp[pn])  # parameters only: buffers (running statistics) stay as trained
 
 
-def ml_from_network(model: nn.Module, x: Tensor, y: Tensor, num_classes: int | None = None, *,
+def ml_from_network(model: nn.Module, x: Inputs, y: Tensor, num_classes: int | None = None, *,
                     linearize: list[str] | str | None = None, config: MLConfig | None = None,
                     center: str | None = None, seed: int = 0) -> MLState:
     """The ML model of ``model`` on the user data (x, y) (module docstring): all N samples are user data,
     deletable; no core ids. ``config`` defaults to ``MLConfig(leaky_slope=None)`` (the user's activations
-    are kept); its ``linearize`` is replaced by the names linearised here. Returns the trained state."""
+    are kept); its ``linearize`` is replaced by the names linearised here. ``x`` may be a
+    :class:`~scrubnet.models.call.ModelInputs` (e.g. token ids with an attention mask); ``num_classes``
+    defaults to the width of the network's output on the first samples. Returns the trained state."""
     if len(x) != len(y) or len(y) == 0:
         raise ValueError(f"x and y must hold the same positive number of samples, got {len(x)} and {len(y)}")
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    if not all(bool(torch.isfinite(t).all()) for t in input_parts(x) if t.is_floating_point()):
         raise ValueError("the data x contain non-finite values (NaN or inf)")
-    c = int(num_classes) if num_classes is not None else int(y.max()) + 1
+    if num_classes is None:  # the width of the network's output on one batch
+        with torch.no_grad(), eval_mode(model):
+            num_classes = int(call_model(model, x[:2]).shape[-1])
+    c = int(num_classes)
     if int(y.min()) < 0 or int(y.max()) >= c:
         raise ValueError(f"labels must lie in [0, {c}), got [{int(y.min())}, {int(y.max())}]")
     prefixes = [find_head(model)] if linearize is None else ([linearize] if isinstance(linearize, str)
                                                              else list(linearize))
     core = copy.deepcopy(model).eval()
     names = select_parameter_names(core, prefixes)
+    layers = _owning_layers(core, names)
     if center is None:
-        center = "zero" if linearize is None else "init"
+        center = "zero" if linearize is None and len(layers) == 1 else "init"
     if center not in ("zero", "init"):
         raise ValueError(f"center must be 'zero' or 'init', got {center!r}")
+    if center == "zero" and len(layers) > 1:
+        raise ValueError(f"center='zero' linearises {len(layers)} layers ({', '.join(layers[:3])}) at zero, where "
+                         "the Jacobian of every layer but the last vanishes (and the last one's inputs with it): "
+                         "the linear model could fit nothing but biases; use center='init'")
     _reset(core, names, center, seed)
     cfg = copy.deepcopy(config) if config is not None else MLConfig(leaky_slope=None)
     cfg.linearize = list(prefixes)

@@ -119,19 +119,35 @@ pytree.register_pytree_node(ModelInputs, _flatten, _unflatten,
 Inputs = Union[Tensor, ModelInputs]
 
 
+def floating_to(x: Inputs, dtype: torch.dtype) -> Inputs:
+    """``x`` with its floating tensors cast to ``dtype``; integer and boolean inputs (token ids, masks) kept.
+
+    Parameters
+    ----------
+    x : Tensor or ModelInputs, shape (n, ...)
+    dtype : torch.dtype
+        A floating dtype (e.g. ``torch.float64`` for the solvers that work in double precision).
+
+    Returns
+    -------
+    Tensor or ModelInputs of the same structure and shapes.
+    """
+    if isinstance(x, ModelInputs):
+        return ModelInputs(floating_to(x.main, dtype), {k: floating_to(v, dtype) for k, v in x.extras.items()})
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def input_parts(x: Inputs) -> list[Tensor]:
+    """Every tensor of ``x``: ``[x]`` for a tensor, the main input then the extras for a ModelInputs."""
+    return [x.main, *x.extras.values()] if isinstance(x, ModelInputs) else [x]
+
+
 def cat_inputs(parts: Iterable[Inputs]) -> Inputs:
     """Concatenate inputs along the sample dimension (tensors or :class:`ModelInputs`)."""
     parts = list(parts)
     if parts and isinstance(parts[0], ModelInputs):
         return ModelInputs.cat(parts)
     return torch.cat(parts)
-
-
-def as_float64(x: Inputs) -> Inputs:
-    """``x`` with its floating tensors in float64; integer tensors (token ids, masks) keep their dtype."""
-    if isinstance(x, ModelInputs):
-        return x.to(torch.float64)
-    return x.double() if x.is_floating_point() else x
 
 
 def as_logits(out: Any) -> Tensor:

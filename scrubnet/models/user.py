@@ -1,4 +1,11 @@
-"""The user's own model, from the command line: a factory and a weights file.
+"""The user's own model, from the command line: a factory (or a HuggingFace directory) and a weights file.
+
+**HuggingFace directory.** ``hf:DIR`` loads ``AutoModelForSequenceClassification.from_pretrained(DIR,
+local_files_only=True)`` (``config.json`` and the weights in DIR; nothing is downloaded; ``--model-option``
+values are passed to ``from_pretrained``). Its forward takes the token ids positionally and the further
+inputs (``attention_mask``, ``token_type_ids`` …) as keyword arguments, as the ``.npz``'s ``train_<name>``
+arrays give them; its ``ModelOutput``'s ``.logits`` are read. The weights file may be DIR's own
+``model.safetensors``, or scrubbed weights scrubnet wrote for it.
 
 **Factory.** ``FILE.py:NAME`` (a Python file) or ``MODULE:NAME`` (an importable module, e.g. ``mypkg.nets:make``)
 names a callable that builds the *untrained* architecture: ``NAME(**options)`` must return an ``nn.Module``
@@ -55,8 +62,36 @@ def split_factory_spec(spec: str) -> tuple[str, str]:
     return source, name
 
 
+#: the prefix of a HuggingFace model directory in ``--model``
+HF_PREFIX = "hf:"
+
+
+def load_hf_model(directory: str | Path, options: dict[str, Any] | None = None) -> nn.Module:
+    """``AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True, **options)``,
+    in eval mode; ``UserModelError`` naming the cause (no transformers, no such directory, a bad config)."""
+    path = Path(directory)
+    if not (path / "config.json").is_file():
+        raise UserModelError(f"--model hf:{directory}: not a HuggingFace model directory (no config.json)")
+    try:
+        from transformers import AutoModelForSequenceClassification
+    except ImportError as e:
+        raise UserModelError(f"--model hf:{directory} needs the transformers package (pip install "
+                             f"'scrubnet[hf]'): {e}") from None
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
+                                                                   **(options or {}))
+    except Exception as e:  # noqa: BLE001 - transformers raises many types on a bad directory
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserModelError(f"--model hf:{directory}: from_pretrained failed: {type(e).__name__}: {first}") from None
+    return model.eval()
+
+
 def factory_source_sha256(spec: str) -> str | None:
-    """sha256 of the factory's Python file (None for a module spec): recorded in what scrubnet writes."""
+    """sha256 of the factory's Python file (None for a module spec; for ``hf:DIR`` that of DIR's config.json):
+    recorded in what scrubnet writes."""
+    if spec.startswith(HF_PREFIX):
+        cfg = Path(spec[len(HF_PREFIX):]) / "config.json"
+        return hashlib.sha256(cfg.read_bytes()).hexdigest() if cfg.is_file() else None
     source, _ = split_factory_spec(spec)
     path = Path(source)
     if source.endswith(".py") and path.is_file():
@@ -111,7 +146,10 @@ def load_factory(spec: str):
 
 
 def build_user_model(spec: str, options: dict[str, Any] | None = None) -> nn.Module:
-    """``factory(**options)`` of :func:`load_factory`, checked to be an ``nn.Module``; in eval mode."""
+    """``factory(**options)`` of :func:`load_factory` (``hf:DIR``: :func:`load_hf_model`), checked to be an
+    ``nn.Module``; in eval mode."""
+    if spec.startswith(HF_PREFIX):
+        return load_hf_model(spec[len(HF_PREFIX):], options)
     factory = load_factory(spec)
     try:
         model = factory(**(options or {}))

@@ -13,9 +13,17 @@ Endpoints (JSON; errors are ``{"error": "..."}``):
     GET  /v1/log             role read: the request log, the model and the chain's verification
     GET  /operator           the operator page (HTML; it reads /v1/log with the token given after ``#``)
 
-Status codes: 401 missing or unknown bearer token, 403 a role the token lacks, 422 a malformed body, header
-or id list (ids are checked as ``scrubnet mlforget forget`` checks them), 413 a body over ``max_body`` bytes,
-404 an unknown request.
+Status codes: 401 missing or unknown bearer token, 403 a role the token lacks, 422 a malformed body (JSON
+nested deeper than 16 levels included), header or id list (ids are checked as ``scrubnet mlforget forget``
+checks them; whether an id is already forgotten only for admin, so no answer depends on other tenants'
+requests), 413 a body over ``max_body`` bytes, 404 an unknown request or another submitter's (the same
+answer), 503 once the worker halted on a record that does not verify.
+
+Tenants: a token's name is its identity (unique; an unnamed token is named by a hash of itself). An
+Idempotency-Key is scoped to the identity that sent it (stored under a tag of the identity): a replay finds
+only the sender's own submission. The ids are shown to their submitter and admin; the salt and the
+idempotency key to their submitter only. Trust in the record: :mod:`scrubnet.serve.anchor` (signed receipts
+and signed head, verified at start and before each pass of the worker).
 
 The store is the queue (its ``submissions`` table) and the source of truth: a POST inserts a queued row and
 returns; the worker applies the oldest queued row through :func:`scrubnet.mlforget.store.apply_submission`
@@ -35,7 +43,7 @@ import contextlib
 from pathlib import Path
 
 from scrubnet.mlforget import store
-from scrubnet.serve import receipts
+from scrubnet.serve import anchor, receipts
 from scrubnet.serve.auth import ROLES, Token, authorised, read_tokens, resolve_token
 from scrubnet.serve.http import HTTPError, Service
 from scrubnet.serve.worker import Worker, issue_receipts
@@ -91,8 +99,10 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     Parameters
     ----------
     checkpoint : str or Path
-        An ML checkpoint of the current store format (verified read-only here; a previous format is refused
-        with a ``StoreError`` naming ``scrubnet mlforget upgrade``).
+        An ML checkpoint of the current store format, verified read-only here against its chain, its signed
+        receipts and its signed head (:func:`scrubnet.serve.anchor.verify`): a record that does not verify
+        is refused with a ``StoreError`` naming every problem; a previous format is refused with one naming
+        ``scrubnet mlforget upgrade``.
     tokens : dict
         ``{bearer token: Token}`` (:func:`read_tokens`).
     key : Ed25519PrivateKey
@@ -109,15 +119,23 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     Returns
     -------
     Starlette
-        ``app.state.service`` the routes' context, ``app.state.worker`` the worker thread.
+        ``app.state.service`` the routes' context, ``app.state.worker`` the worker thread,
+        ``app.state.warnings`` lines for the operator (requests committed outside the service since the last
+        signed head: the start-up vouches for them).
     """
     if Starlette is None:
         raise ValueError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     path = Path(checkpoint)
-    store.verify(path)  # refuses a missing, unreadable or old-format checkpoint before serving; writes nothing
+    check = anchor.verify(path, key.public_key())  # read-only; an old format is refused (StoreError)
+    if not check["valid"]:
+        raise store.StoreError(f"{path}: the record does not verify, refusing to serve it: "
+                               + "; ".join(check["problems"]))
     worker = Worker(path, key, data_loader)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids)
     app = Starlette(routes=_routes(), lifespan=_lifespan)
+    late = [i for i in check["unanchored"] if i > check["anchored_through"] >= 0]
+    app.state.warnings = [f"requests {', '.join(f'#{i}' for i in late)} were committed outside the service since "
+                          "its last signed head; the worker signs the record with them now"] if late else []
     app.state.service, app.state.worker, app.state.start_worker = service, worker, start_worker
     return app

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +31,32 @@ class Token:
 
 def read_tokens(path: str | Path) -> dict[str, Token]:
     """Tokens from a file of lines ``TOKEN ROLES [NAME]`` (ROLES: comma-separated submit, read, admin;
-    ``#`` starts a comment). Tokens are at least 16 characters and unique; the name defaults to
-    ``token-<line>``. ``ValueError`` naming the line otherwise."""
+    ``#`` starts a comment).
+
+    Parameters
+    ----------
+    path : str or Path
+        The tokens file.
+
+    Returns
+    -------
+    dict
+        ``{token: Token}``. A token's name is its identity (the owner of its submissions): names are unique
+        (a second token with the same name is refused), and an unnamed token is named by a hash of the token
+        itself (``token-<12 hex>``), so editing other lines of the file never changes who owns what.
+
+    Raises
+    ------
+    ValueError
+        Naming the line: a token under 16 characters, listed twice, unknown roles, a duplicate name.
+    """
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise ValueError(f"--tokens {path}: {e.strerror or e}") from None
     out: dict[str, Token] = {}
+    names: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
@@ -51,10 +70,21 @@ def read_tokens(path: str | Path) -> dict[str, Token]:
             raise ValueError(f"--tokens {path} line {n}: roles must be among {', '.join(ROLES)}, got {parts[1]!r}")
         if tok in out:
             raise ValueError(f"--tokens {path} line {n}: this token is listed twice")
-        out[tok] = Token(parts[2] if len(parts) == 3 else f"token-{n}", roles)
+        name = parts[2] if len(parts) == 3 else token_name(tok)
+        if name in names:
+            raise ValueError(f"--tokens {path} line {n}: the name {name!r} is already used on line {names[name]} "
+                             "(a name is an identity: give each token its own)")
+        names[name] = n
+        out[tok] = Token(name, roles)
     if not out:
         raise ValueError(f"--tokens {path}: no tokens listed")
     return out
+
+
+def token_name(token: str) -> str:
+    """The identity of an unnamed token: ``token-`` and the first 12 hex digits of its sha256 (stable whatever
+    the token's line in the file; reveals nothing usable about the token)."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def resolve_token(headers, tokens: dict[str, Token], role: str | None) -> Token:

@@ -10,6 +10,8 @@ A receipt is a JSON object (format ``RECEIPT_FORMAT``)::
     sigma, remaining_information_bound_nats  σ and the bound on the information left (see below)
     solver                                   every figure the solver recorded (the store's whole info dict)
     record_hash, previous_record_hash        the request's link in the store's record chain and its predecessor's
+    record_digests                           sha256 of every field of the request's row (as the chain computes
+                                             them): a verifier names the field edited after signing
     previous_receipt_sha256                  sha256 of the previous receipt this server issued (null for the first)
     public_key                               the signer's Ed25519 public key (hex, 32 bytes)
     signature                                Ed25519 over the canonical JSON of every other field (hex)
@@ -90,18 +92,24 @@ def public_key_hex(key) -> str:
 
 
 def build_receipt(request: dict, submission: dict, record_hash: str, previous_record_hash: str | None,
-                  previous_receipt_sha256: str | None, key) -> dict:
-    """The signed receipt of committed ``request`` (a store row) for ``submission`` (a queue row)."""
+                  previous_receipt_sha256: str | None, key, record_digests: dict | None = None) -> dict:
+    """The signed receipt of committed ``request`` (a store row) for ``submission`` (a queue row).
+
+    ``record_digests`` (the sha256 of every field of the request's row, as the record chain computes them)
+    lets a verifier name the field of the row that was edited after signing. The submitter's idempotency key
+    is not in the receipt: receipts are shown to the read role, keys belong to their submitter."""
     _require()
     bound, basis = information_bound(request["solver"], request["sigma"])
     body = {"format": RECEIPT_FORMAT, "request_id": request["id"], "submission_id": submission["id"],
-            "idempotency_key": submission["idempotency_key"], "time_utc": request["time_utc"],
+            "time_utc": request["time_utc"],
             "kind": request["kind"], "n_ids": request["n_ids"], "ids_sha256": submission["ids_hash"],
             "sha256_before": request["sha256_before"], "sha256_after": request["sha256_after"],
             "sigma": request["sigma"], "remaining_information_bound_nats": bound, "bound_basis": basis,
             "solver": json.loads(json.dumps(request["solver"])), "record_hash": record_hash,
             "previous_record_hash": previous_record_hash, "previous_receipt_sha256": previous_receipt_sha256,
             "public_key": public_key_hex(key)}
+    if record_digests is not None:
+        body["record_digests"] = dict(record_digests)
     return {**body, "signature": key.sign(canonical(body)).hex()}
 
 

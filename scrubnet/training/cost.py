@@ -36,6 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, plan_fisher
 from scrubnet.curvature.ntk import activation_numel_per_sample
 from scrubnet.models import eval_mode
+from scrubnet.models.call import call_model
 
 # achieved FLOP rate / float32 GEMM rate, one thread, fitted by least squared log-ratio on the cases of
 # benchmarks/cost_check.py ("Cost model" in docs/decisions/index.md): "train" = SGD steps (forward + backward +
@@ -154,7 +155,7 @@ def matmul_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int 
 def forward_flops(model: nn.Module, x1: Tensor) -> float:
     """FLOPs of one sample's forward pass (matmuls and convolutions), eval mode."""
     with eval_mode(model), torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(x1[:1])
+        call_model(model, x1[:1])
     return float(counter.get_total_flops())
 
 
@@ -164,7 +165,7 @@ def train_step_flops(model: nn.Module, x1: Tensor) -> float:
     eval mode; the model's ``.grad`` and buffers are left untouched."""
     params = [p for p in model.parameters() if p.requires_grad]
     with eval_mode(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
-        out = model(x1[:1])
+        out = call_model(model, x1[:1])
         target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
         torch.autograd.grad(F.cross_entropy(out, target), params, allow_unused=True)
     return float(counter.get_total_flops())

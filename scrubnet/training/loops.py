@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from scrubnet._config import strict_from_dict
 from scrubnet.curvature.progress import current_progress
+from scrubnet.models.call import call_model
 from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
@@ -151,7 +152,7 @@ def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 1024) -> Tenso
     """Logits of ``model`` in eval mode, batched; the model's train/eval mode is restored."""
     was_training = model.training
     model.eval()
-    out = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else \
+    out = torch.cat([call_model(model, x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else \
         torch.zeros(0, device=x.device)
     model.train(was_training)
     return out
@@ -258,7 +259,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
         order = order.to(x.device)
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
-            logits = model(x[idx] if augment_now is None else augment_now(x[idx]))
+            logits = call_model(model, x[idx] if augment_now is None else augment_now(x[idx]))
             loss = batch_loss(logits, y[idx], loss_fn, None if ascent is None else ascent[idx], ascent_cap)
             if w0 is not None and wd_now > 0:
                 loss = loss + 0.5 * wd_now * l2_pull(model, w0)

@@ -32,6 +32,7 @@ linear layer; the printed (N−1)I + α_i is the formula for *adding* a sample).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,7 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.kfac import KFACFactor, KFACPreconditioner, compute_kfac, kfac_layers, param_name
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
+from scrubnet.models.call import call_model
 from scrubnet.models.linearized import LinearizedModel
 
 
@@ -76,7 +78,7 @@ def lqf_model(start: nn.Module, cfg: LQFConfig) -> LinearizedModel:
 
 def lqf_loss(model: LinearizedModel, x: Tensor, y: Tensor, cfg: LQFConfig, num_classes: int) -> Tensor:
     """L on a batch (differentiable w.r.t. Δw)."""
-    out = model(x)
+    out = call_model(model, x)
     target = cfg.target_scale * F.one_hot(y, num_classes).to(out.dtype)
     reg = sum((d ** 2).sum() for d in model.delta)
     return 0.5 * ((out - target) ** 2).sum() / len(y) + 0.5 * cfg.wd * reg
@@ -97,9 +99,19 @@ def kfac_for(model: LinearizedModel, x: Tensor, damping: float, scale: float = 1
     return KFACPreconditioner(facs, model.linearized_names, [d.shape for d in model.delta], damping)
 
 
+class LQFDiverged(FloatingPointError):
+    """LQF training reached a non-finite loss (the learning rate is too large for the quadratic)."""
+
+
 def train_lqf(start: nn.Module, x: Tensor, y: Tensor, num_classes: int, cfg: LQFConfig, seed: int = 0,
               model: LinearizedModel | None = None) -> tuple[LinearizedModel, list[float]]:
-    """Train Δw of the LQF model on (x, y); returns the model and the full training loss after each epoch."""
+    """Train Δw of the LQF model on (x, y); returns the model and the full training loss after each epoch.
+
+    Raises
+    ------
+    LQFDiverged
+        When the full training loss after an epoch is NaN or infinite (it never returns a NaN model).
+    """
     model = lqf_model(start, cfg) if model is None else model
     params = list(model.delta)
     device = params[0].device
@@ -129,6 +141,10 @@ def train_lqf(start: nn.Module, x: Tensor, y: Tensor, num_classes: int, cfg: LQF
                     j += p.numel()
             opt.step()
         history.append(full_loss(model, x, y, cfg, num_classes))
+        if not math.isfinite(history[-1]):
+            # a step too long for the quadratic's curvature: every later epoch would only carry the NaN on
+            raise LQFDiverged(f"LQF training diverged at epoch {len(history)} (loss {history[-1]}) with "
+                              f"lr = {cfg.lr:g} ({cfg.optimizer}); lower the learning rate")
     return model, history
 
 
@@ -136,7 +152,7 @@ def train_lqf(start: nn.Module, x: Tensor, y: Tensor, num_classes: int, cfg: LQF
 def full_loss(model: LinearizedModel, x: Tensor, y: Tensor, cfg: LQFConfig, num_classes: int) -> float:
     total = 0.0
     for i in range(0, len(y), cfg.chunk):
-        out = model(x[i:i + cfg.chunk])
+        out = call_model(model, x[i:i + cfg.chunk])
         total += 0.5 * float(((out - cfg.target_scale * F.one_hot(y[i:i + cfg.chunk], num_classes).to(out.dtype)) ** 2).sum())
     return total / len(y) + 0.5 * cfg.wd * float(sum((d ** 2).sum() for d in model.delta))
 
@@ -190,7 +206,7 @@ def influence_on_prediction(model: LinearizedModel, x: Tensor, y: Tensor, i: int
         raise ValueError(f"inverse must be 'cg' or 'kfac', got {inverse!r}")
     w = model.delta_flat()
     xi = x[i:i + 1]
-    f_i = model(xi)
+    f_i = call_model(model, xi)
     r_i = f_i - cfg.target_scale * F.one_hot(y[i:i + 1], num_classes).to(f_i.dtype)
     v = (model.vjp(xi, r_i) + cfg.wd * w) / (n - 1)
     if inverse == "cg":

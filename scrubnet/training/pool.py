@@ -30,10 +30,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, stack_module_state, vmap
+from torch.func import grad, stack_module_state, vmap
 
 from scrubnet.device import seeded_generator
 from scrubnet.training.loops import TrainConfig, TrainHistory, replace_forgotten
+from scrubnet.models.call import call_functional
 
 
 def check_poolable(model: nn.Module, cfg: TrainConfig) -> None:
@@ -94,7 +95,7 @@ def _finetune_group(starts: list[nn.Module], x: Tensor, y: Tensor, cfg: TrainCon
     wd, lr, mom, bs = float(cfg.wd), float(cfg.lr), float(cfg.momentum), int(cfg.batch_size)
 
     def logits_fn(p, c, xb):
-        return functional_call(base, (p, c), (xb,))
+        return call_functional(base, (p, c), xb)
 
     def loss_fn(p, c, w0k, xb, yb):
         total = torch.zeros((), device=xb.device)

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from typer.testing import CliRunner
 
 import scrubnet
 from scrubnet.cli import app
-from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.methods.base import estimate
 from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops
 from scrubnet.models import build_model
@@ -168,7 +166,6 @@ def test_training_estimate_counts_the_flops_of_the_steps_it_runs(name, shape, c,
 
 def test_newton_passes_are_its_cg_iterations_and_scale_with_max_iter():
     from scrubnet.methods import get_method
-    from scrubnet.methods.base import ForgetContext
     m = build_model("mlp", (10,), 3, seed=0, hidden=16).eval()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(60, 10, generator=g), torch.randint(3, (60,), generator=g)

@@ -226,7 +226,7 @@ def test_tokens_and_roles(server):
     code, sub = server.call("POST", "/v1/requests", {"ids": ids}, token=SUBMIT, key="r3")
     assert code == 202
     code, out = server.call("GET", f"/v1/requests/{sub['id']}", token=OTHER)
-    assert code == 403  # another submitter may not read it
+    assert code == 404  # another submitter may not read it: the answer of an unknown id
     code, out = server.call("GET", f"/v1/requests/{sub['id']}", token=READ)
     assert code == 200 and "ids" not in out and "salt" not in out  # a reader sees no ids
     code, out = server.call("GET", f"/v1/requests/{sub['id']}", token=ADMIN)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from scrubnet.data.stream import inputs_finite
 from scrubnet.mlforget.model import MLConfig, check_forget_ids, forget_all, forget_request
 from scrubnet.mlforget.store.blobs import (_check_finite_model, _read_factor, _read_primal, _write_factor,
                                            _write_weights, factor_key, weights_bytes)
@@ -175,7 +176,7 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
                 state.primal, primal_status = primal, "loaded"
             else:
                 primal_status = "key mismatch"
-        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        if not inputs_finite(x):
             raise StoreError("the data D contain non-finite values (NaN or inf); nothing was changed")
         if factor is not None:
             if key == factor_key(state.model, static, factor.ids):

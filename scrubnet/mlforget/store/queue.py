@@ -19,11 +19,29 @@ from scrubnet.mlforget.store.schema import (SUBMISSION_COLUMNS, StoreError, _now
                                             _row_to_submission)
 
 
-def check_ids_now(path: str | Path, ids) -> list[int]:
-    """The checks of :func:`forget` that need no weights (empty, duplicated, core, unknown, already forgotten,
-    every remaining sample), against the committed state; sorted ids. ``StoreError`` naming the problem."""
+def check_ids_now(path: str | Path, ids, forgotten: bool = True) -> list[int]:
+    """The checks of :func:`forget` that need no weights, against the committed state.
+
+    Parameters
+    ----------
+    path : str or Path
+        The checkpoint.
+    ids : sequence of int
+        The sample ids of a request.
+    forgotten : bool
+        Also refuse ids already forgotten (and a request leaving no sample). False: only the checks that do
+        not depend on earlier requests (empty, duplicated, core, unknown), so the answer reveals nothing about
+        what others asked to forget; the request is then refused when applied.
+
+    Returns
+    -------
+    list of int
+        The sorted ids. ``StoreError`` naming the problem otherwise.
+    """
     with _open(path) as (_, con, static):
         st = _read_state(con)
+    if not forgotten:
+        st["forgotten_ids"] = []
     if st["user_weights_dropped"]:
         raise StoreError("forget-all already dropped the user weights; there is nothing left to forget")
     probe = MLState(None, torch.tensor(static["core_ids"], dtype=torch.long),

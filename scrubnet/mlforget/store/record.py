@@ -14,9 +14,9 @@ from pathlib import Path
 from scrubnet.mlforget.model import MLState
 from scrubnet.mlforget.store.blobs import (_check_finite_model, _weights_path, _write_factor, _write_primal,
                                            factor_key, weights_bytes)
-from scrubnet.mlforget.store.chain import _chain_problems
+from scrubnet.mlforget.store.chain import _chain_problems, field_digests
 from scrubnet.mlforget.store.db import _create_db, _load_state, _open
-from scrubnet.mlforget.store.schema import (DB, FORMAT, PRIMAL_FORMAT, REQUEST_COLUMNS, WEIGHTS, StoreError,
+from scrubnet.mlforget.store.schema import (DB, FORMAT, PRIMAL_FORMAT, REQUEST_COLUMNS, SEAL_KEY, WEIGHTS, StoreError,
                                             _fsync_dir, _now, _read_state, _row_to_request, _sha)
 
 
@@ -100,7 +100,8 @@ def verify(path: str | Path) -> dict:
     request's ``sha256_before`` is its predecessor's ``sha256_after``; the state names the last request and
     its weights, whose file hashes to that sha256; the forgotten ids are the union of the forget requests' ids
     (disjoint), and ``forget_all`` is the last request when present. Returns ``{"valid", "problems",
-    "requests", "state", "head"}`` (``head``: the state's chain hash). Read-only: verifying never changes the
+    "requests", "state", "head", "static_digests"}`` (``head``: the state's chain hash; ``static_digests``: the
+    digest of every static field, which a signed head outside the database pins). Read-only: verifying never changes the
     checkpoint (one of a previous format is refused with a ``StoreError`` naming ``scrubnet mlforget upgrade``)."""
     with _open(path) as (p, con, static):
         con.execute("BEGIN")
@@ -117,7 +118,8 @@ def verify(path: str | Path) -> dict:
         r["hash"] = hashes[r["id"]]
     problems = chain + _consistency_problems(p, static, reqs, st)
     return {"valid": not problems, "problems": problems, "requests": reqs, "state": st, "head": head,
-            "n_user": len(static["user_ids"]), "n_core": len(static["core_ids"])}
+            "n_user": len(static["user_ids"]), "n_core": len(static["core_ids"]),
+            "static_digests": field_digests({k: v for k, v in static.items() if k != SEAL_KEY})}
 
 
 def _consistency_problems(p: Path, static: dict, reqs: list[dict], st: dict) -> list[str]:

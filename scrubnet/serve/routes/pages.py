@@ -1,5 +1,7 @@
 """``GET /operator`` (no token): the operator page. It reads ``/v1/log`` with the token given after ``#``
-(``/operator#token=…``), so the token never reaches the server's logs."""
+(``/operator#token=…``), so the token never reaches the server's logs; a receipt link fetches
+``/v1/requests/{id}`` with the same token and shows the receipt on the page (a plain link would carry no
+token and get 401); ``#token=…&receipt=ID`` shows receipt ID on opening. The σ column shows the σ the committed request applied (from its receipt)."""
 from __future__ import annotations
 
 from starlette.responses import HTMLResponse
@@ -22,11 +24,20 @@ code{font-size:13px}
 <p>Model sha256: <code id="model-sha">…</code> (request #<span id="model-request">…</span>)</p>
 <p>Record chain: <strong id="chain-status">loading…</strong> <span id="chain-problems"></span></p>
 <p>Queued: <span id="queued">…</span></p>
+<p>Worker: <strong id="worker">…</strong></p>
 <table id="log"><thead><tr><th>id</th><th>status</th><th>submitted (UTC)</th><th>finished (UTC)</th>
 <th>ids</th><th>σ</th><th>information bound (nats)</th><th>request #</th><th>receipt</th><th>reason</th></tr></thead>
 <tbody></tbody></table>
+<h2>Receipt</h2>
+<pre id="receipt-view">(click a receipt link)</pre>
 <script>
 const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+function showReceipt(id) {
+  fetch("/v1/requests/" + id, {headers: {"Authorization": "Bearer " + token}}).then(r => r.json())
+  .then(j => { document.getElementById("receipt-view").textContent =
+                 j.receipt ? JSON.stringify(j.receipt, null, 1) : "error: " + (j.error || "no receipt");
+               document.body.setAttribute("data-loaded", "yes"); });
+}
 function cell(tr, text) { const td = document.createElement("td"); td.textContent = text; tr.appendChild(td); return td; }
 fetch("/v1/log", {headers: {"Authorization": "Bearer " + token}}).then(r => r.json().then(j => [r.status, j]))
 .then(([status, log]) => {
@@ -38,22 +49,28 @@ fetch("/v1/log", {headers: {"Authorization": "Bearer " + token}}).then(r => r.js
   cs.className = log.chain.valid ? "ok" : "bad";
   document.getElementById("chain-problems").textContent = log.chain.problems.join("; ");
   document.getElementById("queued").textContent = log.queued;
+  const wk = document.getElementById("worker");
+  wk.textContent = log.worker_halted ? log.worker_error : (log.worker_error ? "retrying: " + log.worker_error : "running");
+  wk.className = log.worker_halted ? "bad" : "ok";
   const body = document.querySelector("#log tbody");
   for (const s of log.submissions) {
     const tr = document.createElement("tr");
     tr.className = "row-" + s.status;
     cell(tr, s.id); cell(tr, s.status); cell(tr, s.submitted_utc); cell(tr, s.finished_utc || "");
-    cell(tr, s.n_ids); cell(tr, s.sigma === null ? "default" : s.sigma);
+    cell(tr, s.n_ids);
+    cell(tr, s.sigma_applied === null || s.sigma_applied === undefined ? "default" : s.sigma_applied);
     cell(tr, s.remaining_information_bound_nats === null || s.remaining_information_bound_nats === undefined
          ? "—" : s.remaining_information_bound_nats.toExponential(2));
     cell(tr, s.request_id === null ? "" : s.request_id);
     const rc = cell(tr, "");
     if (s.receipt) { const a = document.createElement("a"); a.href = "/v1/requests/" + s.id; a.textContent = "receipt";
+                     a.addEventListener("click", ev => { ev.preventDefault(); showReceipt(s.id); });
                      rc.appendChild(a); }
     cell(tr, s.reason || "");
     body.appendChild(tr);
   }
-  document.body.setAttribute("data-loaded", "yes");
+  const shown = new URLSearchParams(location.hash.slice(1)).get("receipt");
+  if (shown) { showReceipt(shown); } else { document.body.setAttribute("data-loaded", "yes"); }
 });
 </script>
 </body></html>

@@ -1,6 +1,7 @@
 """``POST /v1/requests`` (submit a deletion request) and ``GET /v1/requests/{id}`` (its status and receipt)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -16,16 +17,41 @@ from scrubnet.serve.auth import Token, authorised
 from scrubnet.serve.http import HTTPError, Service
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
+#: deepest JSON nesting a body may have (a valid body needs 2: the object and its ids list)
+MAX_DEPTH = 16
 
 
-def public_submission(sub: dict, full: bool) -> dict:
-    """A submission as the API shows it; ``full`` (admin or the submitter) adds the ids and the salt."""
+def scoped_key(token: Token, key: str) -> str:
+    """The stored idempotency key: the client's key under a tag of the submitting identity, so one tenant's
+    key never finds (or reveals) another tenant's submission. ``/`` cannot occur in a client's key."""
+    return hashlib.sha256(token.name.encode()).hexdigest()[:16] + "/" + key
+
+
+def public_submission(sub: dict, full: bool, owner: bool = False) -> dict:
+    """A submission as the API shows it.
+
+    Parameters
+    ----------
+    sub : dict
+        The store's submission row.
+    full : bool
+        Add the ids (the submitter and admin).
+    owner : bool
+        The submitter: also the salt and the idempotency key (per-tenant secrets no other role sees).
+
+    Returns
+    -------
+    dict
+        The JSON answer.
+    """
     out = {"id": sub["id"], "status": sub["status"], "kind": sub["kind"], "n_ids": len(sub["ids"]),
            "sigma": sub["sigma"], "submitted_utc": sub["submitted_utc"], "finished_utc": sub["finished_utc"],
            "reason": sub["reason"], "request_id": sub["request_id"], "ids_sha256": sub["ids_hash"],
            "receipt": sub["receipt"]}
-    if full:
-        out.update(ids=sub["ids"], salt=sub["salt"], idempotency_key=sub["idempotency_key"])
+    if full or owner:
+        out["ids"] = sub["ids"]
+    if owner:
+        out.update(salt=sub["salt"], idempotency_key=sub["idempotency_key"].split("/", 1)[-1])
     return out
 
 
@@ -62,12 +88,27 @@ def _parse_ids(body: dict, kind: str, token: Token, max_ids: int) -> list[int]:
         raise HTTPError(422, str(e)) from None
 
 
+def _nesting(raw: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings (a bound checked before parsing: the parser recurses)."""
+    stripped = re.sub(rb'"(?:[^"\\]|\\.)*"', b"", raw)
+    depth = deepest = 0
+    for ch in re.sub(rb"[^\[\]{}]", b"", stripped):
+        depth += 1 if ch in b"[{" else -1
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            break
+    return deepest
+
+
 def parse_submission(raw: bytes, token: Token, max_ids: int) -> tuple[str, list[int], float | None, str]:
     """(kind, ids, σ or None, salt in lower-case hex) of a POST body; 422 (or 403 for ``forget_all``
     without the admin role) naming what is wrong."""
+    depth = _nesting(raw)
+    if depth > MAX_DEPTH:
+        raise HTTPError(422, f"the body is nested more than {MAX_DEPTH} levels deep")
     try:
         body = json.loads(raw, parse_constant=lambda c: c)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise HTTPError(422, f"the body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise HTTPError(422, "the body must be a JSON object {\"ids\": [...], \"sigma\": ..., \"salt\": ...}")
@@ -91,8 +132,9 @@ def parse_submission(raw: bytes, token: Token, max_ids: int) -> tuple[str, list[
 
 
 def submitted(sub: dict, created: bool, token: Token) -> JSONResponse:
-    """The answer to a POST: 202 while queued (200 for a replay of a finished one)."""
-    out = public_submission(sub, full=sub["client"] == token.name or token.may("admin"))
+    """The answer to a POST: 202 while queued (200 for a replay of a finished one). Only the submitter's own
+    submissions are ever found (keys are scoped to the identity), so the answer is the submitter's."""
+    out = public_submission(sub, full=token.may("admin"), owner=sub["client"] == token.name)
     out["status_url"] = f"/v1/requests/{sub['id']}"
     out["replayed"] = not created
     return JSONResponse(out, status_code=202 if sub["status"] == "queued" else 200)
@@ -101,20 +143,22 @@ def submitted(sub: dict, created: bool, token: Token) -> JSONResponse:
 @authorised("submit")
 async def post_request(request, service: Service, token: Token):
     """Queue a deletion request (idempotent per ``Idempotency-Key``); wakes the worker."""
+    if service.worker.halted is not None:
+        raise HTTPError(503, "the service stopped applying requests: its record does not verify (GET /v1/log)")
     raw = await read_body(request, service.max_body)
     idem = request.headers.get("idempotency-key")
     if idem is None or not IDEMPOTENCY_KEY.match(idem):
         raise HTTPError(422, "header Idempotency-Key is required: 1 to 200 characters of A-Z a-z 0-9 . _ : ~ -")
     kind, ids, sigma, salt = parse_submission(raw, token, service.max_ids)
-    path = service.path
+    path, idem = service.path, scoped_key(token, idem)
     first = await run_in_threadpool(store.submission_by_key, path, idem)
     if first is not None:  # a replay: the first one's result, whatever happened since
         if (first["kind"], first["ids"], first["sigma"]) != (kind, sorted(ids), sigma):
             raise HTTPError(422, "this Idempotency-Key was already used for a different request")
         return submitted(first, False, token)
     if kind == "forget":
-        try:
-            ids = await run_in_threadpool(store.check_ids_now, path, ids)
+        try:  # whether an id is already forgotten is other tenants' business: checked for admin only
+            ids = await run_in_threadpool(store.check_ids_now, path, ids, token.may("admin"))
         except store.StoreError as e:
             raise HTTPError(422, str(e)) from None
     ids_hash = receipts.ids_sha256(ids, salt)
@@ -138,6 +182,6 @@ async def get_request(request, service: Service, token: Token):
     if sub is None:
         raise HTTPError(404, f"no request {sid}")
     own = sub["client"] == token.name
-    if not (own or token.may("read")):
-        raise HTTPError(403, f"token {token.name!r} lacks the read role (and did not submit request {sid})")
-    return JSONResponse(public_submission(sub, full=own or token.may("admin")))
+    if not (own or token.may("read")):  # the same answer as an unknown id: ids say nothing about others
+        raise HTTPError(404, f"no request {sid}")
+    return JSONResponse(public_submission(sub, full=token.may("admin"), owner=own))

@@ -1,0 +1,92 @@
+"""What ``scrubnet serve`` checks before it binds: the file modes of its secrets and its record, and the port.
+
+File modes (POSIX; nothing is checked elsewhere). ``ValueError`` (the CLI's ``error:`` line, exit 2) for what
+lets another local user act as the service; a warning line for what lets them read:
+
+=============================== ======================================= =====================================
+file                            refused when                            warned when
+=============================== ======================================= =====================================
+signing key (``--key``)         any group/other permission (≠ 0600)     —
+tokens file (``--tokens``)      writable by group/others (add a token)  readable by group/others (read them)
+checkpoint dir, ``store.sqlite``, writable by group/others (edit the      ``store.sqlite`` readable by group/
+``record-head.json``            record, swap the head)                  others (every submitter's ids, salt)
+=============================== ======================================= =====================================
+"""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+from scrubnet.mlforget import store
+from scrubnet.serve import anchor
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+
+
+def check_modes(checkpoint: str | Path | None = None, tokens: str | Path | None = None,
+                key: str | Path | None = None) -> list[str]:
+    """Refuse or warn about the modes of the files given (the table of the module docstring).
+
+    Parameters
+    ----------
+    checkpoint, tokens, key : str or Path or None
+        The checkpoint directory, the tokens file, the private signing key; None: not checked.
+
+    Returns
+    -------
+    list of str
+        Warnings, one line each (the caller prints them).
+
+    Raises
+    ------
+    ValueError
+        A file another local user could use to act as the service or to edit its record; the message names
+        the file, its mode and the ``chmod`` that fixes it.
+    """
+    if os.name != "posix":
+        return []
+    warnings: list[str] = []
+    if key is not None:
+        m = _mode(Path(key))
+        if m is not None and m & 0o077:
+            raise ValueError(f"--key {key} has mode {m:04o}: a signing key must be private to its owner "
+                             f"(chmod 600 {key})")
+    if tokens is not None:
+        m = _mode(Path(tokens))
+        if m is not None and m & 0o022:
+            raise ValueError(f"--tokens {tokens} has mode {m:04o}: others may add a token (chmod 600 {tokens})")
+        if m is not None and m & 0o044:
+            warnings.append(f"--tokens {tokens} has mode {m:04o}: other local users can read the tokens "
+                            f"(chmod 600 {tokens})")
+    if checkpoint is not None:
+        ck = Path(checkpoint)
+        for f in (ck, ck / store.DB, ck / anchor.HEAD):
+            m = _mode(f)
+            if m is not None and m & 0o022:
+                raise ValueError(f"{f} has mode {m:04o}: others may edit the record (chmod go-w {f})")
+        m = _mode(ck / store.DB)
+        if m is not None and m & 0o044:
+            warnings.append(f"{ck / store.DB} has mode {m:04o}: other local users can read every submitter's ids "
+                            f"and salt (chmod 600 {ck / store.DB})")
+    return warnings
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (the server listens on it); ``ValueError`` naming the address when it
+    cannot be bound (in use, not local, no permission), so nothing claims to be serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
