@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from scrubnet.data.stream import BatchKeys, as_stream
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import ForgetContext, ForgettingMethod, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
@@ -34,20 +34,17 @@ __all__ = ["ForgetResult", "ON_FAILURE", "ON_NOT_FORGOTTEN", "ScrubFailed", "for
 
 
 def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: TrainingRecipe | None = None, *,
-           seed: int = 0, on_failure: str = "raise", num_classes: int | None = None,
-           forget_class: int | None = None, classifier: str | None = None, force: bool = False,
-           readouts: bool = False, test=None, reference: nn.Module | None = None,
-           keys: BatchKeys | None = None, chunk_size: int = 512,
+           seed: int = 0, on_failure: str = "raise", num_classes: int | None = None, forget_class: int | None = None,
+           classifier: str | None = None, force: bool = False, readouts: bool = False, test=None,
+           reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
-           **method_options: Any
-           ) -> tuple[nn.Module, ForgetResult]:
+           **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
     Parameters
     ----------
     model : nn.Module
-        The trained model, returning logits (n, c) (or a tuple / mapping / ``.logits`` holding them); not
-        modified.
+        The trained model: logits (n, c), or a tuple / mapping / ``.logits`` holding them; not modified.
     retain, forget : tensors, Dataset or DataLoader
         D_r, D_f: ``(x (n, ...), y (n,))`` tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
         (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
@@ -79,10 +76,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         the reason) or only reported in ``result.warnings``.
     reference : nn.Module, optional
         A model retrained without D_f; with a noisy method gives the information bound (nats).
-    keys : BatchKeys, optional
-        How dict batches are read.
-    chunk_size : int
-        Samples per streamed chunk.
+    keys, chunk_size : BatchKeys or None, int
+        How dict batches are read; samples per streamed chunk.
     retain_error_tolerance : float
         The scrub fails when the retain error rises by more than this (a fraction: 0.05 = 5 points); measured on
         every call (two streamed passes over D_r).
@@ -91,43 +86,53 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
 
     Returns
     -------
-    model : nn.Module
-        The scrubbed model (a new module).
-    result : ForgetResult
-        Whether the scrub did what it claims, the method's numbers, the checks (and readouts, bounds).
+    model, result : nn.Module, ForgetResult
+        The scrubbed model (a new module); whether the scrub did what it claims, the method's numbers, the
+        checks (and the readouts, bounds and verdict when asked).
 
     Raises
     ------
     ScrubFailed
         The scrub failed its checks and ``on_failure="raise"``.
     ValueError
-        Bad input: an unknown method or option, a bad ``on_failure``, non-finite weights or data.
-    RecipeMismatch
-        A curvature method refused because the model is not at a minimum of the recipe's objective (unless
-        ``force``).
+        Bad input (an unknown method or option, non-finite weights or data); ``RecipeMismatch`` when a curvature
+        method refuses a model not at a minimum of the recipe's objective (unless ``force``).
     """
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
-    probe = None
-    if num_classes is None:  # only read when the model has no classifier to count its classes
-        try:
-            find_classifier(model, classifier)
-        except ValueError:
-            probe = first_inputs(retain_s) if classifier is None else None
-    ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                    classifier=classifier, probe=probe)
+    ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
+                   classifier=classifier)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
-    cls = method_class(method)
-    if classifier is not None and cls is not None and "classifier" not in method_options \
-            and "classifier" in inspect.signature(cls.__init__).parameters:
-        method_options = {**method_options, "classifier": classifier}   # one name for the head, everywhere
-    scrubber = get_method(method, **method_options)
-    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, retain_error_tolerance=retain_error_tolerance,
-                            reference=reference, readouts=readouts,
+    out = scrub_and_measure(_configured(method, classifier, method_options), model, retain_s, forget_s, ctx,
+                            retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
                             test=None if test is None else as_stream(test, keys, chunk_size),
                             on_not_forgotten=on_not_forgotten)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
+
+
+def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_classes: int | None, seed: int,
+             forget_class: int | None, classifier: str | None) -> ForgetContext:
+    """:meth:`ForgetContext.from_recipe`, the class count read from the model's output on the first chunk of
+    ``retain_s`` only when the model has no classifier to count its classes."""
+    probe = None
+    if num_classes is None:
+        try:
+            find_classifier(model, classifier)
+        except ValueError:
+            probe = first_inputs(retain_s) if classifier is None else None
+    return ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
+                                     classifier=classifier, probe=probe)
+
+
+def _configured(method: str, classifier: str | None, method_options: dict) -> ForgettingMethod:
+    """:func:`get_method`, with ``classifier`` handed to a method taking that option (one name for the head,
+    everywhere) unless the options name one."""
+    cls = method_class(method)
+    if classifier is not None and cls is not None and "classifier" not in method_options \
+            and "classifier" in inspect.signature(cls.__init__).parameters:
+        method_options = {**method_options, "classifier": classifier}
+    return get_method(method, **method_options)

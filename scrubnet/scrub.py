@@ -140,9 +140,8 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     model : nn.Module
         The trained model; not modified.
     retain, forget, test : tensors, Dataset, DataLoader or DataStream
-        D_r, D_f (and held-out data for the readouts and the forgetting verdict): (x, y) tensors, a
-        ``Dataset``, a ``DataLoader`` or a :class:`~scrubnet.data.stream.DataStream` (chunked by
-        ``ctx.chunk_size``).
+        D_r, D_f (and held-out data for the readouts and the forgetting verdict), each chunked by
+        ``ctx.chunk_size``.
     ctx : ForgetContext
         From :meth:`ForgetContext.from_recipe` or :func:`~scrubnet.methods.base.protocol_context`.
     retain_error_tolerance : float
