@@ -17,12 +17,14 @@ does D_f now look like data the model never saw?); a method whose purpose is for
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 from torch import nn
 
+from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
-from scrubnet.methods import ForgetContext, ForgettingMethod, get_method
+from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
@@ -38,7 +40,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            classifier: str | None = None, force: bool = False, readouts: bool = False, test=None,
            reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
-           **method_options: Any) -> tuple[nn.Module, ForgetResult]:
+           max_cost_vs_retrain: float | None = None, **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
     Parameters
@@ -81,14 +83,22 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain_error_tolerance : float
         The scrub fails when the retain error rises by more than this (a fraction: 0.05 = 5 points); measured on
         every call (two streamed passes over D_r).
+    max_cost_vs_retrain : float, optional
+        Refuse (:class:`~scrubnet.training.cost.BudgetExceeded`, before any work) when the call's estimate is
+        above this many retrainings from the model's initialisation with the recipe
+        (:func:`scrubnet.cost_guard.price_call`).
     **method_options
-        The method's options, checked against its declared option rules.
+        The method's options, checked against its declared option rules. When the method would cost more than
+        one retraining and has a budgeted mode (Newton and NTK: a CG budget, reporting the residual reached;
+        Fisher: a subsample, reporting its variance), that mode runs (within ``max_cost_vs_retrain`` when that
+        is lower) unless its option, or one it replaces, is given (:func:`scrubnet.cost_guard.budgeted_options`).
 
     Returns
     -------
     model, result : nn.Module, ForgetResult
         The scrubbed model (a new module); whether the scrub did what it claims, the method's numbers, the
-        checks (and the readouts, bounds and verdict when asked).
+        checks (and the readouts, bounds and verdict when asked); ``result.cost``: the measured CPU seconds, the
+        retraining estimate and their ratio ``cost_vs_retrain``.
 
     Raises
     ------
@@ -105,10 +115,24 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
                    classifier=classifier)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
-    out = scrub_and_measure(_configured(method, classifier, method_options), model, retain_s, forget_s, ctx,
-                            retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
-                            test=None if test is None else as_stream(test, keys, chunk_size),
-                            on_not_forgotten=on_not_forgotten)
+    method_options = _with_classifier(method, classifier, method_options)
+    scrubber = get_method(method, **method_options)
+    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    test_s = None if test is None else as_stream(test, keys, chunk_size)
+    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(readouts)}
+    est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx, **call)
+    target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
+    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target, **call)
+    if budgeted is not None:  # the full method would cost more than retraining: its budgeted mode
+        method_options, est = budgeted
+        scrubber = get_method(method, **method_options)
+    refuse_over(est, max_cost_vs_retrain, method)
+    t0 = time.process_time()
+    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, retain_error_tolerance=retain_error_tolerance,
+                            reference=reference, readouts=readouts, test=test_s, on_not_forgotten=on_not_forgotten)
+    out.cost = measured_cost(time.process_time() - t0, est, ref)
+    if budgeted is not None:
+        out.cost["budgeted"] = est.details["budgeted"]
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
@@ -128,11 +152,11 @@ def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_c
                                      classifier=classifier, probe=probe)
 
 
-def _configured(method: str, classifier: str | None, method_options: dict) -> ForgettingMethod:
-    """:func:`get_method`, with ``classifier`` handed to a method taking that option (one name for the head,
+def _with_classifier(method: str, classifier: str | None, method_options: dict) -> dict:
+    """``method_options`` with ``classifier`` handed to a method taking that option (one name for the head,
     everywhere) unless the options name one."""
     cls = method_class(method)
     if classifier is not None and cls is not None and "classifier" not in method_options \
             and "classifier" in inspect.signature(cls.__init__).parameters:
         method_options = {**method_options, "classifier": classifier}
-    return get_method(method, **method_options)
+    return method_options

@@ -101,6 +101,10 @@ class ForgetResult:
     warnings : list of str
         What the user must know though the scrub is ``ok`` (a Newton step damped to a near no-op, a failing
         verdict under ``on_not_forgotten="warn"``, a verdict that could not be computed).
+    cost : dict of str to float
+        What the call cost against retraining, when the entry point measured it
+        (:func:`scrubnet.cost_guard.measured_cost`: ``seconds``, ``retrain_seconds_estimate``,
+        ``cost_vs_retrain`` …).
 
     Returns
     -------
@@ -120,6 +124,7 @@ class ForgetResult:
     scrub: ScrubResult | None = field(default=None, repr=False)
     forgetting: ForgettingVerdict | None = None
     warnings: list[str] = field(default_factory=list)
+    cost: dict[str, float] = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:

@@ -14,7 +14,6 @@ Neither G nor J is ever formed; memory is that of one batch's forward/backward.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.curvature.attention import jvp_safe_attention
@@ -22,27 +21,24 @@ from scrubnet.curvature.fallbacks import jvp_with_pullback, probe_paths
 from scrubnet.curvature.params import flatten, trainable_params, unflatten
 from scrubnet.models import eval_mode
 from scrubnet.models.call import Inputs, call_functional, call_model
-
-LOSSES = ("ce", "mse")
-
-
-def _check_loss(loss: str) -> None:
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+from scrubnet.models.loss import LOSS_KINDS as LOSSES
+from scrubnet.models.loss import LossSpec, as_loss
 
 
-def per_sample_loss(logits: Tensor, y: Tensor, loss: str) -> Tensor:
-    """ℓ(f, y) per sample (N,): cross-entropy, or ½‖f − onehot(y)‖² for ``loss="mse"``."""
-    _check_loss(loss)
-    if loss == "ce":
-        return F.cross_entropy(logits, y, reduction="none")
-    target = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
-    return 0.5 * ((logits - target) ** 2).sum(-1)
+def _check_loss(loss: str | LossSpec) -> LossSpec:
+    return as_loss(loss)
 
 
-def output_hessian_product(logits: Tensor, u: Tensor, loss: str) -> Tensor:
-    """H(f) u per sample, for logits and u of shape (B, K): (diag p − p pᵀ) u for CE, u for MSE."""
-    if loss == "ce":
+def per_sample_loss(logits: Tensor, y: Tensor, loss: str | LossSpec) -> Tensor:
+    """ℓ(f, y) per sample (N,): cross-entropy, or ½‖f − onehot(y)‖² for ``loss="mse"``; a
+    :class:`~scrubnet.models.loss.LossSpec` adds label smoothing or the MSE target scale."""
+    return as_loss(loss).per_sample(logits, y)
+
+
+def output_hessian_product(logits: Tensor, u: Tensor, loss: str | LossSpec) -> Tensor:
+    """H(f) u per sample, for logits and u of shape (B, K): (diag p − p pᵀ) u for CE, u for MSE (label smoothing
+    and the target scale leave H unchanged)."""
+    if as_loss(loss).kind == "ce":
         p = torch.softmax(logits, dim=-1)
         return p * u - p * (p * u).sum(-1, keepdim=True)
     return u
@@ -53,12 +49,12 @@ class GGNOperator:
 
     model: evaluated in eval mode at its current weights (captured at construction).
     x:     inputs (N, ...); ``y`` is not needed (H depends only on the logits).
-    loss:  "ce" (G = true Fisher) or "mse" (H = I).
+    loss:  "ce" (G = true Fisher) or "mse" (H = I), or a LossSpec (the same G).
     batch_size: samples per JVP/VJP pass; memory is one batch's forward + backward.
     ``calls`` counts the products computed (each costs about two forward+backward passes over x).
     """
 
-    def __init__(self, model: nn.Module, x: Inputs, *, loss: str = "ce", batch_size: int = 256,
+    def __init__(self, model: nn.Module, x: Inputs, *, loss: str | LossSpec = "ce", batch_size: int = 256,
                  damping: float = 0.0):
         _check_loss(loss)
         if len(x) == 0:
@@ -105,7 +101,7 @@ class GGNOperator:
         return res.to(v.dtype)
 
 
-def ggn_vector_product(model: nn.Module, x: Inputs, v, *, loss: str = "ce", batch_size: int = 256):
+def ggn_vector_product(model: nn.Module, x: Inputs, v, *, loss: str | LossSpec = "ce", batch_size: int = 256):
     """G v for the mean loss over ``x`` (see module docstring), without forming G.
 
     ``v`` is a flat vector (p,) or a dict ``{name: tensor}`` over the trainable parameters; the result has
@@ -121,10 +117,10 @@ def ggn_vector_product(model: nn.Module, x: Inputs, v, *, loss: str = "ce", batc
     return op.matvec(v)
 
 
-def mean_loss_and_grad(model: nn.Module, x: Inputs, y: Tensor, *, loss: str = "ce", batch_size: int = 256
-                       ) -> tuple[float, Tensor]:
+def mean_loss_and_grad(model: nn.Module, x: Inputs, y: Tensor, *, loss: str | LossSpec = "ce",
+                       batch_size: int = 256) -> tuple[float, Tensor]:
     """(L, ∇L) for L = (1/N) Σ_i ℓ(f(x_i), y_i) in eval mode, streamed over batches; ∇L flat (p,)."""
-    _check_loss(loss)
+    loss = _check_loss(loss)
     if len(x) == 0:
         raise ValueError("cannot compute a loss on an empty data set")
     params = [p for p in model.parameters() if p.requires_grad]

@@ -55,8 +55,10 @@ class KFACFactor:
         return torch.kron(self.G, self.A)
 
 
-def _loss_hessian_sqrt(logits: Tensor, loss: str) -> Tensor:
-    """S (N, c, c) with S Sᵀ = ∂²ℓ/∂f² per sample; columns are the cotangents to back-propagate."""
+def _loss_hessian_sqrt(logits: Tensor, loss) -> Tensor:
+    """S (N, c, c) with S Sᵀ = ∂²ℓ/∂f² per sample; columns are the cotangents to back-propagate (a
+    :class:`~scrubnet.models.loss.LossSpec` by its kind: smoothing and target scale leave ∂²ℓ/∂f² unchanged)."""
+    loss = getattr(loss, "kind", loss)
     n, c = logits.shape
     if loss == "mse":
         return torch.eye(c, dtype=logits.dtype, device=logits.device).expand(n, c, c)

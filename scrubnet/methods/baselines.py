@@ -46,7 +46,7 @@ def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epo
     decay = dict(w0=ctx.center(model), wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
     sgd_loop(model, x, y, lr=r.lr if lr is None else lr, momentum=r.momentum, batch_size=r.batch_size,
              max_epochs=r.epochs if epochs is None else epochs, generator=g, freeze_bn=r.freeze_bn, ascent=negate,
-             ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.curvature_loss, **decay)
+             ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.loss_spec, **decay)
     return model
 
 
@@ -74,7 +74,7 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
             batches = data.chunks()
         for xb, yb in batches:
             xb, yb = xb.to(dev), yb.to(dev)
-            _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.curvature_loss).mean(), ctx, center)
+            _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.loss_spec).mean(), ctx, center)
     return model.eval()
 
 
@@ -127,7 +127,7 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
             pos = pos.to(dev)
             xb = cat_inputs([xr.to(dev, x_f.dtype), x_f[sel_f]])[pos]
             yb = torch.cat([yr.to(dev, y_f.dtype), y_f[sel_f]])[pos]
-            _step(model, opt, batch_loss(call_model(model, xb), yb, r.curvature_loss, (~from_r).to(dev) if negate else None,
+            _step(model, opt, batch_loss(call_model(model, xb), yb, r.loss_spec, (~from_r).to(dev) if negate else None,
                                          cap if negate else None), ctx, center)
     return model.eval()
 
@@ -158,9 +158,49 @@ class Original(ForgettingMethod):
         return copy_cost(model)
 
 
+def reinitialised(model: nn.Module, seed: int) -> nn.Module:
+    """A copy of ``model`` with every module's ``reset_parameters`` called under a seeded generator (the
+    model's initialisation, drawn anew); ``ValueError`` naming a module whose trainable parameters no
+    ``reset_parameters`` re-draws (retraining from it would start from the trained weights).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model; not modified.
+    seed : int
+        Fixes the draw (10_007 · seed + 8 on the global CPU generator, restored afterwards).
+
+    Returns
+    -------
+    nn.Module
+        The re-initialised copy.
+    """
+    out = copy.deepcopy(model)
+    bare = [name or type(m).__name__ for name, m in out.named_modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False)) and _reset_fn(m) is None]
+    if bare:
+        raise ValueError(f"retrain from the model's initialisation: module(s) {', '.join(bare[:3])} have trainable "
+                         "parameters but no reset_parameters(); retrain is not offered for this model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(10_007 * int(seed) + 8)
+        for m in out.modules():
+            if _reset_fn(m) is not None:
+                _reset_fn(m)()
+    return out
+
+
+def _reset_fn(m: nn.Module):
+    """A module's re-initialiser: ``reset_parameters``, or ``_reset_parameters`` (``nn.MultiheadAttention``)."""
+    return getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+
+
 @register("retrain")
 class Retrain(ForgettingMethod):
     """The gold standard: fine-tune from w_0 with the same seed and schedule without D_f.
+
+    On a user's model (no ``ctx.start`` and no protocol split): retrain on D_r from the model's initialisation
+    (:func:`reinitialised`, seeded) for the recipe's epochs with the recipe's objective and SGD settings —
+    the reference the verdict and the cost are compared with; refused when a module cannot be re-initialised.
 
     Needs ``ctx.start`` (the model at w_0); the model is an artifact of ``ctx.cache`` (the protocol stores the
     one it trained).
@@ -199,7 +239,12 @@ class Retrain(ForgettingMethod):
 
     def scrub(self, model, retain, forget, ctx):
         if ctx.start is None:
-            raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+            if ctx.split is not None:
+                raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+            # a user's model: the reference is retraining from the model's initialisation with the recipe
+            return ScrubResult(_finetune(reinitialised(model, ctx.seed), retain[0], retain[1], ctx, epochs=None,
+                                         lr=None, seed_offset=7).eval(),
+                               info={"retrain_from_init": 1.0, "retrain_epochs": float(ctx.recipe.epochs)})
         mode = self.mode or ctx.retrain_mode
         if ctx.split is not None:
             x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx
@@ -234,6 +279,7 @@ class Finetune(ForgettingMethod):
 
     streams = True
     passes = "epochs"
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
@@ -272,6 +318,7 @@ class NegGrad(ForgettingMethod):
     """
 
     streams = True
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
@@ -315,6 +362,7 @@ class RandomLabels(ForgettingMethod):
     """
 
     streams = True
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod

@@ -4,8 +4,10 @@ Every scrubbing method needs the objective the model minimised. The recipe state
 
     L(w) = (1/N) Σ_i ℓ(f_w(x_i), y_i) + (wd/2)·‖w − c‖²
 
-with ℓ the cross-entropy (``loss="cross_entropy"``) or ½‖f − s·onehot(y)‖² (``loss="mse"``, LQF-style models;
-s = ``target_scale``, 1 by default, LQF's 15),
+with ℓ the cross-entropy (``loss="cross_entropy"``; against (1 − ε)·onehot(y) + ε/c with label smoothing
+ε = ``label_smoothing``, 0 by default) or ½‖f − s·onehot(y)‖² (``loss="mse"``, LQF-style models;
+s = ``target_scale``, 1 by default, LQF's 15), :attr:`TrainingRecipe.loss_spec` and
+:meth:`TrainingRecipe.loss_fn` the one definition every method uses,
 ``wd`` the weight-decay coefficient and ``c`` its centre (``wd_center``): ``None`` is ordinary weight decay
 (c = 0, what ``torch.optim.SGD(weight_decay=wd)`` minimises, the default), a dict of tensors a pull toward a
 known start w_0 (scrubnet's own fine-tuning protocol, :meth:`TrainingRecipe.scrubnet_protocol`). The optimiser
@@ -16,6 +18,9 @@ From it the methods derive Newton's retain objective L_r (the sum above over D_r
 curvature and the baselines' loss; :meth:`TrainingRecipe.center_for` gives the centre as a dict over a model's
 trainable parameters (zeros for ordinary weight decay).
 
+AdamW's decoupled decay is not an L2 term of the same coefficient: state its L2 equivalent with
+:meth:`TrainingRecipe.from_adamw` (:mod:`scrubnet.recipe.adamw`).
+
 A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_toml`)::
 
     [recipe]
@@ -23,6 +28,7 @@ A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_
     wd = 5e-4                  # ≥ 0
     wd_center = "zero"         # or the path of a safetensors file holding w_0 (relative to the TOML file)
     target_scale = 1.0         # s of the MSE target s·onehot(y) (loss = "mse" only)
+    label_smoothing = 0.0      # ε of the CE target (1 − ε)·onehot(y) + ε/c (loss = "cross_entropy" only)
     lr = 0.01
     momentum = 0.9
     batch_size = 128
@@ -38,6 +44,8 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from scrubnet._config import ConfigValueError, check_table_keys, check_value
+from scrubnet.models.loss import LossSpec
+from scrubnet.recipe.adamw import adamw_l2_equivalent
 from scrubnet.training.loops import TrainConfig
 
 try:
@@ -52,7 +60,8 @@ RECIPE_LOSSES = {"cross_entropy": "ce", "mse": "mse"}
 PROTOCOL_BASELINE_EPOCHS = 10
 
 #: allowed ranges of the numeric recipe keys
-RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "lr": "> 0", "momentum": "[0, 1)", "batch_size": ">= 1", "epochs": ">= 0"}
+RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "label_smoothing": "[0, 1)", "lr": "> 0", "momentum": "[0, 1)",
+                 "batch_size": ">= 1", "epochs": ">= 0"}
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,9 @@ class TrainingRecipe:
         Parameters absent from the dict feel no decay.
     target_scale : float
         s of the MSE loss's target s·onehot(y) (1 unless the model was trained like LQF, 15).
+    label_smoothing : float
+        ε of the cross-entropy's target (1 − ε)·onehot(y) + ε/c (``CrossEntropyLoss(label_smoothing=ε)``, the
+        HuggingFace Trainer's ``label_smoothing_factor``); 0 = none.
     lr, momentum : float
         SGD step size and momentum the fine-tuning baselines reuse.
     batch_size, epochs : int
@@ -88,6 +100,7 @@ class TrainingRecipe:
     wd: float = 0.0
     wd_center: dict[str, Tensor] | None = field(default=None, compare=False, repr=False)
     target_scale: float = 1.0
+    label_smoothing: float = 0.0
     lr: float = 0.01
     momentum: float = 0.9
     batch_size: int = 128
@@ -103,6 +116,9 @@ class TrainingRecipe:
         if self.loss != "mse" and self.target_scale != 1.0:
             raise ValueError(f"recipe.target_scale applies to the MSE loss only, got {self.target_scale:g} with "
                              f"{self.loss!r}")
+        if self.loss != "cross_entropy" and self.label_smoothing != 0.0:
+            raise ValueError(f"recipe.label_smoothing applies to the cross-entropy loss only, got "
+                             f"{self.label_smoothing:g} with {self.loss!r}")
         if self.wd_center is not None:
             if not isinstance(self.wd_center, dict) or not all(isinstance(v, Tensor) for v in self.wd_center.values()):
                 raise TypeError("recipe.wd_center must be None or a dict of tensors (parameter name → w_0)")
@@ -117,30 +133,51 @@ class TrainingRecipe:
         return RECIPE_LOSSES[self.loss]
 
     @property
+    def loss_spec(self) -> LossSpec:
+        """The per-sample loss (kind, target scale, label smoothing) every objective and gradient uses."""
+        return LossSpec(self.curvature_loss, self.target_scale, self.label_smoothing)
+
+    def loss_fn(self, logits: Tensor, y: Tensor) -> Tensor:
+        """The recipe's mean loss of ``logits`` (N, c) against labels ``y`` (N,): a scalar tensor."""
+        return self.loss_spec.mean(logits, y)
+
+    @property
     def pulls_to_start(self) -> bool:
         """True when the decay pulls toward a given w_0 rather than toward 0."""
         return self.wd_center is not None
 
+    @property
+    def center_is_zero(self) -> bool:
+        """True when the decay pulls toward 0 (no centre, or a centre of zeros on the decayed parameters only)."""
+        return self.wd_center is None or all(not bool(v.any()) for v in self.wd_center.values())
+
     def describe(self) -> str:
         """The objective in words, e.g. ``mean CE + (0.03/2)‖w − w_0‖²``."""
-        scale = "" if self.target_scale == 1.0 else f"{self.target_scale:g}·"
-        data = "mean CE" if self.loss == "cross_entropy" else f"mean ½‖f − {scale}onehot(y)‖²"
+        data = "mean " + self.loss_spec.describe()
         if self.wd == 0:
             return data
-        return f"{data} + ({self.wd:g}/2)‖w − {'w_0' if self.pulls_to_start else '0'}‖²"
+        if self.center_is_zero:
+            return f"{data} + ({self.wd:g}/2)‖w{'_decayed' if self.pulls_to_start else ''}‖²"
+        return f"{data} + ({self.wd:g}/2)‖w − w_0‖²"
 
     def center_for(self, model: nn.Module) -> dict[str, Tensor]:
         """c over ``model``'s trainable parameters: the given w_0 (checked: names present, shapes equal), or
-        zeros for ordinary weight decay. Parameters missing from a given ``wd_center`` are left out (no decay)."""
+        zeros for ordinary weight decay. Parameters missing from a given ``wd_center`` are left out (no decay);
+        its entries naming buffers (BatchNorm statistics) or frozen parameters are ignored, so a whole
+        ``state_dict()`` may serve as the centre file."""
         params = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if self.wd_center is None:
             return {k: torch.zeros_like(p, requires_grad=False) for k, p in params.items()}
-        unknown = sorted(set(self.wd_center) - set(params))
+        not_trained = {k for k, _ in model.named_buffers()} | {k for k, p in model.named_parameters()
+                                                               if not p.requires_grad}
+        unknown = sorted(set(self.wd_center) - set(params) - not_trained)
         if unknown:
             raise ValueError(f"recipe.wd_center names tensors the model has no trainable parameter for: "
                              f"{', '.join(unknown[:3])}" + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""))
         out = {}
         for k, v in self.wd_center.items():
+            if k not in params:
+                continue
             if tuple(v.shape) != tuple(params[k].shape):
                 raise ValueError(f"recipe.wd_center[{k!r}] has shape {tuple(v.shape)}, the parameter "
                                  f"{tuple(params[k].shape)}")
@@ -161,6 +198,32 @@ class TrainingRecipe:
         return cls(loss="cross_entropy", wd=float(config.wd), wd_center=w0, lr=float(config.lr),
                    momentum=float(config.momentum), batch_size=int(config.batch_size),
                    epochs=PROTOCOL_BASELINE_EPOCHS, freeze_bn=bool(config.freeze_bn))
+
+    @classmethod
+    def from_adamw(cls, model: nn.Module, optimizer: torch.optim.Optimizer, **settings) -> "TrainingRecipe":
+        """The recipe of a model trained with ``torch.optim.AdamW`` (or the HuggingFace Trainer's AdamW).
+
+        Parameters
+        ----------
+        model : the trained model.
+        optimizer : its AdamW optimiser with the state at the end of training (:func:`adamw_l2_equivalent`).
+        **settings : other recipe fields (``loss``, ``label_smoothing``, ``batch_size``, ``epochs`` …).
+
+        Returns
+        -------
+        TrainingRecipe
+            ``wd`` = the L2 equivalent of the decoupled decay (not its ``weight_decay``), the centre zero on the
+            decayed parameters only (groups with ``weight_decay = 0`` feel none), ``lr`` the first group's (its
+            ``initial_lr`` under a scheduler).
+        """
+        wd, decayed, _ = adamw_l2_equivalent(model, optimizer)
+        trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        center = None if wd == 0.0 or decayed == set(trainable) else {
+            k: torch.zeros_like(p.detach()) for k, p in trainable.items() if k in decayed}
+        lr = float(optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]))
+        if lr > 0:  # a schedule annealed to 0 leaves lr = 0; its start is in initial_lr
+            settings.setdefault("lr", lr)
+        return cls(wd=wd, wd_center=center, **settings)
 
     @classmethod
     def from_dict(cls, d: dict, base_dir: str | Path = ".", prefix: str = "recipe.") -> "TrainingRecipe":
@@ -218,6 +281,6 @@ class TrainingRecipe:
     def to_dict(self) -> dict:
         """The recipe's scalar settings (``wd_center`` as ``"zero"`` or ``"given"``) for reports and sidecars."""
         return {"loss": self.loss, "wd": self.wd, "wd_center": "given" if self.pulls_to_start else "zero",
-                "target_scale": self.target_scale,
+                "target_scale": self.target_scale, "label_smoothing": self.label_smoothing,
                 "lr": self.lr, "momentum": self.momentum, "batch_size": self.batch_size, "epochs": self.epochs,
                 "freeze_bn": self.freeze_bn}

@@ -42,6 +42,7 @@ from scrubnet.models.call import call_model
 from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
+from scrubnet.models.loss import LossSpec
 
 
 #: how the gold standard is retrained without D_f by default (the authors' code; see :func:`retrain`)
@@ -170,10 +171,17 @@ def _set_mode(model: nn.Module, freeze_bn: bool) -> None:
         freeze_batchnorm(model)
 
 
-def batch_loss(logits: Tensor, y: Tensor, loss_fn: str = "ce", ascent: Tensor | None = None,
+def batch_loss(logits: Tensor, y: Tensor, loss_fn: str | LossSpec = "ce", ascent: Tensor | None = None,
                ascent_cap: float | None = None) -> Tensor:
     """The mean training loss of one batch: CE, ½‖f − onehot‖² ("mse"), or CE with the samples flagged in
-    ``ascent`` (bool, (B,)) negated and capped at ``ascent_cap`` (−min(CE_i, cap): NegGrad)."""
+    ``ascent`` (bool, (B,)) negated and capped at ``ascent_cap`` (−min(CE_i, cap): NegGrad). A
+    :class:`~scrubnet.models.loss.LossSpec` adds label smoothing or the MSE target scale."""
+    if isinstance(loss_fn, LossSpec):
+        if ascent is None:
+            return loss_fn.mean(logits, y)
+        ce = loss_fn.per_sample(logits, y)
+        capped = ce if ascent_cap is None else torch.clamp(ce, max=ascent_cap)
+        return torch.where(ascent, -capped, ce).mean()
     if loss_fn == "mse":
         return 0.5 * ((logits - F.one_hot(y, logits.shape[-1]).to(logits.dtype)) ** 2).sum(-1).mean()
     if ascent is None:
@@ -243,7 +251,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
 
     Returns (epochs trained, whether ``stop`` ended it).
     """
-    if loss_fn not in ("ce", "mse") or (loss_fn == "mse" and ascent is not None):
+    kind = loss_fn.kind if isinstance(loss_fn, LossSpec) else loss_fn
+    if kind not in ("ce", "mse") or (kind == "mse" and ascent is not None):
         raise ValueError(f"loss_fn must be 'ce' or 'mse' (mse without ascent), got {loss_fn!r}")
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
