@@ -24,7 +24,7 @@ from torch import nn
 
 from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import ForgetContext, ForgettingMethod, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
@@ -48,8 +48,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     model : nn.Module
         The trained model: logits (n, c), or a tuple / mapping / ``.logits`` holding them; not modified.
     retain, forget : tensors, Dataset or DataLoader
-        D_r, D_f: ``(x (n, ...), y (n,))`` tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
-        (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
+        D_r, D_f: ``(x (n, ...), y (n,))`` tensors, or a ``Dataset`` / ``DataLoader`` of tuple or dict batches.
     method : str
         A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
     recipe : TrainingRecipe, optional
@@ -59,46 +58,37 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     on_failure : {"raise", "return"}
         A failed scrub raises :class:`ScrubFailed` or is returned with ``ok=False``.
     num_classes : int, optional
-        c (default: read from the classifier, else from the width of the model's output on the first chunk of
-        ``retain``).
+        c (default: from the classifier, else the width of the model's output on the first chunk of ``retain``).
     forget_class : int, optional
         The forgotten class when a whole class is forgotten (class-only methods need it).
     classifier : str, optional
-        Dotted name of the final ``nn.Linear`` when it is not ``head``, ``fc`` or ``classifier`` (also handed to
-        a method taking a ``classifier`` option).
-    force : bool
-        Run a curvature method even when the model is far from a minimum of the recipe's objective.
-    readouts : bool
-        Also measure error (fraction) and loss (nats) on D_r, D_f (and ``test``) before and after, streamed.
+        Dotted name of the final ``nn.Linear`` if not ``head``/``fc``/``classifier`` (handed to methods too).
+    force, readouts : bool
+        Run a curvature method even when the model is far from a minimum of the recipe's objective; measure error
+        (fraction) and loss (nats) on D_r, D_f (and ``test``) before and after, streamed.
     test : tensors, Dataset or DataLoader, optional
         Held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
         forgetting verdict ``result.forgetting`` (:class:`~scrubnet.readouts.forgetting.ForgettingVerdict`).
     on_not_forgotten : {"fail", "warn"}
-        A forgetting method whose verdict is did_not_forget or moved_wrong_way is ``ok=False`` (the numbers in
-        the reason) or only reported in ``result.warnings``.
+        A forgetting method whose verdict is did_not_forget or moved_wrong_way fails, or only warns (``warnings``).
     reference : nn.Module, optional
         A model retrained without D_f; with a noisy method gives the information bound (nats).
     keys, chunk_size : BatchKeys or None, int
-        How dict batches are read; samples per streamed chunk.
+        How dict batches are read (:class:`~scrubnet.data.stream.BatchKeys`); samples per streamed chunk.
     retain_error_tolerance : float
-        The scrub fails when the retain error rises by more than this (a fraction: 0.05 = 5 points); measured on
-        every call (two streamed passes over D_r).
+        The largest allowed rise of the retain error (a fraction: 0.05 = 5 points), measured on every call.
     max_cost_vs_retrain : float, optional
-        Refuse (:class:`~scrubnet.training.cost.BudgetExceeded`, before any work) when the call's estimate is
-        above this many retrainings from the model's initialisation with the recipe
-        (:func:`scrubnet.cost_guard.price_call`).
+        Refuse (``BudgetExceeded``, before any work) a call estimated above this many retrainings from the
+        model's initialisation with the recipe (:func:`scrubnet.cost_guard.price_call`).
     **method_options
-        The method's options, checked against its declared option rules. When the method would cost more than
-        one retraining and has a budgeted mode (Newton and NTK: a CG budget, reporting the residual reached;
-        Fisher: a subsample, reporting its variance), that mode runs (within ``max_cost_vs_retrain`` when that
-        is lower) unless its option, or one it replaces, is given (:func:`scrubnet.cost_guard.budgeted_options`).
+        The method's options, checked against its rules. A method costing more than one retraining runs its
+        budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
 
     Returns
     -------
     model, result : nn.Module, ForgetResult
-        The scrubbed model (a new module); whether the scrub did what it claims, the method's numbers, the
-        checks (and the readouts, bounds and verdict when asked); ``result.cost``: the measured CPU seconds, the
-        retraining estimate and their ratio ``cost_vs_retrain``.
+        The scrubbed model (a new module); what the scrub reports: ``ok`` and why, its numbers, checks, readouts,
+        bounds, verdict, ``cost`` (CPU seconds against retraining).
 
     Raises
     ------
@@ -116,10 +106,24 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
                    classifier=classifier)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
     method_options = _with_classifier(method, classifier, method_options)
-    scrubber = get_method(method, **method_options)
+    scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
-    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(readouts)}
+    out = _priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
+                        retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
+                        on_not_forgotten=on_not_forgotten)
+    if not out.ok and on_failure == "raise":
+        raise ScrubFailed(out)
+    return out.model, out
+
+
+def _priced_scrub(scrubber: ForgettingMethod, method_options: dict, model: nn.Module, retain_s, forget_s,
+                  ctx: ForgetContext, test_s, max_cost_vs_retrain: float | None, **measure) -> ForgetResult:
+    """:func:`scrub_and_measure` after pricing the call against retraining: the method's budgeted mode when the
+    full method would cost more (:func:`~scrubnet.cost_guard.budgeted_options`), refused over
+    ``max_cost_vs_retrain``; ``result.cost`` holds the measured CPU seconds against the estimate."""
+    method = scrubber.name
+    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(measure["readouts"])}
     est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx, **call)
     target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
     budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target, **call)
@@ -128,14 +132,11 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         scrubber = get_method(method, **method_options)
     refuse_over(est, max_cost_vs_retrain, method)
     t0 = time.process_time()
-    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, retain_error_tolerance=retain_error_tolerance,
-                            reference=reference, readouts=readouts, test=test_s, on_not_forgotten=on_not_forgotten)
+    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, test=test_s, **measure)
     out.cost = measured_cost(time.process_time() - t0, est, ref)
     if budgeted is not None:
         out.cost["budgeted"] = est.details["budgeted"]
-    if not out.ok and on_failure == "raise":
-        raise ScrubFailed(out)
-    return out.model, out
+    return out
 
 
 def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_classes: int | None, seed: int,

@@ -33,16 +33,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from scrubnet._config import ConfigValueError, check_value
 from scrubnet.curvature.attention import jvp_safe_attention
 from scrubnet.data.stream import BatchKeys, as_stream, inputs_finite
 from scrubnet.device import model_device
 from scrubnet.methods.artifacts import ArtifactCache
+from scrubnet.methods.options import Option  # noqa: F401  (re-exported: methods import it from here)
 from scrubnet.models import eval_mode, find_classifier
 from scrubnet.models.call import Inputs, call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
-from scrubnet.models.call import call_model
 from scrubnet.training.cost import CostEstimate, estimating_on, retrain_reference_cost
 
 Data = tuple[Inputs, Tensor]
@@ -250,41 +249,6 @@ class ScrubResult:
         self.ok = False
         self.reasons.append(reason)
         return self
-
-
-@dataclass(frozen=True)
-class Option:
-    """The rule of one method option (scikit-learn style parameter constraints), checked before the method
-    is built (:meth:`ForgettingMethod.check_options`).
-
-    Parameters
-    ----------
-    type : type
-        The annotation the value must fit, as in configuration files: ``int``, ``float`` (an int is
-        converted; NaN/inf refused), ``str``, ``bool``, ``X | None`` …
-    range : str, optional
-        Bounds, e.g. ``"> 0"``, ``">= 1"``, ``"[0, 1)"`` (:func:`scrubnet._config.check_value`).
-    choices : tuple, optional
-        The allowed values (strings).
-    default : Any
-        The constructor's default, for the documentation and the CLI's help.
-    """
-
-    type: Any
-    range: str | None = None
-    choices: tuple | None = None
-    default: Any = None
-
-    def check(self, key: str, value):
-        """``value`` converted (int → float) or ``ValueError`` naming ``key`` and what is expected."""
-        try:
-            out = check_value(key, value, self.type, self.range)
-        except ConfigValueError as e:
-            raise ValueError(str(e).replace("configuration key ", "option ", 1)) from None
-        if self.choices is not None and out is not None and out not in self.choices:
-            raise ValueError(f"option {key}: expected one of {', '.join(repr(c) for c in self.choices)}, "
-                             f"got {value!r}")
-        return out
 
 
 class ForgettingMethod(ABC):

@@ -276,6 +276,10 @@ class FisherForgetting(ForgettingMethod):
         Nats (default :data:`DEFAULT_LOSS_BUDGET` when ``alpha`` is not given): α is set so the noise raises the
         mean retain cross-entropy by that much (:func:`alpha_for_budget`), the rise is then measured on the
         sample and α halved while it exceeds twice the budget.
+    subsample : int or None
+        The budgeted mode: the Fisher diagonal on this many samples of D_r (≥ 8, drawn without replacement,
+        seeded; :func:`subsample_fisher`), its sampling error reported in ``info`` (``fisher_subsample``,
+        ``fisher_trace_rel_se``, ``fisher_diag_rel_se_median``). Default None: all of D_r.
 
     Returns
     -------

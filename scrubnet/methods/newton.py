@@ -279,6 +279,9 @@ class NewtonScrub(ForgettingMethod):
     retain_loss_tolerance, retain_error_tolerance : float or None
         The data safeguard: a step raising the retain cross-entropy by more nats (default 0.05), or the retain
         error by more (a fraction, default 0.02), is shortened or rejected; None turns it off.
+    cg_budget : int or None
+        The budgeted mode: one CG solve of at most this many iterations, the "backtrack" safeguard, no damping
+        re-solves; the residual reached is reported instead of a failure. Default None: off.
 
     Returns
     -------

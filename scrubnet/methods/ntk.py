@@ -291,6 +291,9 @@ class NTKScrub(ForgettingMethod):
         Samples per Jacobian chunk (default: planned).
     step_scale : float or None
         A fixed multiplier of δw; overrides the trapezium when given.
+    cg_budget : int or None
+        The budgeted mode: the CG solver at most this many iterations per solve (replaces ``solver`` and
+        ``cg_max_iter``), the residual reached reported instead of a failure. Default None: off.
 
     Returns
     -------

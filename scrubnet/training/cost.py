@@ -78,6 +78,10 @@ class CostEstimate:
         Forward+backward passes over the data, in per-sample units.
     details : dict of str to float or str
         The method's own breakdown (e.g. per phase FLOPs, the solver chosen).
+    retrain_flops, retrain_seconds : float or None
+        The retraining reference's FLOPs and seconds (:meth:`against`), None until set.
+    cost_vs_retrain : float or None
+        ``seconds / retrain_seconds``, None until the reference is set.
 
     Returns
     -------

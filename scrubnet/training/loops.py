@@ -202,13 +202,14 @@ def _schedule_epoch(opt: torch.optim.Optimizer, epoch: int, lr: float, lr_decay:
             group["lr"] = lr * lr_decay ** epoch
 
 
-def _epoch_order(n: int, samples_per_epoch: int | None, generator: torch.Generator, device
+def _epoch_order(n: int, samples_per_epoch: int | None, generator: torch.Generator, device, data_device
                  ) -> tuple[Tensor, int]:
-    """One epoch's sample order and its length: a permutation of the n samples, or ``samples_per_epoch``
-    indices drawn with replacement."""
+    """One epoch's sample order (drawn on ``device``, the generator's, moved to ``data_device``) and its
+    length: a permutation of the n samples, or ``samples_per_epoch`` indices drawn with replacement."""
     if samples_per_epoch is None:
-        return torch.randperm(n, generator=generator, device=device), n
-    return torch.randint(n, (samples_per_epoch,), generator=generator, device=device), samples_per_epoch
+        return torch.randperm(n, generator=generator, device=device).to(data_device), n
+    order = torch.randint(n, (samples_per_epoch,), generator=generator, device=device)
+    return order.to(data_device), samples_per_epoch
 
 
 def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
@@ -275,8 +276,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
         wd_now = wd if in_window(epoch, wd_epochs) else 0.0
         augment_now = augment if augment is not None and in_window(epoch, augment_epochs) else None
         _set_mode(model, freeze_bn)
-        order, total = _epoch_order(n, samples_per_epoch, generator, device)
-        order = order.to(x.device)
+        order, total = _epoch_order(n, samples_per_epoch, generator, device, x.device)
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
             logits = call_model(model, x[idx] if augment_now is None else augment_now(x[idx]))
