@@ -181,14 +181,15 @@ class Retrain(ForgettingMethod):
 
     def scrub(self, model, retain, forget, ctx):
         if ctx.start is None:
-            raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+            raise ValueError("retrain needs the weights training started from (ctx.start, w_0), which a user's "
+                             "model does not carry: retrain it on D_r with your own loop, or use scrubnet run")
         mode = self.mode or ctx.retrain_mode
         if ctx.split is not None:
             x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx
         elif mode == "remove":
             x, y, forget_idx = retain[0], retain[1], torch.zeros(0, dtype=torch.long, device=retain[1].device)
         else:
-            raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
+            raise ValueError("retrain mode 'replace' needs the full split (ctx.split); use mode='remove'")
         key = retrain_key(ctx.start, x, y, forget_idx, train=ctx.config.to_dict(), seed=ctx.seed, mode=mode)
         trained = ctx.cache.get_or_compute(
             key, lambda: retrain_fn(ctx.start, x, y, forget_idx, ctx.config, ctx.seed, mode=mode)[0])
