@@ -34,11 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 FAMILIES = {"mlp": ("mlp", (40,), 5, {}),
-            "resnet": ("resnet18", (3, 16, 16), 10, {"width": 0.25})}
+            "resnet": ("resnet18", (3, 16, 16), 10, {"width": 0.25}),
+            "transformer": ("transformer", (3, 32, 32), 10, {})}   # benchmarks/cost_vs_retrain.SmallTransformer
 
 # which EFFICIENCY constant each case's time mostly depends on (NTK-CG: its VJP/JVP products run at Newton's)
 KIND = {"retrain": "train", "finetune": "train", "newton": "newton", "ntk-cg": "newton", "ntk": "ntk",
-        "fisher": "fisher"}
+        "fisher": "fisher", "fisher-default": "fisher", "newton-default": "newton"}
 
 # (method, family, N, fixed work): two sizes per method and family, each run well under a minute
 CASES = [
@@ -54,6 +55,15 @@ CASES = [
     ("ntk-cg", "resnet", 32, {"cg_max_iter": 3}), ("ntk-cg", "resnet", 96, {"cg_max_iter": 3}),
     ("fisher", "mlp", 2000, {}), ("fisher", "mlp", 8000, {}),
     ("fisher", "resnet", 32, {}), ("fisher", "resnet", 64, {}),
+    # the transformer; and fisher / newton at their defaults (a user's call: the α search; Newton's "lm"
+    # safeguard, 300 iterations, estimated as its true upper bound of 7 solves)
+    ("retrain", "transformer", 256, {"epochs": 2}), ("finetune", "transformer", 256, {"epochs": 2}),
+    ("newton", "transformer", 128, {"max_iter": 5}), ("fisher", "transformer", 64, {}),
+    ("ntk-cg", "transformer", 64, {"cg_max_iter": 3}),
+    ("fisher-default", "mlp", 2000, {}), ("fisher-default", "resnet", 64, {}),
+    ("fisher-default", "transformer", 64, {}),
+    ("newton-default", "mlp", 1000, {}), ("newton-default", "resnet", 32, {}),
+    ("newton-default", "transformer", 64, {}),
 ]
 
 
@@ -77,7 +87,12 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     from scrubnet.training import TrainConfig
 
     name, shape, c, kw = FAMILIES[family]
-    model = build_model(name, shape, c, seed=0, **kw).eval()
+    if name == "transformer":
+        from benchmarks.cost_vs_retrain import SmallTransformer
+        torch.manual_seed(0)
+        model = SmallTransformer(c).eval()
+    else:
+        model = build_model(name, shape, c, seed=0, **kw).eval()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, *shape, generator=g)
     y = torch.randint(c, (n,), generator=g)
@@ -96,6 +111,9 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
             get_method("retrain", mode="remove")(model, ret, fgt, ctx)
             return cfg.max_epochs
         ctx = protocol_context(model, TrainConfig(), num_classes=c)
+        if method in ("fisher-default", "newton-default"):   # the class defaults, as a user's call runs them
+            res = get_method(method.split("-")[0])(model, ret, fgt, ctx)
+            return int(res.info.get("newton_cg_iterations_total", res.info.get("alpha_halvings", 0)))
         if method == "finetune":
             ep = 1 if warm else work["epochs"]
             get_method("finetune", epochs=ep)(model, ret, fgt, ctx)
@@ -123,6 +141,8 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
         est_method, opts = "ntk", {"solver": "cg", **work}
     if method == "retrain":
         opts = {"mode": "remove"}                       # at the config's epoch cap, over D_r
+    if method in ("fisher-default", "newton-default"):
+        est_method, opts = method.split("-")[0], {}
     est = estimate(model, n_r, n_f, method=est_method, num_classes=c, in_shape=shape, config=cfg, **opts)
     rate = matmul_rate()
     with open("/proc/self/clear_refs", "w") as f:

@@ -5,7 +5,7 @@
     python scripts/readme_tables.py --update README.md    # rewrite those tables in place
 
 A README table rendered by this script follows a marker line ``<!-- readme-table: KIND PATH -->`` (KIND: ``run``,
-``audit`` or ``dp``; PATH: the results file the documented command writes, relative to the repository root),
+``audit``, ``dp`` or ``bench``; PATH: the results file the documented command writes, relative to the repository root),
 and ends at the first line that does not start with ``|``. Units: errors, attack rates and balanced
 accuracies in %, losses in nats, re-learn time in epochs, AUC and ε scores from 0 to 1 (the results files
 keep fractions).
@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 MARKER = re.compile(r"^<!-- readme-table: (\w+) (\S+) -->\s*$")
-DEFAULTS = {"run": "runs/default/results.json", "audit": "runs/audit/audit.json", "dp": "runs/dp/results.json"}
+DEFAULTS = {"run": "runs/default/results.json", "audit": "runs/audit/audit.json", "dp": "runs/dp/results.json",
+            "bench": "runs/bench/bench.json"}
 
 
 def _pm(s: dict, scale: float = 1.0, digits: int = 1) -> str:
@@ -74,7 +75,24 @@ def dp_table(results: dict) -> list[str]:
     return lines
 
 
-RENDER = {"run": run_table, "audit": audit_table, "dp": dp_table}
+def bench_table(results: dict) -> list[str]:
+    """`scrubnet bench`: per setting, the methods ordered by Avg. Gap to retrain (UA, RA, TA, MIA-efficacy and
+    Avg. Gap in %, mean ± std over seeds; time of the scrub in s); the closest method in each setting in bold."""
+    lines = ["| setting | method | family | UA % | RA % | TA % | MIA-eff. % | Avg. Gap % | time (s) | options |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for setting, summ in results["summary"].items():
+        for r in summ["rows"]:
+            name = f"**{r['method']}**" if r["method"] == summ.get("closest") else r["method"]
+            if r.get("failed"):
+                name += f" ({r['failed']} failed)"
+            opts = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["options"].items())
+            lines.append(f"| {setting} | {name} | {r['family']} | {_pm(r['ua'], 100)} | {_pm(r['ra'], 100)} | "
+                         f"{_pm(r['ta'], 100)} | {_pm(r['mia_efficacy'], 100)} | {_pm(r['avg_gap'], 100)} | "
+                         f"{r['time_s']['mean']:.2f} | {opts or 'defaults'} |")
+    return lines
+
+
+RENDER = {"run": run_table, "audit": audit_table, "dp": dp_table, "bench": bench_table}
 
 
 def render(kind: str, path: Path) -> list[str]:

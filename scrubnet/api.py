@@ -17,10 +17,12 @@ does D_f now look like data the model never saw?); a method whose purpose is for
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 from torch import nn
 
+from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import first_inputs, method_class
@@ -39,6 +41,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            readouts: bool = False, test=None, reference: nn.Module | None = None,
            keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
+           max_cost_vs_retrain: float | None = None,
            **method_options: Any
            ) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
@@ -62,8 +65,16 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         = 5 points); measured on every call (two streamed passes over D_r).
     on_failure: ``"raise"`` (:class:`ScrubFailed`) or ``"return"`` (the result says ``ok=False``).
     keys, chunk_size: how dict batches are read and how many samples a chunk holds.
+    max_cost_vs_retrain: refuse (:class:`~scrubnet.training.cost.BudgetExceeded`, before any work) when the
+        call's estimate is above this many retrainings from the model's initialisation with the recipe
+        (:func:`scrubnet.cost_guard.price_call`).
 
-    Returns (scrubbed model, :class:`ForgetResult`). ``model`` is not modified.
+    When the method would cost more than one retraining and has a budgeted mode (Newton and NTK: a CG
+    budget, reporting the residual reached; Fisher: a subsample, reporting its variance) that mode runs,
+    (within ``max_cost_vs_retrain`` when that is lower), unless its option (or one it replaces) is given (:func:`scrubnet.cost_guard.budgeted_options`).
+
+    Returns (scrubbed model, :class:`ForgetResult`); ``result.cost`` records the measured CPU seconds, the
+    retraining estimate and their ratio ``cost_vs_retrain``. ``model`` is not modified.
     """
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
@@ -83,10 +94,24 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
             and "classifier" in inspect.signature(cls.__init__).parameters:
         method_options = {**method_options, "classifier": classifier}   # one name for the head, everywhere
     scrubber = get_method(method, **method_options)
-    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, retain_error_tolerance=retain_error_tolerance,
-                            reference=reference, readouts=readouts,
-                            test=None if test is None else as_stream(test, keys, chunk_size),
+    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    test_s = None if test is None else as_stream(test, keys, chunk_size)
+    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(readouts)}
+    est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx, **call)
+    target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
+    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target, **call)
+    if budgeted is not None:  # the full method would cost more than retraining: its budgeted mode
+        method_options, est = budgeted
+        scrubber = get_method(method, **method_options)
+    refuse_over(est, max_cost_vs_retrain, method)
+    t0 = time.process_time()
+    out = scrub_and_measure(scrubber, model, retain_s, forget_s,
+                            ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
+                            readouts=readouts, test=test_s,
                             on_not_forgotten=on_not_forgotten)
+    out.cost = measured_cost(time.process_time() - t0, est, ref)
+    if budgeted is not None:
+        out.cost["budgeted"] = est.details["budgeted"]
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

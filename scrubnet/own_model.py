@@ -20,6 +20,7 @@ from scrubnet.api import forget as scrub_model
 from scrubnet.checkpoint import read_meta, save_checkpoint, sidecar_path, state_sha256, weights_sha256
 from scrubnet.data.splits import validate_forget_ids
 from scrubnet.data.user import UserData, load_user_data
+from scrubnet.methods.base import ForgetContext
 from scrubnet.recipe.objective import RecipeMismatch
 from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256,
@@ -102,8 +103,9 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
     returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
-    ``before_scrub(model, retain, forget, num_classes)`` runs once the inputs are loaded and checked (the CLI's
-    cost estimate and budgets); when it returns True nothing is scrubbed or written and None is returned.
+    ``before_scrub(model, retain, forget, ctx)`` (ctx: the call's :class:`~scrubnet.methods.base.ForgetContext`)
+    runs once the inputs are loaded and checked (the CLI's cost estimate and budgets); when it returns True
+    nothing is scrubbed or written and None is returned.
     With test arrays in ``data`` the scrub gets the forgetting verdict (``on_not_forgotten``: see
     :func:`scrubnet.forget`); the sidecar records it (``forgetting``) and the warnings (``warnings``)."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
@@ -113,8 +115,11 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     keep[idx] = False
     retain = (ud.x[keep].to(device), ud.y[keep].to(device))
     forget_set = (ud.x[idx].to(device), ud.y[idx].to(device))
-    if before_scrub is not None and before_scrub(model, retain, forget_set, c):
-        return None
+    if before_scrub is not None:
+        ctx = ForgetContext.from_recipe(model, recipe, num_classes=c, seed=seed, forget_class=whole_class(ud.y, idx))
+        ctx.force = bool(force)
+        if before_scrub(model, retain, forget_set, ctx):
+            return None
     test = None if ud.x_test is None else (ud.x_test.to(device), ud.y_test.to(device))
     try:
         scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
@@ -131,7 +136,7 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
              "factory_sha256": factory_source_sha256(spec), "source_weights": str(weights),
              "source_sha256": state_sha256(Path(weights).read_bytes()), "data": str(data), "ok": True,
              "forgetting": None if result.forgetting is None else result.forgetting.to_dict(),
-             "warnings": list(result.warnings),
+             "warnings": list(result.warnings), "cost": dict(result.cost),
              "report": {k: float(v) for k, v in result.report.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return save_checkpoint(out, scrubbed, arch=USER_ARCH, in_shape=list(ud.x.shape[1:]), num_classes=c,

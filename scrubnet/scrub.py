@@ -73,6 +73,9 @@ class ForgetResult:
                   before and after; its ``summary`` is one line), None without held-out data.
     warnings:     what the user must know though the scrub is ``ok`` (a Newton step damped to a near no-op, a
                   failing verdict under ``on_not_forgotten="warn"``, a verdict that could not be computed).
+    cost:         what the call cost against retraining, when the entry point measured it
+                  (:func:`scrubnet.cost_guard.measured_cost`: ``seconds``, ``retrain_seconds_estimate``,
+                  ``cost_vs_retrain`` …).
     """
 
     ok: bool
@@ -87,6 +90,7 @@ class ForgetResult:
     scrub: ScrubResult | None = field(default=None, repr=False)
     forgetting: ForgettingVerdict | None = None
     warnings: list[str] = field(default_factory=list)
+    cost: dict[str, float] = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:

@@ -193,7 +193,7 @@ CAPS = {"newton": dict(max_iter=30), "ntk": dict(cg_max_iter=100), "ntk-fisher":
         "scrub": dict(epochs=1), "finetune": dict(epochs=1), "neggrad": dict(epochs=1),
         "randomlabels": dict(epochs=1), "ssd": dict(selection_threshold=1.0)}
 #: methods that refuse a user's token model, and the cause their one-line refusal names
-REFUSE = {"retrain": "ctx.start", "mlforget": "mixed-linear", "mlforget-retrain": "mixed-linear",
+REFUSE = {"mlforget": "mixed-linear", "mlforget-retrain": "mixed-linear",
           "unsir": "floating-point", "boundary-shrink": "floating-point"}
 
 

@@ -32,6 +32,7 @@ from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import band_reference, get_split
 from scrubnet.methods.base import anchor_method, method_class
+from scrubnet.readouts.standard import avg_gap, metrics_from_logits
 
 def anchor_role(method: str) -> str | None:
     """``"original"`` or ``"retrain"`` for an anchor method (its U-LiRA/ε rows are the pool's own originals or
@@ -400,6 +401,7 @@ class Audit:
             d["klom_forget"] = kl["forget"]["mean"]
             d["klom_forget_ci95"] = kl["forget"]["mean_ci95"]
             d["klom"] = kl
+            d["standard"] = self.standard(m)
             d["seconds_per_model"] = float(np.mean(self.times[m])) if self.times.get(m) else None
             per = []
             eps_of = {int(j): float(v) for j, v in zip(F0, er.epsilons)}
@@ -413,6 +415,27 @@ class Audit:
             d["per_example"] = per
             out[m] = d
         return {"methods": out, "comparisons": _comparisons(reps)}
+
+    def standard(self, m: str) -> dict:
+        """The field's standard metrics of ``m`` (UA, RA, TA, MIA-efficacy; fractions) on every (split,
+        forget set) of its pool, and Avg. Gap to the retrain model of the same pair, averaged over the pairs."""
+        n, y, yt = self.data.n, self.split.y.numpy(), self.split.y_test.numpy()
+        rows = []
+        for s in range(self.plan.splits):
+            for f in range(self._pairs(m)):
+                F0 = self.data.forget[(s, f)]
+                R0 = np.setdiff1d(self.data.halves[s], F0)
+
+                def metrics(model_id, method):
+                    lg = self.logits(model_id, method)
+                    return metrics_from_logits((lg[:n][R0], y[R0]), (lg[:n][F0], y[F0]), (lg[n:], yt),
+                                               seed=self.audit_seed)
+                mine, ret = metrics(self._in_id(m, s, f), m), metrics(f"retrain/{s}/{f}", None)
+                rows.append({**mine.as_dict(), "avg_gap": avg_gap(mine, ret)})
+        out = {k: float(np.mean([r[k] for r in rows])) for k in ("ua", "ra", "ta", "mia_efficacy", "avg_gap")}
+        out["mia_degenerate"] = int(sum(r["mia_degenerate"] for r in rows))
+        out["pairs"] = len(rows)
+        return out
 
     def _deepunlearn_accuracy(self, m: str) -> float | None:
         """Mean over examples of DeepUnlearn's per-example accuracy (p > 0.5) on all splits (no shadow/target

@@ -1,6 +1,6 @@
 """The ``scrubnet`` command line: run experiments, train, forget, evaluate, report, audit, and the rest.
 
-One module per command group (:mod:`.run`, :mod:`.forget`, :mod:`.audit`, :mod:`.dp`, :mod:`.study`,
+One module per command group (:mod:`.run`, :mod:`.forget`, :mod:`.audit`, :mod:`.bench`, :mod:`.dp`, :mod:`.study`,
 :mod:`.mlforget`, :mod:`.serve`) and :mod:`.common` for what they share. Every command turns bad input into
 one line ``error: …`` on stderr and exit code 2 (any other failure: one line naming the exception, exit code 1;
 ``SCRUBNET_DEBUG=1`` shows its traceback), and writes its outputs atomically, so nothing half-written is left
@@ -12,8 +12,8 @@ from typing import Optional
 
 import typer
 
-from scrubnet.cli import audit as audit_cmds, dp as dp_cmds, forget as forget_cmds, mlforget as mlforget_cmds, \
-    run as run_cmds, serve as serve_cmds, study as study_cmds
+from scrubnet.cli import audit as audit_cmds, bench as bench_cmds, dp as dp_cmds, forget as forget_cmds, \
+    mlforget as mlforget_cmds, run as run_cmds, serve as serve_cmds, study as study_cmds
 from scrubnet.cli.common import handle_errors, report_error, set_default_threads
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -28,6 +28,7 @@ for _name, _fn in (("train", mlforget_cmds.train), ("forget", mlforget_cmds.forg
     mlforget_cmds.mlforget_app.command(name=_name)(handle_errors(_fn))
 app.add_typer(mlforget_cmds.mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
 app.command(name="audit")(handle_errors(audit_cmds.audit))
+app.command(name="bench")(handle_errors(bench_cmds.bench))
 app.command(name="dp")(handle_errors(dp_cmds.dp))
 study_cmds.study_app.command(name="critical-periods")(handle_errors(study_cmds.critical_periods))
 app.add_typer(study_cmds.study_app, name="study",

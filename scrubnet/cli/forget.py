@@ -21,7 +21,10 @@ from scrubnet.experiments.report import format_readout, readout_unit
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
 from scrubnet.methods.base import available_methods, estimate, method_class, protocol_method
 from scrubnet.scrub import scrub_and_measure
-from scrubnet.training.cost import check_budget
+from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
+from scrubnet.data.stream import as_stream
+from scrubnet.methods.baselines import reinitialised
+from scrubnet.training.cost import check_budget, format_bytes, format_seconds
 from scrubnet.own_model import evaluate_own, forget_own
 
 
@@ -62,25 +65,60 @@ def _refuse_own_retrain_family(method: str, own: bool) -> None:
                         "ML-Forgetting on checkpoints")
 
 
-def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[float], memory: Optional[str]):
-    """The cost estimate as a ``before_scrub`` hook: printed for --dry-run (then True: stop), checked against
-    the budgets (a refusal raises); False when nothing asks for it."""
+def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[float], memory: Optional[str],
+                  max_cost_vs_retrain: Optional[float] = None):
+    """The cost estimate as a ``before_scrub`` hook: printed for --dry-run beside the retraining estimate, with
+    the recipe check's verdict (then True: stop), checked against the budgets (a refusal raises); False when
+    nothing asks for it. The hook takes (model, D_r, D_f, ctx) with D_r, D_f as (x, y) tensors."""
     max_bytes = parse_bytes(memory) if memory is not None else None
     if max_seconds is not None and not max_seconds > 0:
         raise UserError(f"--max-seconds must be > 0, got {max_seconds}")
+    if max_cost_vs_retrain is not None and not max_cost_vs_retrain > 0:
+        raise UserError(f"--max-cost-vs-retrain must be > 0, got {max_cost_vs_retrain}")
 
-    def budget(net, retain, forget_set, num_classes, config=None) -> bool:
-        if not (dry_run or max_seconds is not None or max_bytes is not None):
+    def budget(net, retain, forget_set, ctx) -> bool:
+        if not (dry_run or max_seconds is not None or max_bytes is not None or max_cost_vs_retrain is not None):
             return False
-        est = estimate(net, len(retain[1]), len(forget_set[1]), method=method, num_classes=num_classes,
-                       x_probe=retain[0], config=config, **opts)
+        cls = method_class(method)
+        if cls is not None and cls.anchor == "retrain" and ctx.start is None:
+            try:   # retrain on a user's model starts from its initialisation, or is not offered
+                reinitialised(net, ctx.seed)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+        r_s, f_s = as_stream(retain), as_stream(forget_set)
+        est, ref = price_call(method, opts, net, r_s, f_s, ctx)
+        if est is None:
+            raise UserError(f"method {method!r} declares no cost estimate")
+        if ctx.start is None:  # a user's model: scrubnet.forget runs the budgeted mode when the full one is dearer
+            target = 1.0 if max_cost_vs_retrain is None else min(1.0, max_cost_vs_retrain)
+            budgeted = budgeted_options(method, opts, net, r_s, f_s, ctx, est, target)
+            est = est if budgeted is None else budgeted[1]
         if dry_run:
-            console.print(f"estimate: {est.summary()}", highlight=False, soft_wrap=True)
-            console.print_json(json.dumps({k: v for k, v in est.as_dict().items()}))
+            _print_estimate(est, ref, recipe_refusal(method, net, as_stream(retain), ctx))
             return True
-        check_budget(est, max_seconds=max_seconds, max_bytes=max_bytes)
+        check_budget(est, max_seconds=max_seconds, max_bytes=max_bytes, max_cost_vs_retrain=max_cost_vs_retrain)
         return False
     return budget
+
+
+def _print_estimate(est, ref, refusal: Optional[str]) -> None:
+    """The estimate and the retraining estimate side by side, the ratio, and the recipe check's verdict."""
+    t = Table(title=f"cost of {est.method} against retraining (this machine, one thread)")
+    for col in ("", est.method, ref.method):
+        t.add_column(col)
+    t.add_row("time", format_seconds(est.seconds), format_seconds(ref.seconds))
+    t.add_row("FLOPs", f"{est.flops:.3g}", f"{ref.flops:.3g}")
+    t.add_row("peak memory", format_bytes(est.peak_bytes), format_bytes(ref.peak_bytes))
+    t.add_row("passes over D_r", f"{est.passes:.4g}", f"{ref.passes:.4g}")
+    console.print(t)
+    console.print(f"estimate: {est.summary()}", highlight=False, soft_wrap=True)
+    console.print(f"cost_vs_retrain: {est.cost_vs_retrain:.3g}", highlight=False)
+    if est.details.get("budgeted"):
+        console.print(f"budgeted mode (the full method costs more than retraining): {est.details['budgeted']}",
+                      highlight=False)
+    if refusal is not None:
+        console.print(f"would be refused by the recipe check: {refusal}", highlight=False, soft_wrap=True)
+    console.print_json(json.dumps(est.as_dict()))
 
 
 def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint scrubnet trained (.safetensors with "
@@ -107,7 +145,10 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                  "it (e.g. 2GiB, 500MB, bytes)"),
            warn_not_forgotten: bool = typer.Option(False, "--warn-not-forgotten", help="write the scrub even when "
                                                    "the forgetting verdict (D_f against the test data) is "
-                                                   "did_not_forget or moved_wrong_way; default: that fails")):
+                                                   "did_not_forget or moved_wrong_way; default: that fails"),
+           max_cost_vs_retrain: Optional[float] = typer.Option(
+               None, help="refuse (exit 2) before any work when the estimate exceeds this many retrainings from the "
+                          "model's initialisation with the recipe")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
@@ -120,7 +161,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
     _refuse_own_retrain_family(method, own)
     opts = parse_options(option)
-    budget = _budget_check(method, opts, dry_run, max_seconds, memory)
+    protocol = getattr(method_class(method), "protocol_options", {}) if not own else {}
+    budget = _budget_check(method, {**protocol, **opts}, dry_run, max_seconds, memory, max_cost_vs_retrain)
     on_not_forgotten = "warn" if warn_not_forgotten else "fail"
     if own:
         with progress_with_eta():
@@ -138,7 +180,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     m = protocol_method(method, **opts)
     if seed is not None:
         ctx.seed = seed
-    if budget(net, split.retain, split.forget, ctx.num_classes, ctx.config):
+    if budget(net, split.retain, split.forget, ctx):
         return
     with progress_with_eta():  # the one scrub path: the same failure rules as scrubnet.forget
         checked = scrub_and_measure(m, net, split.retain, split.forget, ctx,

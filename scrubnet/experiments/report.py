@@ -15,9 +15,11 @@ PANELS = [("error_retain", "error D_r (%)"), ("error_forget", "error D_f (%)"), 
           ("relearn_epochs", "re-learn time (epochs)"), ("activation_l1_retain", "L1 to retrain, D_r"),
           ("activation_l1_forget", "L1 to retrain, D_f"), ("activation_l1_test", "L1 to retrain, D_test")]
 
-PERCENT = {"error_retain", "error_forget", "error_test", "mia_forget"}
+#: the field's standard metrics (UA, RA, TA, MIA-efficacy, Avg. Gap): their own section of report.md
+STANDARD = ["ua", "ra", "ta", "mia_efficacy", "avg_gap"]
+PERCENT = {"error_retain", "error_forget", "error_test", "mia_forget", *STANDARD}
 #: readouts stored as 0.0 / 1.0 in results.json (yes/no for a reader)
-BOOLEAN = {"mia_degenerate"}
+BOOLEAN = {"mia_degenerate", "mia_efficacy_degenerate"}
 
 
 def readout_unit(r: str) -> str:
@@ -241,7 +243,8 @@ def render_report(results: dict) -> str:
             if r not in readouts:
                 readouts.append(r)
     core = [p for p, _ in PANELS if p in readouts]
-    extra = [r for r in readouts if r not in core and r != "mia_degenerate"]
+    extra = [r for r in readouts if r not in core and r not in STANDARD
+             and r not in ("mia_degenerate", "mia_efficacy_degenerate")]
     seeds = cfg.get("seeds", [])
     lines = ["# scrubnet report", "",
              f"Dataset `{cfg['data']['dataset']}`, model `{cfg['model']}`, seeds {seeds}, retrain mode "
@@ -267,6 +270,13 @@ def render_report(results: dict) -> str:
             if keys:
                 lines.append(f"- **{m}**: " + ", ".join(f"`{k}` {_fmt(k, d['summary'][k])}" for k in keys))
         lines.append("")
+    standard = [r for r in STANDARD if r in readouts]
+    if standard:
+        lines += ["## Standard metrics", "",
+                  "The field's readouts (in %): UA = error on D_f, RA / TA = accuracy on D_r / D_test, MIA-efficacy = "
+                  "share of D_f a confidence attack calls non-member, Avg. Gap = mean |metric − retrain's| over the "
+                  "four, against the same seed's retrain model (lower is better).", ""]
+        lines += _readout_table(results, standard, degenerate) + [""]
     if results.get("checks"):
         lines += _check_lines(results, degenerate)
     if results.get("protocol"):

@@ -46,6 +46,7 @@ from scrubnet.readouts.basic import activation_l1, error_and_loss, softmax_entro
 from scrubnet.readouts.information import weight_information, weight_step_geometry
 from scrubnet.readouts.mia import membership_attack_flagged
 from scrubnet.readouts.relearn import relearn_time
+from scrubnet.readouts.standard import StandardMetrics, standard_readouts
 from scrubnet.training import TrainHistory, finetune, finetune_start, pretrain, retrain
 
 #: readouts every method gets, in report order
@@ -68,6 +69,14 @@ class SeedRun:
     ctx: ForgetContext
     config: ExperimentConfig
     histories: dict[str, TrainHistory] = field(default_factory=dict)
+    _retrain_standard: StandardMetrics | None = None
+
+    def retrain_standard(self) -> StandardMetrics:
+        """The standard metrics of this seed's retrain model (computed once): the Avg. Gap reference."""
+        if self._retrain_standard is None:
+            s = self.split
+            self._retrain_standard = standard_readouts(self.retrain, s.retain, s.forget, s.test, seed=self.seed)[1]
+        return self._retrain_standard
 
 
 def get_split(cfg: ExperimentConfig) -> Split:
@@ -207,6 +216,10 @@ def measure(name: str, res: ScrubResult, sr: SeedRun, options: dict | None = Non
     readouts = evaluate(res.model, sr, original=res.original, reference=res.reference)
     readouts.update(_numeric_info(res.info))
     readouts.update(scrub_readouts(configured_method(name, sr, options), res, sr))
+    s = sr.split
+    # the field's standard metrics (UA, RA, TA, MIA-efficacy, Avg. Gap to this seed's retrain model)
+    readouts.update(standard_readouts(res.model, s.retain, s.forget, s.test, reference=sr.retrain_standard(),
+                                      seed=sr.seed)[0])
     return readouts
 
 

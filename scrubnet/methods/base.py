@@ -42,7 +42,8 @@ from scrubnet.models import eval_mode, find_classifier
 from scrubnet.models.call import Inputs, call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
-from scrubnet.training.cost import CostEstimate, estimating_on
+from scrubnet.models.call import call_model
+from scrubnet.training.cost import CostEstimate, estimating_on, retrain_reference_cost
 
 Data = tuple[Inputs, Tensor]
 
@@ -496,20 +497,65 @@ def costed_methods() -> list[str]:
 
 def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num_classes: int | None = None,
              x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
-             config: TrainConfig | None = None, **options) -> CostEstimate:
+             config: TrainConfig | None = None, recipe: TrainingRecipe | None = None,
+             retrain_epochs: int | None = None, retrain_from_init: bool | None = None, **options) -> CostEstimate:
     """Predicted cost of ``method`` on ``model`` with |D_r| = ``n_retain``, |D_f| = ``n_forget``: the method
-    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields).
+    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields), with the cost of
+    retraining beside it.
 
-    One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or ``in_shape``
-    (zeros of that shape). ``num_classes`` defaults to the model's output width; ``config`` (fine-tuning
-    hyperparameters) is used by the training-based methods; ``options`` are the method's own options (the
-    same keywords as ``get_method(method, **options)``, checked the same way)."""
+    Parameters
+    ----------
+    model : nn.Module
+        The model to scrub.
+    n_retain, n_forget : int
+        |D_r| and |D_f|.
+    method : str
+        A registered method with a cost estimate; ``options`` are its own options (the same keywords as
+        ``get_method(method, **options)``, checked the same way).
+    num_classes : int, optional
+        c; default the model's output width.
+    x_probe, in_shape
+        One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or
+        ``in_shape`` (zeros of that shape).
+    config : TrainConfig, optional
+        Fine-tuning hyperparameters of the training-based methods (scrubnet's protocol).
+    recipe : TrainingRecipe, optional
+        How the model was trained (a user's model): its epochs and batch size price the retraining reference,
+        and ``retrain`` is priced as that retraining (from the model's initialisation). Default
+        ``TrainingRecipe()`` for the reference; ``retrain`` then keeps the protocol's estimate (from w_0, at
+        the config's epoch cap).
+    retrain_epochs : int, optional
+        The epochs of the retraining reference (default the recipe's).
+    retrain_from_init : bool, optional
+        Whether ``retrain`` runs from the model's initialisation (a user's model: priced as the reference) or
+        from the protocol's w_0 (its own estimate); default: True when ``recipe`` is given.
+
+    Returns
+    -------
+    CostEstimate
+        With ``retrain_flops``, ``retrain_seconds`` (:func:`~scrubnet.training.cost.retrain_reference_cost`)
+        and ``cost_vs_retrain`` = seconds / retrain_seconds.
+    """
     cls = method_class(method)
     if cls is None or method not in costed_methods():
         raise ValueError(f"no cost model for method {method!r}; methods with one: {', '.join(costed_methods())}")
     options = cls.check_options(options)
     if int(n_retain) < 1 or int(n_forget) < 0:
         raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
+    x1, num_classes = _probe(model, x_probe, in_shape, num_classes)
+    if recipe is not None and getattr(cls, "epochs_from_recipe", False) and options.get("epochs") is None:
+        options["epochs"] = recipe.epochs     # a user's call trains the recipe's epochs, not the protocol's
+    ref = retrain_estimate(model, int(n_retain), x_probe=x1, recipe=recipe, epochs=retrain_epochs)
+    if cls.anchor == "retrain" and (recipe is not None if retrain_from_init is None else retrain_from_init):
+        est = CostEstimate(method, ref.flops, ref.seconds, ref.peak_bytes, ref.passes, dict(ref.details))
+    else:
+        est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
+    est.method = method
+    return est.against(ref)
+
+
+def _probe(model: nn.Module, x_probe, in_shape, num_classes) -> tuple[Tensor, int]:
+    """(one probe sample, c) for the estimates; sets the device whose GEMM rate prices them."""
     if x_probe is None:
         if in_shape is None:
             raise ValueError("estimate needs x_probe (a batch of inputs) or in_shape")
@@ -520,6 +566,24 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
         with eval_mode(model), torch.no_grad():
             num_classes = int(call_model(model, x1).shape[-1])
     estimating_on(x1.device)
-    est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
-    est.method = method
-    return est
+    return x1, int(num_classes)
+
+
+def retrain_estimate(model: nn.Module, n_retain: int, *, x_probe: Tensor | None = None,
+                     in_shape: tuple[int, ...] | None = None, recipe: TrainingRecipe | None = None,
+                     epochs: int | None = None) -> CostEstimate:
+    """The cost of retraining ``model`` from its initialisation on |D_r| = ``n_retain`` samples with
+    ``recipe`` (its ``epochs`` unless ``epochs``, its ``batch_size``):
+    :func:`~scrubnet.training.cost.retrain_reference_cost`.
+
+    Returns
+    -------
+    CostEstimate
+        ``flops`` (FLOPs of the training loop), ``seconds`` on this machine, ``passes`` = epochs.
+    """
+    x1, _ = _probe(model, x_probe, in_shape, 0)
+    r = recipe or TrainingRecipe()
+    ep = r.epochs if epochs is None else int(epochs)
+    if ep < 1:
+        raise ValueError(f"the retraining reference needs ≥ 1 epoch, got {ep}")
+    return retrain_reference_cost(model, x1, int(n_retain), ep, r.batch_size)

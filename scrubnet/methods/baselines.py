@@ -150,9 +150,49 @@ class Original(ForgettingMethod):
         return copy_cost(model)
 
 
+def reinitialised(model: nn.Module, seed: int) -> nn.Module:
+    """A copy of ``model`` with every module's ``reset_parameters`` called under a seeded generator (the
+    model's initialisation, drawn anew); ``ValueError`` naming a module whose trainable parameters no
+    ``reset_parameters`` re-draws (retraining from it would start from the trained weights).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model; not modified.
+    seed : int
+        Fixes the draw (10_007 · seed + 8 on the global CPU generator, restored afterwards).
+
+    Returns
+    -------
+    nn.Module
+        The re-initialised copy.
+    """
+    out = copy.deepcopy(model)
+    bare = [name or type(m).__name__ for name, m in out.named_modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False)) and _reset_fn(m) is None]
+    if bare:
+        raise ValueError(f"retrain from the model's initialisation: module(s) {', '.join(bare[:3])} have trainable "
+                         "parameters but no reset_parameters(); retrain is not offered for this model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(10_007 * int(seed) + 8)
+        for m in out.modules():
+            if _reset_fn(m) is not None:
+                _reset_fn(m)()
+    return out
+
+
+def _reset_fn(m: nn.Module):
+    """A module's re-initialiser: ``reset_parameters``, or ``_reset_parameters`` (``nn.MultiheadAttention``)."""
+    return getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+
+
 @register("retrain")
 class Retrain(ForgettingMethod):
     """The gold standard: fine-tune from w_0 with the same seed and schedule without D_f.
+
+    On a user's model (no ``ctx.start`` and no protocol split): retrain on D_r from the model's initialisation
+    (:func:`reinitialised`, seeded) for the recipe's epochs with the recipe's objective and SGD settings —
+    the reference the verdict and the cost are compared with; refused when a module cannot be re-initialised.
 
     Needs ``ctx.start`` (the model at w_0); the model is an artifact of ``ctx.cache`` (the protocol stores the
     one it trained). ``mode`` (default: the protocol's ``ctx.retrain_mode``): ``'replace'`` (needs
@@ -181,15 +221,19 @@ class Retrain(ForgettingMethod):
 
     def scrub(self, model, retain, forget, ctx):
         if ctx.start is None:
-            raise ValueError("retrain needs the weights training started from (ctx.start, w_0), which a user's "
-                             "model does not carry: retrain it on D_r with your own loop, or use scrubnet run")
+            if ctx.split is not None:
+                raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
+            # a user's model: the reference is retraining from the model's initialisation with the recipe
+            return ScrubResult(_finetune(reinitialised(model, ctx.seed), retain[0], retain[1], ctx, epochs=None,
+                                         lr=None, seed_offset=7).eval(),
+                               info={"retrain_from_init": 1.0, "retrain_epochs": float(ctx.recipe.epochs)})
         mode = self.mode or ctx.retrain_mode
         if ctx.split is not None:
             x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx
         elif mode == "remove":
             x, y, forget_idx = retain[0], retain[1], torch.zeros(0, dtype=torch.long, device=retain[1].device)
         else:
-            raise ValueError("retrain mode 'replace' needs the full split (ctx.split); use mode='remove'")
+            raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
         key = retrain_key(ctx.start, x, y, forget_idx, train=ctx.config.to_dict(), seed=ctx.seed, mode=mode)
         trained = ctx.cache.get_or_compute(
             key, lambda: retrain_fn(ctx.start, x, y, forget_idx, ctx.config, ctx.seed, mode=mode)[0])
@@ -204,6 +248,7 @@ class Finetune(ForgettingMethod):
 
     streams = True
     passes = "epochs"
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
@@ -228,6 +273,7 @@ class NegGrad(ForgettingMethod):
     indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory)."""
 
     streams = True
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
@@ -258,6 +304,7 @@ class RandomLabels(ForgettingMethod):
     NegGrad does."""
 
     streams = True
+    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod

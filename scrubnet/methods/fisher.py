@@ -43,7 +43,7 @@ from scrubnet.methods.artifacts import ArtifactCache, fisher_key
 from scrubnet.models import find_classifier
 from scrubnet.data.stream import DataStream, as_stream
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
-from scrubnet.training.cost import fisher_diagonal_cost
+from scrubnet.training.cost import fisher_diagonal_cost, forward_flops, seconds_at
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
@@ -179,6 +179,45 @@ def stream_fisher(model: nn.Module, retain: DataStream, kind: str, batch_size: i
     return {k: v / n for k, v in acc.items()}
 
 
+#: the subsample's Fisher is the mean of this many disjoint parts; their spread gives its standard error
+SUBSAMPLE_PARTS = 8
+
+
+def subsample_fisher(model: nn.Module, retain: DataStream, k: int, kind: str, batch_size: int | None,
+                     seed: int) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """The Fisher diagonal on ``k`` samples of D_r drawn without replacement (seeded), with its variance.
+
+    The ``k`` samples are split into :data:`SUBSAMPLE_PARTS` disjoint parts; the estimate is their
+    size-weighted mean. Returns (the diagonal, info) with ``fisher_subsample`` = k, ``fisher_trace_rel_se``
+    = the standard error of the estimate's trace over the parts, relative to the trace (the sampling error
+    the subsample adds to the noise scale), and ``fisher_diag_rel_se_median`` = the median over parameters of
+    the same ratio entry by entry.
+    """
+    if not retain.indexable:
+        raise ValueError("fisher subsample: D_r must be tensors or an indexable Dataset, not a DataLoader")
+    g = torch.Generator().manual_seed(10_007 * int(seed) + 41)
+    idx = torch.randperm(len(retain), generator=g)[:k]
+    parts = [fisher_diag(model, *_xy(retain.take(p), kind), kind=kind, batch_size=batch_size)
+             for p in idx.tensor_split(SUBSAMPLE_PARTS)]
+    sizes = torch.tensor([len(p) for p in idx.tensor_split(SUBSAMPLE_PARTS)], dtype=torch.float64)
+    w = sizes / sizes.sum()
+    fisher = {n: sum(float(w[j]) * parts[j][n] for j in range(len(parts))) for n in parts[0]}
+    traces = torch.tensor([sum(float(v.double().sum()) for v in p.values()) for p in parts], dtype=torch.float64)
+    m = len(parts)
+    mean_tr = float((w * traces).sum())
+    se_tr = float(traces.std(unbiased=True)) / m ** 0.5
+    flat = torch.stack([torch.cat([p[n].double().reshape(-1) for n in fisher]) for p in parts])
+    est = flat.mean(0)
+    rel = (flat.std(0, unbiased=True) / m ** 0.5) / est.clamp_min(1e-30)
+    return fisher, {"fisher_subsample": float(k), "fisher_trace_rel_se": se_tr / max(abs(mean_tr), 1e-30),
+                    "fisher_diag_rel_se_median": float(rel[est > 0].median()) if bool((est > 0).any()) else 0.0}
+
+
+def _xy(chunk: tuple[Tensor, Tensor], kind: str) -> tuple[Tensor, Tensor | None]:
+    x, y = chunk
+    return x, (y if kind == "empirical" else None)
+
+
 def alpha_for_budget(model: nn.Module, fisher: dict[str, Tensor], budget: float, **variance_options) -> float:
     """α whose noise raises the mean retain loss by ``budget`` nats to second order.
 
@@ -231,18 +270,35 @@ class FisherForgetting(ForgettingMethod):
                "kind": Option(str, choices=tuple(FISHER_KINDS), default="true"),
                "clamp": Option(bool, default=True), "per_output_mean": Option(bool, default=True),
                "boost": Option(float, "> 0", default=10.0), "batch_size": Option(int | None, ">= 1"),
-               "classifier": Option(str | None), "retain_loss_budget": Option(float | None, "> 0")}
+               "classifier": Option(str | None), "retain_loss_budget": Option(float | None, "> 0"),
+               "subsample": Option(int | None, ">= 8")}
+    #: the option of the budgeted mode (:func:`scrubnet.cost_guard.budgeted_options`)
+    budget_knob = "subsample"
+    budget_replaces = ()
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, kind: str = "true",
-             batch_size: int | None = None, **_options):
-        """The Fisher diagonal on D_r (:func:`~scrubnet.curvature.fisher.plan_fisher`) and one noise draw
-        (O(p))."""
-        return fisher_diagonal_cost(model, x1, n_retain, kind=kind, batch_size=batch_size)
+             batch_size: int | None = None, alpha: float | None = None, subsample: int | None = None, **_options):
+        """The Fisher diagonal on D_r (:func:`~scrubnet.curvature.fisher.plan_fisher`) and the noise draws
+        (O(p) each); without ``alpha``, the α search's forward passes over D_r: the base loss and at most
+        1 + :data:`BUDGET_RETRIES` noisy draws (an upper bound). Budgeted (``subsample``): the diagonal on
+        that many samples of D_r."""
+        n_fisher = n_retain if subsample is None else min(int(subsample), n_retain)
+        est = fisher_diagonal_cost(model, x1, n_fisher, kind=kind, batch_size=batch_size)
+        if alpha is None:
+            evals = (2 + BUDGET_RETRIES) * n_retain * forward_flops(model, x1)
+            est.flops += evals
+            est.seconds += seconds_at(evals, "newton")
+            est.details["alpha_search_flops"] = evals
+        return est
 
     def __init__(self, alpha: float | None = None, form: str = "code", kind: str = "true", clamp: bool = True,
                  per_output_mean: bool = True, boost: float = 10.0, batch_size: int | None = None,
-                 classifier: str | None = None, retain_loss_budget: float | None = None):
+                 classifier: str | None = None, retain_loss_budget: float | None = None,
+                 subsample: int | None = None):
+        if subsample is not None and int(subsample) < SUBSAMPLE_PARTS:
+            raise ValueError(f"subsample must be ≥ {SUBSAMPLE_PARTS}, got {subsample}")
+        self.subsample = None if subsample is None else int(subsample)
         if alpha is not None and not float(alpha) > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
         if alpha is not None and retain_loss_budget is not None:
@@ -272,9 +328,12 @@ class FisherForgetting(ForgettingMethod):
             raise ValueError("fisher forgetting shapes its noise by the Fisher of a cross-entropy model; the "
                              f"recipe's loss is {ctx.recipe.loss!r}")
         t0 = time.perf_counter()
-        fisher = stream_fisher(model, retain, self.kind, self.batch_size, ctx.cache)
-        opts = self._variance_options(ctx)
         info: dict[str, float] = {}
+        if self.subsample is not None and self.subsample < len(retain):
+            fisher, info = subsample_fisher(model, retain, self.subsample, self.kind, self.batch_size, ctx.seed)
+        else:
+            fisher = stream_fisher(model, retain, self.kind, self.batch_size, ctx.cache)
+        opts = self._variance_options(ctx)
         alpha = self.alpha if self.alpha is not None else alpha_for_budget(model, fisher, self.budget, **opts)
         base = _stream_mean_loss(model, retain) if self.budget is not None else float("nan")
         for tries in range(BUDGET_RETRIES + 1):

@@ -45,7 +45,7 @@ import time
 import torch
 from torch import Tensor, nn
 
-from scrubnet.curvature.fallbacks import fallbacks_report
+from scrubnet.curvature.fallbacks import cost_multipliers, fallbacks_report, probe_paths
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.curvature.ggn import GGNOperator, mean_loss_and_grad, per_sample_loss
 from scrubnet.curvature.params import get_flat, set_flat, trainable_params
@@ -102,10 +102,17 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
     return wrong / n, ce / n
 
 
+#: the "lm" safeguard's re-solves at most, and the halvings of the line search and the data check
+NEWTON_DAMPING_TRIES, NEWTON_HALVINGS = 6, 30
+#: the budgeted mode's halvings (line search and data check)
+BUDGET_HALVINGS = 3
+
+
 def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float,
                        loss: str | LossSpec = "ce", damping: float = 0.0, tol: float = 1e-6, max_iter: int = 500,
-                       batch_size: int = 512, safeguard: str = "lm", armijo: float = 1e-4, max_halvings: int = 30,
-                       max_damping_tries: int = 6, data_check: bool = False, loss_tolerance: float = 0.05,
+                       batch_size: int = 512, safeguard: str = "lm", armijo: float = 1e-4,
+                       max_halvings: int = NEWTON_HALVINGS, max_damping_tries: int = NEWTON_DAMPING_TRIES,
+                       data_check: bool = False, loss_tolerance: float = 0.05,
                        error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
@@ -273,30 +280,62 @@ class NewtonScrub(ForgettingMethod):
                "alpha": Option(float, ">= 0", default=0.0),
                "safeguard": Option(str, choices=SAFEGUARDS, default="lm"),
                "retain_loss_tolerance": Option(float | None, ">= 0", default=0.05),
-               "retain_error_tolerance": Option(float | None, ">= 0", default=0.02)}
+               "retain_error_tolerance": Option(float | None, ">= 0", default=0.02),
+               "cg_budget": Option(int | None, ">= 1")}
+    #: the option of the budgeted mode (:func:`scrubnet.cost_guard.budgeted_options`) and what it replaces
+    budget_knob = "cg_budget"
+    budget_replaces = ("max_iter", "safeguard")
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, max_iter: int = 300, alpha: float = 0.0,
-             batch_size: int = 512, **_options) -> CostEstimate:
-        """Newton step by CG on the Gauss–Newton/Hessian of the retain loss: one gradient pass, then at most
-        ``max_iter`` GGN-vector products over D_r (each ≈ a JVP + a VJP ≈ 2 forward+backward passes; exactly
-        ``max_iter`` when CG does not reach its tolerance), plus the Fisher diagonal when ``alpha`` > 0 (noise).
-        One solve: the default "lm" safeguard re-solves with more damping when the step fails its ratio test
-        (at most 6 more solves), which this bound does not count."""
-        fb = 3.0 * forward_flops(model, x1)
-        flops = n_retain * fb * (1 + 2.0 * max_iter)
+             batch_size: int = 512, safeguard: str = "lm", retain_loss_tolerance: float | None = 0.05,
+             cg_budget: int | None = None, **_options) -> CostEstimate:
+        """Newton step by CG on the Gauss–Newton/Hessian of the retain loss, a true upper bound: one gradient
+        pass, then per solve at most ``max_iter`` GGN-vector products over D_r (each a JVP + a VJP ≈ 2
+        forward+backward passes; the JVP doubled when the model needs the double-VJP fallback,
+        :func:`~scrubnet.curvature.fallbacks.cost_multipliers`) and one evaluation of the objective; the "lm"
+        safeguard solves at most 1 + ``max_damping_tries`` (7) times; the line search and the data safeguard
+        add at most 31 and 63 forward passes; plus the Fisher diagonal when ``alpha`` > 0 (noise).
+        ``details["seconds_one_solve"]`` is the cost when the first solve is accepted. Budgeted
+        (``cg_budget``): one solve of at most ``cg_budget`` iterations, backtracking with at most
+        :data:`BUDGET_HALVINGS` halvings."""
+        halvings = NEWTON_HALVINGS
+        if cg_budget is not None:
+            max_iter, safeguard, halvings = int(cg_budget), "backtrack", BUDGET_HALVINGS
+        fwd = forward_flops(model, x1)
+        fb = 3.0 * fwd
+        jvp = cost_multipliers(probe_paths(model, x1))["jvp"]
+        solves = 1 + (NEWTON_DAMPING_TRIES if safeguard == "lm" else 0)
+        grad, per_solve = n_retain * fb, n_retain * fb * (1.0 + jvp) * max_iter
+        flops = grad + solves * per_solve
+        forwards = 0.0
+        if safeguard != "none":  # objective per solve, line-search halvings, data-check halvings
+            forwards = solves + halvings + (2 * halvings + 3 if retain_loss_tolerance is not None else 0)
+        evals = forwards * n_retain * fwd
         peak = 10 * 8 * trainable_numel(model) + min(batch_size, n_retain) * 3 * 4 * activation_numel_per_sample(model, x1)
-        passes = 1.0 + 2.0 * max_iter
+        passes = 1.0 + (1.0 + jvp) * max_iter * solves + forwards / 3.0
+        seconds = seconds_at(flops + evals, "newton")
+        one = seconds_at(grad + per_solve + (n_retain * fwd if safeguard != "none" else 0.0), "newton")
         if alpha > 0:
             fis = fisher_diagonal_cost(model, x1, n_retain)
             flops += fis.flops
+            seconds += fis.seconds
+            one += fis.seconds
             passes += fis.passes
             peak = max(peak, fis.peak_bytes)
-        return CostEstimate("newton", flops, seconds_at(flops, "newton"), int(peak), passes, {"max_iter": max_iter})
+        return CostEstimate("newton", flops + evals, seconds, int(peak), passes,
+                            {"max_iter": max_iter, "solves": solves, "cg_budgeted": float(cg_budget is not None),
+                             "jvp_multiplier": jvp,
+                             "seconds_one_solve": one})
 
     def __init__(self, damping: float = 0.0, tol: float = 1e-5, max_iter: int = 300, batch_size: int = 512,
                  alpha: float = 0.0, safeguard: str = "lm", retain_loss_tolerance: float | None = 0.05,
-                 retain_error_tolerance: float | None = 0.02):
+                 retain_error_tolerance: float | None = 0.02, cg_budget: int | None = None):
+        if cg_budget is not None and int(cg_budget) < 1:
+            raise ValueError(f"cg_budget must be ≥ 1, got {cg_budget}")
+        self.cg_budget = None if cg_budget is None else int(cg_budget)
+        if self.cg_budget is not None:  # budgeted: one truncated solve, backtracking, no damping re-solves
+            max_iter, safeguard = self.cg_budget, "backtrack"
         if safeguard not in SAFEGUARDS:
             raise ValueError(f"unknown safeguard {safeguard!r}; choose one of {', '.join(SAFEGUARDS)}")
         self.safeguard = safeguard
@@ -326,6 +365,7 @@ class NewtonScrub(ForgettingMethod):
         h, info, diag = retain_newton_step(model, retain, w0=center, wd=wd, loss=loss, damping=damping,
                                            tol=self.tol, max_iter=self.max_iter, batch_size=self.batch_size,
                                            safeguard=self.safeguard,
+                                           max_halvings=BUDGET_HALVINGS if self.cg_budget else NEWTON_HALVINGS,
                                            data_check=self.loss_tol is not None and self.safeguard != "none",
                                            loss_tolerance=self.loss_tol or 0.0,
                                            error_tolerance=self.error_tol or 0.0)
@@ -357,7 +397,9 @@ class NewtonScrub(ForgettingMethod):
                 f"of the step at the initial damping (μ {info['newton_damping']:.3g} after "
                 f"{int(info['newton_damping_tries'])} re-solves, step length t = {info['newton_step_length']:.3g}, "
                 f"‖Δw‖ = {info['newton_step_norm']:.3g}); expect the forget readouts at the original's")
-        if not cg.converged:
+        if self.cg_budget is not None:  # a truncated-Newton step: the residual reached is the report, not a failure
+            info.update(newton_budgeted=1.0, newton_cg_budget=float(self.cg_budget))
+        elif not cg.converged:
             res.fail(f"CG stopped after {cg.iterations} of at most {self.max_iter} iterations with relative "
                      f"residual {cg.relative_residual:.3g} above its tolerance {self.tol:g}"
                      + (" (the residual grew)" if cg.relative_residual > 1 else ""))

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from scrubnet.curvature.fallbacks import fallbacks_report
+from scrubnet.curvature.fallbacks import cost_multipliers, fallbacks_report, probe_paths
 from scrubnet.curvature.ntk import (DEFAULT_BUDGET, batch_for_budget, gram_bytes, jacobian_jvp, jacobian_vjp, ntk_gram,
                                     ntk_gram_flops, ntk_gram_schedule, solve_gram, solve_ntk_cg)
 from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_params
@@ -218,7 +218,8 @@ def ntk_solver(n_rows: int, memory_budget_bytes: int, solver: str = "auto") -> s
 
 
 def ntk_cost(model: nn.Module, x1: Tensor, n_r: int, n_f: int, c: int, *, memory_budget_bytes: int = DEFAULT_BUDGET,
-             solver: str = "auto", cg_max_iter: int = 1000, pull: str | None = "w0") -> CostEstimate:
+             solver: str = "auto", cg_max_iter: int = 1000, pull: str | None = "w0", jvp: float = 1.0
+             ) -> CostEstimate:
     """NTK scrub: Gram Θ over D = D_r ⊔ D_f (every Jacobian row once + per-layer contraction,
     :func:`~scrubnet.curvature.ntk.ntk_gram_flops`), two float64 Cholesky factorisations ((Nc)³/3 and
     (N_r c)³/3), the JVP of the w_0 pull and two VJPs (≈ 3 forwards each over D). With CG (Gram over half
@@ -228,14 +229,14 @@ def ntk_cost(model: nn.Module, x1: Tensor, n_r: int, n_f: int, c: int, *, memory
     VJP/JVP passes are batched forward/backward products like Newton's and run at its efficiency. Peak: the
     float64 Gram, its Cholesky copy and factor (3·8·(Nc)²) plus the Gram's buffer budget (an upper bound: the
     solves hold ≈ 5 Grams at once, fewer than 3 Grams + the budget since a Gram is at most half the budget on
-    this path)."""
+    this path). ``jvp``: the cost of one JVP relative to forward mode (2 under the double-VJP fallback)."""
     n = n_r + n_f
     rows, rows_r = n * c, n_r * c
     fwd = forward_flops(model, x1)
     solver = ntk_solver(rows, memory_budget_bytes, solver)
     vjp = 3.0 * fwd
     passes = 3.0 + (1.0 if pull == "w0" else 0.0)
-    products = n * vjp * (passes - 1.0) + n * fwd
+    products = n * vjp * (2.0 + jvp * (passes - 3.0)) + n * fwd
     gram = 0.0
     schedule: dict = {}
     if solver == "cholesky":
@@ -246,7 +247,7 @@ def ntk_cost(model: nn.Module, x1: Tensor, n_r: int, n_f: int, c: int, *, memory
         passes += c
         peak = 3 * gram_bytes(rows) + memory_budget_bytes
     else:
-        products += cg_max_iter * 2.0 * vjp * (n + n_r)
+        products += cg_max_iter * (1.0 + jvp) * vjp * (n + n_r)
         passes += 2.0 * cg_max_iter * 2
         peak = memory_budget_bytes // 4 + 8 * 4 * trainable_numel(model)
     extra = schedule.get("extra_flops", 0.0)
@@ -284,20 +285,38 @@ class NTKScrub(ForgettingMethod):
                "solver": Option(str, choices=SOLVERS, default="auto"),
                "memory_budget_bytes": Option(int, ">= 1", default=DEFAULT_BUDGET),
                "cg_tol": Option(float, "> 0", default=1e-8), "cg_max_iter": Option(int, ">= 0", default=1000),
-               "batch_size": Option(int | None, ">= 1"), "step_scale": Option(float | None, "> 0")}
+               "batch_size": Option(int | None, ">= 1"), "step_scale": Option(float | None, "> 0"),
+               "cg_budget": Option(int | None, ">= 1")}
+    #: the budgeted mode (:func:`scrubnet.cost_guard.budgeted_options`): CG at most ``cg_budget`` iterations
+    #: per solve, the residual reached reported instead of a failure
+    budget_knob = "cg_budget"
+    budget_replaces = ("cg_max_iter", "solver")
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, memory_budget_bytes: int = DEFAULT_BUDGET,
-             solver: str = "auto", cg_max_iter: int = 1000, pull: str | None = "w0", **_options) -> CostEstimate:
-        """The NTK scrub's cost (:func:`ntk_cost`)."""
-        return ntk_cost(model, x1, n_retain, n_forget, num_classes, memory_budget_bytes=memory_budget_bytes,
-                        solver=solver, cg_max_iter=cg_max_iter, pull=pull)
+             solver: str = "auto", cg_max_iter: int = 1000, pull: str | None = "w0", cg_budget: int | None = None,
+             **_options) -> CostEstimate:
+        """The NTK scrub's cost (:func:`ntk_cost`; budgeted: the CG solver at ``cg_budget`` iterations), with
+        the JVPs doubled when the model needs the double-VJP fallback
+        (:func:`~scrubnet.curvature.fallbacks.cost_multipliers`)."""
+        if cg_budget is not None:
+            solver, cg_max_iter = "cg", int(cg_budget)
+        jvp = cost_multipliers(probe_paths(model, x1))["jvp"]
+        est = ntk_cost(model, x1, n_retain, n_forget, num_classes, memory_budget_bytes=memory_budget_bytes,
+                       solver=solver, cg_max_iter=cg_max_iter, pull=pull, jvp=jvp)
+        est.details["cg_budgeted"] = float(cg_budget is not None)
+        return est
 
     def __init__(self, linearize_at: str = "trained", pull: str | None = None, trapezium: bool = False,
                  ridge: str = "set_size",
                  ridge_value: float | None = None, solver: str = "auto",
                  memory_budget_bytes: int = DEFAULT_BUDGET, cg_tol: float = 1e-8, cg_max_iter: int = 1000,
-                 batch_size: int | None = None, step_scale: float | None = None):
+                 batch_size: int | None = None, step_scale: float | None = None, cg_budget: int | None = None):
+        if cg_budget is not None and int(cg_budget) < 1:
+            raise ValueError(f"cg_budget must be ≥ 1, got {cg_budget}")
+        self.cg_budget = None if cg_budget is None else int(cg_budget)
+        if self.cg_budget is not None:
+            solver, cg_max_iter = "cg", self.cg_budget
         if step_scale is not None and not float(step_scale) > 0:
             raise ValueError(f"step_scale must be > 0 or None, got {step_scale}")
         self.step_scale = None if step_scale is None else float(step_scale)
@@ -376,6 +395,9 @@ class NTKScrub(ForgettingMethod):
                      "ntk_seconds": time.perf_counter() - t0})
         info["fallbacks"] = fallbacks_report(model, retain)   # autodiff paths taken (curvature.fallbacks)
         res = ScrubResult(model=scrubbed, info=info)
+        if self.cg_budget is not None:   # budgeted: the residuals reached are the report, not a failure
+            info.update(ntk_budgeted=1.0, ntk_cg_budget=float(self.cg_budget))
+            return res
         for part in ("full", "retain"):
             if info.get(f"solve_{part}_converged", 1.0) == 0.0:
                 res.fail(f"the {part}-set ridge solve stopped after {info[f'solve_{part}_iterations']:.0f} iterations "

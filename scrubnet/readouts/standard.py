@@ -155,3 +155,73 @@ def avg_gap(metrics, reference) -> float:
     a = metrics.as_dict() if isinstance(metrics, StandardMetrics) else metrics
     b = reference.as_dict() if isinstance(reference, StandardMetrics) else reference
     return float(np.mean([abs(float(a[m]) - float(b[m])) for m in GAP_METRICS]))
+
+
+#: the keys :func:`standard_readouts` adds to a run's readouts (fractions; ``avg_gap`` against the retrain model)
+STANDARD_READOUTS = ("ua", "ra", "ta", "mia_efficacy", "avg_gap")
+
+
+def standard_readouts(model: nn.Module, retain, forget, test, *, reference: StandardMetrics | None = None,
+                      seed: int = 0) -> tuple[dict[str, float], StandardMetrics]:
+    """The standard metrics of ``model`` as flat readouts, with Avg. Gap to ``reference`` when given.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The scrubbed (or anchor) model.
+    retain, forget, test : (x, y) tensors, Dataset or DataLoader
+        D_r, D_f and D_test.
+    reference : StandardMetrics, optional
+        The retrained model's metrics (same seed); without it no ``avg_gap`` key.
+    seed : int
+        The attack's member subset (:func:`standard_metrics`).
+
+    Returns
+    -------
+    readouts : dict of str to float
+        ``ua``, ``ra``, ``ta``, ``mia_efficacy`` (fractions), ``mia_efficacy_degenerate`` (0/1) and
+        ``avg_gap`` (fraction).
+    metrics : StandardMetrics
+        The same numbers as a record.
+    """
+    m = standard_metrics(model, retain, forget, test, seed=seed)
+    out = {"ua": m.ua, "ra": m.ra, "ta": m.ta, "mia_efficacy": m.mia_efficacy,
+           "mia_efficacy_degenerate": float(m.mia_degenerate)}
+    if reference is not None:
+        out["avg_gap"] = avg_gap(m, reference)
+    return out, m
+
+
+def metrics_from_logits(retain: tuple, forget: tuple, test: tuple, *, feature: str = "confidence",
+                        seed: int = 0) -> StandardMetrics:
+    """The standard metrics from stored logits (a pool of models kept as logits, as in the audit).
+
+    Parameters
+    ----------
+    retain, forget, test : (logits, labels)
+        Logits ndarray (n, c) and integer labels ndarray (n,) of D_r, D_f and D_test.
+    feature : {"confidence", "entropy"}
+        The attack's feature (:func:`standard_metrics`).
+    seed : int
+        Fixes the random subset of D_r used as members.
+
+    Returns
+    -------
+    StandardMetrics
+        Fractions in [0, 1]; the same numbers :func:`standard_metrics` gives on the model with these logits.
+    """
+    if feature not in MIA_FEATURES:
+        raise ValueError(f"feature must be one of {', '.join(MIA_FEATURES)}, got {feature!r}")
+    parts = []
+    for lg, y in (retain, forget, test):
+        logp = F.log_softmax(torch.as_tensor(np.asarray(lg), dtype=torch.float64), dim=-1)
+        y = torch.as_tensor(np.asarray(y), dtype=torch.long)
+        if len(y) == 0:
+            raise ValueError("the standard metrics need non-empty D_r, D_f and D_test")
+        feats = {"confidence": logp.gather(1, y[:, None])[:, 0].exp().numpy(),
+                 "entropy": -(logp.exp() * logp).nan_to_num().sum(-1).numpy()}
+        parts.append(((logp.argmax(-1) == y).numpy(), feats[feature]))
+    (c_r, f_r), (c_f, f_f), (c_t, f_t) = parts
+    eff, degenerate = mia_efficacy(f_r, f_t, f_f, seed=seed)
+    return StandardMetrics(ua=1.0 - float(c_f.mean()), ra=float(c_r.mean()), ta=float(c_t.mean()),
+                           mia_efficacy=eff, mia_degenerate=degenerate)

@@ -70,13 +70,29 @@ class CostEstimate:
     peak_bytes: int
     passes: float
     details: dict[str, float | str] = field(default_factory=dict)
+    # the reference every cost is compared with: retraining from the model's initialisation with the recipe
+    # (:func:`retrain_reference_cost`), and this estimate's seconds as a multiple of it
+    retrain_flops: float | None = None
+    retrain_seconds: float | None = None
+    cost_vs_retrain: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def against(self, reference: "CostEstimate") -> "CostEstimate":
+        """Set the retraining reference (``retrain_flops``, ``retrain_seconds``) and ``cost_vs_retrain`` =
+        seconds / retrain_seconds; returns self."""
+        self.retrain_flops, self.retrain_seconds = float(reference.flops), float(reference.seconds)
+        self.cost_vs_retrain = self.seconds / max(self.retrain_seconds, 1e-12)
+        return self
+
     def summary(self) -> str:
-        return (f"{self.method}: {self.flops / 1e12:.3g} TFLOP ≈ {format_seconds(self.seconds)} on this machine "
+        line = (f"{self.method}: {self.flops / 1e12:.3g} TFLOP ≈ {format_seconds(self.seconds)} on this machine "
                 f"(one thread), peak ≈ {format_bytes(self.peak_bytes)}, {self.passes:.4g} passes over the data")
+        if self.cost_vs_retrain is not None:
+            line += (f"; retraining ≈ {format_seconds(self.retrain_seconds)}, so {self.cost_vs_retrain:.3g}× "
+                     "retraining")
+        return line
 
 
 class BudgetExceeded(ValueError):
@@ -173,8 +189,19 @@ def trainable_numel(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_bytes: float | None = None) -> None:
-    """Raise :class:`BudgetExceeded` (with the estimate) when ``est`` is over either budget."""
+def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_bytes: float | None = None,
+                 max_cost_vs_retrain: float | None = None) -> None:
+    """Raise :class:`BudgetExceeded` (with the estimate) when ``est`` is over any budget: ``max_seconds``
+    (s), ``max_bytes`` (peak working memory) or ``max_cost_vs_retrain`` (a multiple of the retraining
+    estimate, :attr:`CostEstimate.cost_vs_retrain`)."""
+    if max_cost_vs_retrain is not None:
+        if not max_cost_vs_retrain > 0:
+            raise ValueError(f"max_cost_vs_retrain must be > 0, got {max_cost_vs_retrain}")
+        if est.cost_vs_retrain is None:
+            raise ValueError("the estimate carries no retraining reference (estimate(..., recipe=...))")
+        if est.cost_vs_retrain > max_cost_vs_retrain:
+            raise BudgetExceeded(f"refused before any work: estimated {est.cost_vs_retrain:.3g}× retraining > the "
+                                 f"{max_cost_vs_retrain:g}× allowed ({est.summary()})")
     if max_seconds is not None and est.seconds > max_seconds:
         raise BudgetExceeded(f"refused before any work: estimated {format_seconds(est.seconds)} > the "
                              f"{format_seconds(max_seconds)} allowed ({est.summary()})")
@@ -216,6 +243,33 @@ def train_cost(model: nn.Module, x1: Tensor, n_train: int, epochs: int, batch_si
     return CostEstimate("train", steps + evals, seconds_at(steps, "train") + seconds_at(evals, "newton") + overhead,
                         int(peak), float(epochs), {"epochs": epochs, "train_samples": n_train, "eval_flops": evals,
                                                    "optimiser_steps": n_steps, "step_overhead_seconds": overhead})
+
+
+def retrain_reference_cost(model: nn.Module, x1: Tensor, n_retain: int, epochs: int,
+                           batch_size: int) -> CostEstimate:
+    """Retraining from the model's initialisation with the recipe: ``epochs`` SGD epochs over D_r in batches of
+    ``batch_size`` (:func:`train_cost`, no error checks: the recipe runs a fixed number of epochs). The
+    reference that :attr:`CostEstimate.cost_vs_retrain` divides by.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (its architecture fixes the FLOPs per sample).
+    x1 : Tensor
+        One probe input, shape (1, ...).
+    n_retain : int
+        |D_r|.
+    epochs, batch_size : int
+        The recipe's epochs and batch size.
+
+    Returns
+    -------
+    CostEstimate
+        ``method = "retrain (recipe)"``; ``flops`` = epochs · n_retain · (one sample's training step FLOPs).
+    """
+    est = train_cost(model, x1, int(n_retain), int(epochs), int(batch_size))
+    est.method = "retrain (recipe)"
+    return est
 
 
 def copy_cost(model: nn.Module) -> CostEstimate:

@@ -34,7 +34,6 @@ INT_INPUTS = {"lstm", "gru", "bert"}          # token ids: nothing a gradient ca
 HEADS = {"dict_output": "net.3", "nested": "body.classifier"}
 #: (method, model) → the cause a refusal must name; models None = every model
 ALLOWED_REFUSALS = [
-    ("retrain", None, r"weights training started from \(ctx\.start, w_0\)"),
     ("mlforget", None, r"own mixed-linear model family.*does not scrub a user's model"),
     ("mlforget-retrain", None, r"own mixed-linear model family.*does not scrub a user's model"),
     ("unsir", INT_INPUTS, r"needs floating-point input tensors.*(dtype torch\.int64|main input has dtype)"),
