@@ -21,7 +21,7 @@ from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.methods.base import ForgetContext
 from scrubnet.models import freeze_batchnorm
-from scrubnet.models.call import call_model, cat_inputs
+from scrubnet.models.call import ModelInputs, call_model, cat_inputs
 
 from scrubnet.methods.base import Option  # noqa: F401  (re-exported for the field's modules)
 from scrubnet.training.cost import fisher_diagonal_cost, train_cost  # noqa: F401  (likewise)
@@ -209,8 +209,16 @@ def mean_ce(model: nn.Module, x, y: Tensor, batch_size: int = 512) -> float:
 
 
 def float_inputs(x, what: str) -> Tensor:
-    """``x`` when it is a floating tensor (inputs a gradient can move); ``ValueError`` otherwise."""
+    """``x`` when it is a floating tensor (inputs a gradient can move); ``ValueError`` (one line naming the
+    cause: integer inputs such as token ids, or extra inputs such as an attention mask) otherwise."""
+    if isinstance(x, ModelInputs):
+        main = x.main
+        cause = (f"its main input has dtype {main.dtype} (e.g. token ids)" if not main.is_floating_point()
+                 else f"the extra inputs {', '.join(sorted(x.extras))} have no perturbation")
+        raise ValueError(f"{what} needs floating-point input tensors alone (it moves the inputs by their gradient), "
+                         f"got ModelInputs: {cause}")
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise ValueError(f"{what} needs floating-point input tensors (it moves the inputs by their gradient), "
-                         f"got {type(x).__name__}" + (f" of dtype {x.dtype}" if isinstance(x, Tensor) else ""))
+                         f"got {type(x).__name__}" + (f" of dtype {x.dtype} (e.g. token ids)"
+                                                      if isinstance(x, Tensor) else ""))
     return x

@@ -61,7 +61,8 @@ def ml_config_from_options(options: dict) -> MLConfig:
 def ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
     """The ML original, the one-request scrub and the ML retrain for this seed (computed once, cached)."""
     if ctx.split is None:
-        raise ValueError("ML-Forgetting needs the full split in the context (ctx.split)")
+        raise ValueError("ML-Forgetting trains its own mixed-linear model family on scrubnet's protocol split "
+                         "(ctx.split): it does not scrub a user's model; use scrubnet run")
     key = mlforget_key(ctx.start, ctx.split, train=ctx.config.to_dict(), ml=cfg.to_dict(), seed=ctx.seed)
     return ctx.cache.get_or_compute(key, lambda: _ml_artifacts(ctx, cfg))
 
