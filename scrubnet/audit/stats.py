@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from scrubnet.audit.reference import fit_reference, predict_reference
-from scrubnet.audit.uncertainty import ScoredPairs
+from scrubnet.audit.uncertainty import ScoredPairs, bootstrap_pairs, difference_ci, pair_statistics
 from scrubnet.readouts.roc import auc_score, roc_curve, tpr_at_fpr  # noqa: F401  (re-exported: the audit's API)
 
 #: δ of the (ε, δ) definition, as in the challenge's metric code
@@ -494,3 +494,59 @@ def lira_pairs(phi_in, phi_out, shadow_in, shadow_out, cluster_in, cluster_out, 
     pairs = ScoredPairs(np.r_[s_in[ri, ji], s_out[ro, jo]], np.r_[np.ones(ri.size, bool), np.zeros(ro.size, bool)],
                         np.r_[ci[ri], co[ro]], np.r_[ji, jo])
     return pairs, usable
+
+
+# ------------------------------------------------------------------------------- retain-set leakage
+def retain_accuracy(rows: tuple, n_clusters: int, n_examples: int, replicates: int, seed: int
+                    ) -> tuple[float, np.ndarray]:
+    """Balanced accuracy of per-example LiRA on retained examples, and its bootstrap replicates.
+
+    Parameters
+    ----------
+    rows : (phi_in, phi_out, shadow, cluster)
+        ``[M, n]`` φ matrices (NaN outside IN / OUT), ``[M]`` shadow flags and clusters (target split index),
+        one row per split.
+    n_clusters, n_examples, replicates, seed : int
+        The two-way bootstrap's sizes (:func:`~scrubnet.audit.uncertainty.bootstrap_pairs`): the same sizes and
+        seed give common replicates.
+
+    Returns
+    -------
+    (float, array ``[replicates]``)
+        The point value and the replicates (fractions)."""
+    phi_in, phi_out, sh, cl = rows
+    p, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl)
+    return (float(pair_statistics(p)["balanced_accuracy"][0]),
+            bootstrap_pairs(p, n_clusters, n_examples, replicates, seed)["balanced_accuracy"])
+
+
+def retain_leakage(before: tuple, after: list[tuple], n_clusters: int, n_examples: int, replicates: int,
+                   seed: int) -> dict:
+    """Retain-set leakage: LiRA's balanced accuracy on retained examples under the method's models minus under
+    the models it started from, each side with **one row per split**.
+
+    A method run on F forget sets per split gives F row sets (``after``); each has the law of ``before`` when
+    nothing leaks, so their mean is compared (stacking them would put F near-duplicate rows per split against
+    one, which shrinks the fitted spreads on one side only and biases the difference).
+
+    Parameters
+    ----------
+    before : rows (:func:`retain_accuracy`)
+        The original's (or the method's own family's original) rows, one per split.
+    after : list of rows
+        The method's rows of each forget set, one per split each.
+    n_clusters, n_examples, replicates, seed : int
+        Bootstrap sizes and seed, common to both sides.
+
+    Returns
+    -------
+    dict
+        ``leakage`` (after − before, fraction), ``ci95`` (its 95 % interval over common replicates, or None),
+        ``after`` and ``before`` (the two balanced accuracies)."""
+    if not after:
+        raise ValueError("retain leakage needs the method's rows of at least one forget set")
+    b, b_reps = retain_accuracy(before, n_clusters, n_examples, replicates, seed)
+    a = [retain_accuracy(r, n_clusters, n_examples, replicates, seed) for r in after]
+    a_point = sum(x for x, _ in a) / len(a)
+    a_reps = np.mean([r for _, r in a], axis=0)
+    return {"leakage": a_point - b, "ci95": difference_ci(a_reps, b_reps), "after": a_point, "before": b}
