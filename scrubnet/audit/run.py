@@ -408,18 +408,12 @@ class Audit:
             eps_reps = epsilon_bootstrap(e["phi_u"][:, F0], e["phi_r"][:, F0], er.epsilons, er.num_models,
                                          BOOTSTRAP_EPSILON, seed)
             d["epsilon_forget_score_ci95"] = centered_ci95(eps_reps, er.forget_score)
-            kl = {}
-            for name, idx in e["points"].items():
-                vals = klom(e["phi_u"][:, idx], e["phi_r"][:, idx])
-                kr = klom_bootstrap(e["phi_u"][:, idx], e["phi_r"][:, idx], BOOTSTRAP_KLOM, seed)
-                kl[name] = {"mean": float(vals.mean()), "mean_ci95": centered_ci95(kr, float(vals.mean())),
-                            "p95": float(np.percentile(vals, 95)), "points": int(len(idx))}
-                if name == "forget":
-                    reps[m]["klom_forget"] = kr - kr.mean() + vals.mean()  # re-centred, as its interval
-                    kl_forget_vals = vals
+            kl, kl_ref, kr, kl_forget_vals = klom_rows(e["phi_u"], e["phi_r"], e["points"], seed)
+            reps[m]["klom_forget"] = kr
             d["klom_forget"] = kl["forget"]["mean"]
             d["klom_forget_ci95"] = kl["forget"]["mean_ci95"]
             d["klom"] = kl
+            d["klom_reference"] = kl_ref  # mean over the examples where the benchmark's code is not NaN
             d["standard"] = self.standard(m)
             d["seconds_per_model"] = float(np.mean(self.times[m])) if self.times.get(m) else None
             per = []
@@ -485,6 +479,39 @@ def _comparisons(reps: dict[str, dict]) -> dict:
                              "distinguishable": bool(ci is not None and (ci[0] > 0 or ci[1] < 0))})
         out["ulira_game_balanced_accuracy" if key == "balanced_accuracy" else key] = rows
     return out
+
+
+def klom_rows(phi_u: np.ndarray, phi_r: np.ndarray, points: dict[str, np.ndarray], seed: int) -> tuple:
+    """KLoM of the ε pool on each set of points, and beside it the benchmark's code (``mode="reference"``).
+
+    Parameters
+    ----------
+    phi_u, phi_r : array ``[U, n + n_test]``, ``[R, n + n_test]``
+        Margins of the unlearned and of the retrained models.
+    points : dict name → index array
+        The point sets (forget, retain, validation).
+    seed : int
+        Bootstrap seed.
+
+    Returns
+    -------
+    (dict, dict, array, array)
+        Per set {mean, mean_ci95, p95, points}; per set the reference mode's {mean over its non-NaN examples,
+        nan count, max |reference − default|}; the forget set's replicates re-centred on its mean (as its
+        interval); the forget set's per-example values (nats)."""
+    kl, kl_ref, kr_forget, forget_vals = {}, {}, None, None
+    for name, idx in points.items():
+        vals = klom(phi_u[:, idx], phi_r[:, idx])
+        ref = klom(phi_u[:, idx], phi_r[:, idx], mode="reference")
+        ok = np.isfinite(ref)
+        kl_ref[name] = {"mean": float(ref[ok].mean()) if ok.any() else None, "nan": int((~ok).sum()),
+                        "max_abs_difference": float(np.abs(ref - vals)[ok].max()) if ok.any() else None}
+        kr = klom_bootstrap(phi_u[:, idx], phi_r[:, idx], BOOTSTRAP_KLOM, seed)
+        kl[name] = {"mean": float(vals.mean()), "mean_ci95": centered_ci95(kr, float(vals.mean())),
+                    "p95": float(np.percentile(vals, 95)), "points": int(len(idx))}
+        if name == "forget":
+            kr_forget, forget_vals = kr - kr.mean() + vals.mean(), vals
+    return kl, kl_ref, kr_forget, forget_vals
 
 
 def epsilon_bootstrap(phi_u: np.ndarray, phi_r: np.ndarray, eps: np.ndarray, num_models: int, replicates: int,
