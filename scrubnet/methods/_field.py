@@ -4,7 +4,7 @@ mode, and the cross-entropy / distillation losses, all on the model's device and
 
 Each method lives in its own module (``neggrad_plus``, ``l1_sparse``, ``salun``, ``scrub``, ``ssd``,
 ``bad_teacher``, ``unsir``, ``boundary_shrink``); their defaults and the decisions behind them are recorded in
-docs/notes/field.md. Data follow the fine-tuning baselines' rules: D_r is a
+docs/decisions/field-methods.md. Data follow the fine-tuning baselines' rules: D_r is a
 :class:`~scrubnet.data.stream.DataStream` read one batch at a time (an indexable source by a seeded
 permutation, a ``DataLoader`` by its own batches), D_f is small by nature and read into memory.
 """

@@ -5,7 +5,7 @@ The student starts at the original. Two frozen teachers: the original ("competen
 network of the same architecture ("incompetent"). Batches mix a random ``retain_fraction`` of D_r with all of
 D_f; every sample's target is the softmax at temperature T of the competent teacher (a D_r sample) or of the
 incompetent one (a D_f sample), and the student descends the mean KL(target ‖ softmax(student/T)).
-Defaults and sources: docs/notes/field.md ("Bad-Teacher").
+Defaults and sources: docs/decisions/field-methods.md ("Bad-Teacher").
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Methods register themselves by name with :func:`register`; :func:`get_method` bu
 name and options (e.g. ``get_method("fisher", alpha=1e-6)``), checked against the class's declared
 :class:`Option` rules first. A method's cost estimate is its classmethod ``cost`` (:func:`estimate`
 dispatches to it). Every module in ``scrubnet.methods`` is imported on first use, so adding a method is
-adding a module (docs/notes/seam.md shows the smallest one).
+adding a module (docs/decisions/scrub-seam.md shows the smallest one).
 
 A context is built in one of two ways: :meth:`ForgetContext.from_recipe` (a user's model and its recipe) and
 :func:`protocol_context` (scrubnet's own protocol: the recipe pulls toward the fine-tuning start w_0).

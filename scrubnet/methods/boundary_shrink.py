@@ -6,7 +6,7 @@ to its nearest wrong class.
    whenever the step crossed the boundary).
 2. Fine-tune on D_f with those labels (inputs x, not x'): ``epochs`` passes, SGD.
 
-D_r is not used. Defaults and sources: docs/notes/field.md ("Boundary Shrink").
+D_r is not used. Defaults and sources: docs/decisions/field-methods.md ("Boundary Shrink").
 """
 from __future__ import annotations
 

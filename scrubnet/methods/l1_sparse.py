@@ -2,7 +2,7 @@
 (Jia et al., "Model Sparsity Can Simplify Machine Unlearning").
 
 Epoch e (0-based, of E) minimises, batch by batch, CE(batch of D_r) + γ_e·‖w‖₁ with γ_e = γ·(1 − e/E) over
-every trainable parameter, so its gradient adds γ_e·sign(w). Defaults and sources: docs/notes/field.md
+every trainable parameter, so its gradient adds γ_e·sign(w). Defaults and sources: docs/decisions/field-methods.md
 ("ℓ1-sparse").
 """
 from __future__ import annotations

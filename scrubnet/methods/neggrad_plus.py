@@ -2,7 +2,7 @@
 
 Every step pairs a batch of D_r with the next batch of D_f (D_f reshuffled whenever it runs out) and takes one
 optimiser step on β·CE(retain batch) − (1−β)·CE(forget batch); an epoch is one pass over D_r. Defaults and
-their sources: docs/notes/field.md ("NegGrad+").
+their sources: docs/decisions/field-methods.md ("NegGrad+").
 """
 from __future__ import annotations
 

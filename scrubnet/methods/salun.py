@@ -8,7 +8,7 @@ Gradient-based Weight Saliency").
    classes, every step w ← SGD step with gradient m ⊙ (∇L + wd·w): the weight decay is inside the mask, so
    no weight outside it moves.
 
-Defaults and sources: docs/notes/field.md ("SalUn").
+Defaults and sources: docs/decisions/field-methods.md ("SalUn").
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ moves away from the original (the teacher, frozen) on D_f while staying close to
 Epoch e (of E): when e < ``msteps``, first a pass of *max-steps* over D_f — descend −T²·KL(p_t ‖ p_s) at
 temperature T, i.e. ascend the distillation divergence —, then, every epoch, a pass of *min-steps* over D_r —
 descend γ·CE(student, y) + α·T²·KL(p_t ‖ p_s). p_t = softmax(teacher/T), p_s = softmax(student/T), KL means
-over the batch (Hinton's T² keeps the gradients' scale). Defaults and sources: docs/notes/field.md ("SCRUB").
+over the batch (Hinton's T² keeps the gradients' scale). Defaults and sources:
+docs/decisions/field-methods.md ("SCRUB").
 """
 from __future__ import annotations
 

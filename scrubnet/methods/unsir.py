@@ -8,7 +8,7 @@ noise.
 2. Impair: ``impair_epochs`` passes over D_r ⊔ N (labels: D_r's own, c_f for the noise).
 3. Repair: ``repair_epochs`` passes over D_r.
 
-Defaults and sources: docs/notes/field.md ("UNSIR").
+Defaults and sources: docs/decisions/field-methods.md ("UNSIR").
 """
 from __future__ import annotations
 
