@@ -98,8 +98,10 @@ def render_markdown(results: dict) -> str:
               "the target splits. 0.5 = no trace of x is left. For `original` it is plain LiRA membership. "
               "**Retrain-OUT** (`ulira_retrain_out_*`): the same test with OUT from retrained models: distance to "
               "retraining, which also counts a method's signature on every example. **Retain leakage**: LiRA "
-              "balanced accuracy on retained examples after the method minus the original's (> 0: unlearning "
-              "exposed the retained data). **KLoM**: per-example KL divergence of the margin distributions of "
+              "balanced accuracy on retained examples after the method minus before it, from the model it "
+              "started from (the original; for a method that trains its own family, e.g. ML-Forgetting, that "
+              "family's original), one model per split on both sides (> 0: unlearning exposed the retained "
+              "data). **KLoM**: per-example KL divergence of the margin distributions of "
               "U unlearned vs U retrained models (20 bins, 0 = identical). **ε forget score** (NeurIPS-2023): "
               "U = R models, higher is better. Intervals: 95 % two-way bootstrap over examples and models.", "",
               "| method | game bal. acc. [95 % CI] | AUC | TPR @1 % FPR | TPR @0.1 % FPR | retrain-OUT bal. acc. "
