@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scrubnet.audit.reference import lira_reference, ulira_game_reference
-from scrubnet.audit.stats import bucket_points, epsilon_score, example_epsilons
+from scrubnet.audit.stats import KLOM_MODES, bucket_points, epsilon_score, example_epsilons, klom
 
 FIX = Path(__file__).parent / "fixtures" / "audit-references"
 
@@ -113,3 +113,86 @@ def test_game_reference_reproduces_deepunlearn(case):
     j = int(np.argmax(r.n_forgotten))
     np.testing.assert_allclose(r.p_forgotten[:, :, j][r.in_mask[:, :, j]], g("p_forgotten")[:, :, j][g("in_mask")[:, :, j]],
                                atol=1e-12, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------------------------- KLoM
+KLOM = np.load(FIX / "klom.npz", allow_pickle=False)
+KLOM_CASES = [str(c) for c in KLOM["cases"]]
+
+
+def _klom_bench_twin(unl: np.ndarray, orc: np.ndarray, bins=20, eps=1e-5, clip=100.0) -> np.ndarray:
+    """Slow twin of the benchmark's per-example loop, written from its description (fixture README):
+    np.linspace edges, np.digitize indices 1..bins only, counts over counted totals, the floor where p > 0,
+    then scipy.stats.entropy (which renormalises)."""
+    from scipy.stats import entropy
+    out = []
+    for j in range(unl.shape[1]):
+        a, b = np.clip(unl[:, j], -clip, clip), np.clip(orc[:, j], -clip, clip)
+        lo, hi = min(a.min(), b.min()), max(a.max(), b.max())
+        hi = lo + 1 if lo >= hi else hi
+        e = np.linspace(lo, hi, bins + 1)
+        ca = np.array([np.sum(np.digitize(a, e) == i) for i in range(1, bins + 1)])
+        cb = np.array([np.sum(np.digitize(b, e) == i) for i in range(1, bins + 1)])
+        p = ca / ca.sum() if ca.sum() > 0 else np.zeros(bins)
+        q = cb / cb.sum() if cb.sum() > 0 else np.zeros(bins)
+        with np.errstate(invalid="ignore"):
+            out.append(entropy(p, np.where(p > 0, np.maximum(q, eps), q)))
+    return np.array(out)
+
+
+def test_klom_fixture_cases_are_all_there():
+    assert json.loads(str(KLOM["meta"]))["bin_count"] == 20
+    assert KLOM_CASES == ["same_law", "shifted", "few_models", "top_edge", "point_mass_above", "zero_span", "clipped",
+                          "small_shift", "ties"]
+
+
+@pytest.mark.parametrize("case", KLOM_CASES)
+def test_klom_reference_mode_reproduces_the_benchmark(case):
+    u, r, want = KLOM[f"{case}/unlearned"], KLOM[f"{case}/oracle"], KLOM[f"{case}/klom"]
+    got = klom(u, r, mode="reference")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))   # the NaN case exactly
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, equal_nan=True)
+    if np.isnan(want).any():  # the default keeps the top edge in the last bin: a number there
+        assert np.all(np.isfinite(klom(u, r)))
+
+
+def test_klom_reference_mode_equals_the_benchmark_twin_on_a_constructed_pool():
+    """Same law, shifts, point masses on the top edge (NaN), an oracle wholly on the top edge, clipped margins,
+    values on bin edges, weights 0 and 2 (= dropping and repeating a model)."""
+    rng = np.random.default_rng(11)
+    M, n = 12, 60
+    r = rng.normal(0, 2, (M, n))
+    u = r + rng.normal(0, 1, (M, n)) + rng.normal(0, 1.5, n)
+    u[:, 0] = r[:, 0].max()                      # unlearned point mass on the top edge: NaN
+    u[:, 1] = r[:, 1].max() + 3                  # point mass above the oracle: NaN
+    r[:, 2] = u[:, 2].max() + 1                  # oracle point mass above the unlearned: q has no counted value
+    u[:, 3], r[:, 3] = 500.0, rng.normal(99, 2, M)  # clipped to 100, the top edge: NaN as well
+    u[:, 4], r[:, 4] = 7.0, 7.0                  # zero span
+    u[:, 5:15] = np.round(u[:, 5:15] * 2) / 2    # ties and edge hits
+    r[:, 5:15] = np.round(r[:, 5:15] * 2) / 2
+    got = klom(u, r, mode="reference")
+    want = _klom_bench_twin(u, r)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.flatnonzero(np.isnan(want)).tolist() == [0, 1, 3]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, equal_nan=True)
+    w = rng.integers(0, 3, M)
+    w[0] = 1
+    keep = np.repeat(np.arange(M), w)
+    np.testing.assert_allclose(klom(u, r, mode="reference", weights_unlearned=w, weights_oracle=w[::-1]),
+                               _klom_bench_twin(u[keep], r[np.repeat(np.arange(M), w[::-1])]),
+                               rtol=0, atol=1e-12, equal_nan=True)
+
+
+def test_klom_modes_differ_by_the_documented_choices_only():
+    rng = np.random.default_rng(12)
+    u, r = rng.normal(0, 1, (16, 40)), rng.normal(0.5, 1, (16, 40))
+    np.testing.assert_array_equal(klom(u, r, mode="reference", choices=KLOM_MODES["default"]), klom(u, r))
+    np.testing.assert_array_equal(klom(u, r, choices=KLOM_MODES["reference"]), klom(u, r, mode="reference"))
+    # each example's maximum lies on the top edge: dropping it changes every example; renormalising moves
+    # a value by at most the floor's added mass (|Δ| ≤ 2·20·1e-5 here)
+    top = klom(u, r, choices={"top": "drop"})
+    assert np.all(top != klom(u, r))
+    ren = klom(u, r, choices={"normalise": "scipy"})
+    assert 0 < np.max(np.abs(ren - klom(u, r))) < 4e-4
+    with pytest.raises(ValueError, match="unknown mode"):
+        klom(u, r, mode="scipy")

@@ -124,3 +124,79 @@ def test_interval_counts_fast_path_equals_searching_every_grid_point():
         v = np.sort(np.r_[v, grid[rng.integers(0, 50, 5), rng.integers(0, 400, 5)]])
         np.testing.assert_array_equal(_interval_counts(v, rights, w, 400),
                                       _count_in(v, grid.ravel(), np.repeat(rights, 400)))
+
+
+# ------------------------------------------------------------------------------------ retain leakage
+def _tiny_audit(methods, pool, tmp_path):
+    from scrubnet.audit.run import Audit, default_plan
+    from scrubnet.experiments.config import ExperimentConfig
+    cfg = ExperimentConfig.from_dict({
+        "data": {"n_train_per_class": 16, "n_test_per_class": 8, "core_per_class": 20, "forget_count": 4,
+                 "num_samples": 1000},
+        "train": {"pretrain_epochs": 2, "max_epochs": 25, "batch_size": 32}, "model_options": {"hidden": 32}})
+    return Audit(cfg, methods, default_plan(methods, pool=pool), tmp_path)
+
+
+def test_retain_leakage_of_retrain_is_centred_on_zero_when_nothing_leaks(tmp_path):
+    """Nothing leaks: every model's φ has one law (trained examples +2, a split-level draw shared by the split's
+    models as its seed and start are, and a small per-model part), so the retrain's two forget sets give near
+    duplicates. The audit's construction (one row per split on both sides) is centred on 0 at 8 splits and its
+    interval covers 0; stacking the two near-duplicate rows against one row per split is not."""
+    from scrubnet.audit.stats import retain_accuracy
+    a = _tiny_audit(["original", "retrain"], 8, tmp_path)
+    n, S = a.data.n, a.plan.splits
+    trained = [a._mask(a.data.halves[s]) for s in range(S)]
+    rng = np.random.default_rng(0)
+
+    def draw():
+        mu, sd = rng.normal(0, 2, n), rng.uniform(0.5, 1.5, n)
+        phis = {}
+        for s in range(S):
+            split = mu + 2.0 * trained[s] + sd * rng.normal(size=n)
+            phis[f"original/{s}"] = split + 0.05 * sd * rng.normal(size=n)
+            for f in range(a.plan.forget_sets):
+                phis[f"retrain/{s}/{f}"] = split + 0.05 * sd * rng.normal(size=n)
+        a.phi_d = lambda mid, method=None, field="logits": phis[mid]
+
+    new, covered, stacked = [], 0, []
+    for _ in range(200):
+        draw()
+        r = a.retain_leakage("retrain", 200, int(rng.integers(1 << 30)))
+        new.append(r["leakage"])
+        covered += r["ci95"][0] <= 0.0 <= r["ci95"][1]
+        both = tuple(np.concatenate(x) for x in zip(a.retain_rows("retrain", 0), a.retain_rows("retrain", 1)))
+        before = retain_accuracy(a.retain_rows("retrain", before=True), 2, n, 1, 0)[0]
+        stacked.append(retain_accuracy(both, 2, n, 1, 0)[0] - before)
+    assert abs(np.mean(new)) < 0.01 and covered >= 180, (np.mean(new), covered)
+    assert np.mean(stacked) < -0.02  # the old construction: near duplicates on one side only
+
+
+def test_retain_leakage_before_is_the_methods_own_family_original(tmp_path):
+    """ML-Forgetting's "before" rows are its own mixed-linear original (stored with its scrub of (s, 0)); every
+    other method's are the pool's originals; each side has one row per split."""
+    a = _tiny_audit(["original", "retrain", "finetune", "mlforget"], 4, tmp_path)
+    seen = []
+    a.phi_d = lambda mid, method=None, field="logits": seen.append((mid, field)) or np.zeros(a.data.n)
+    a.retain_rows("mlforget", before=True)
+    assert seen == [(f"scrub/mlforget/{s}/0", "original_logits") for s in range(4)]
+    for m in ("finetune", "retrain", "original"):
+        seen.clear()
+        a.retain_rows(m, before=True)
+        assert seen == [(f"original/{s}", "logits") for s in range(4)]
+    seen.clear()
+    a.retain_rows("finetune", 1)
+    assert seen == [(f"scrub/finetune/{s}/1", "logits") for s in range(4)]
+    assert a._required({"id": "scrub/mlforget/0/0", "method": "mlforget"}) == ("original_logits",)
+    assert a._required({"id": "eps/mlforget/0", "method": "mlforget"}) == ()
+    assert a._required({"id": "scrub/finetune/0/0", "method": "finetune"}) == ()
+
+
+def test_cache_entry_without_a_required_tensor_counts_as_absent(tmp_path):
+    import torch
+
+    from scrubnet.audit.pool import Cache
+    c = Cache(tmp_path, {"v": 1})
+    c.save("scrub/mlforget/0/0", {"logits": torch.zeros(3, 2)})
+    assert c.has("scrub/mlforget/0/0") and not c.has("scrub/mlforget/0/0", require=("original_logits",))
+    c.save("scrub/mlforget/0/0", {"logits": torch.zeros(3, 2), "original_logits": torch.ones(3, 2)})
+    assert c.has("scrub/mlforget/0/0", require=("original_logits",))

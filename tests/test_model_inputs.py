@@ -185,3 +185,45 @@ def test_curvature_methods_read_the_mask(data, method):
     other, _ = scrubnet.forget(m, Dicts(unmasked), Dicts({k: v for k, v in f.items() if k != "attention_mask"}),
                                method=method, **opts)
     assert max_weight_gap(other, got) > 1e-6
+
+
+#: iteration caps for the every-method readout test (tiny BERT, 48 + 8 samples)
+CAPS = {"newton": dict(max_iter=30), "ntk": dict(cg_max_iter=100), "ntk-fisher": dict(cg_max_iter=100),
+        "neggrad-plus": dict(epochs=1), "l1-sparse": dict(epochs=1), "salun": dict(epochs=1),
+        "scrub": dict(epochs=1), "finetune": dict(epochs=1), "neggrad": dict(epochs=1),
+        "randomlabels": dict(epochs=1), "ssd": dict(selection_threshold=1.0)}
+#: methods that refuse a user's token model, and the cause their one-line refusal names
+REFUSE = {"mlforget": "mixed-linear", "mlforget-retrain": "mixed-linear",
+          "unsir": "floating-point", "boundary-shrink": "floating-point"}
+
+
+def hand_error_and_loss_unmasked(model, b):
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"]).logits
+    return float(F.cross_entropy(logits, b["labels"]))
+
+
+@pytest.mark.parametrize("method", scrubnet.methods.available_methods())
+def test_every_methods_readouts_are_computed_with_the_mask(data, method):
+    b, f = data
+    m = tiny_bert()
+    kw = dict(CAPS.get(method, {}))
+    if scrubnet.methods.method_class(method).class_only:
+        kw["forget_class"] = 0
+        keep = b["labels"] != 0
+        b, f = {k: v[keep] for k, v in b.items()}, {k: v[~keep] for k, v in b.items()}
+    call = dict(recipe=TrainingRecipe(wd=1e-2, epochs=1, batch_size=8), force=True, on_failure="return",
+                readouts=True, retain_error_tolerance=1.0, chunk_size=20, **kw)
+    if method in REFUSE:
+        with pytest.raises(ValueError, match=REFUSE[method]) as e:
+            scrubnet.forget(m, Dicts(b), Dicts(f), method=method, **call)
+        assert "\n" not in str(e.value)
+        return
+    got, res = scrubnet.forget(m, Dicts(b), Dicts(f), method=method, **call)
+    for tag, model in (("", got), ("original_", m)):
+        for part, batch in (("retain", b), ("forget", f)):
+            err, loss = hand_error_and_loss(model, batch)
+            assert res.readouts[f"{tag}{part}_error"] == pytest.approx(err, abs=1e-6), (tag, part)
+            assert res.readouts[f"{tag}{part}_loss"] == pytest.approx(loss, rel=1e-5), (tag, part)
+    # the hand evaluation without the mask is another number: the readouts could not match it by chance
+    assert abs(res.readouts["retain_loss"] - hand_error_and_loss_unmasked(got, b)) > 1e-5

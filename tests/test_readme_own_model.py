@@ -10,27 +10,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def own_model_block() -> str:
-    """The first ```bash block of the guide docs/guides/own-model.md."""
+def own_model_block(index: int = 0) -> str:
+    """The ``index``-th ```bash block of the guide docs/guides/own-model.md."""
     text = (ROOT / "docs" / "guides" / "own-model.md").read_text()
-    m = re.search(r"```bash\n(.*?)```", text, re.S)
-    assert m, "no bash block in docs/guides/own-model.md"
-    return m.group(1)
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    assert len(blocks) > index, "missing bash block in docs/guides/own-model.md"
+    return blocks[index]
+
+
+def run_block(block: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", SCRUBNET_THREADS="1",
+               OMP_NUM_THREADS="1")
+    return subprocess.run(["bash", "-e", "-c", block], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
 
 
 def test_readme_own_model_block_runs_verbatim(tmp_path):
     block = own_model_block()
     assert "scrubnet forget --model" in block and "scrubnet evaluate --model" in block
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", SCRUBNET_THREADS="1",
-               OMP_NUM_THREADS="1")
-    r = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = run_block(block, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     own = tmp_path / "own"
     for m in ("finetune", "fisher", "newton", "ntk"):
@@ -45,3 +50,47 @@ def test_readme_own_model_block_runs_verbatim(tmp_path):
         assert k in readouts
     # the scrub kept the model: retain error stays at a few points (the model fits its 300 samples)
     assert readouts["error_retain"] <= 0.05 and readouts["error_test"] <= 0.3
+
+
+def test_the_masked_text_model_block_runs_verbatim(tmp_path):
+    """The second block: a factory whose forward needs ``attention_mask``, token ids and the mask in the .npz,
+    Fisher, Newton and NTK from the command line, then ``scrubnet evaluate``; no traceback anywhere."""
+    import numpy as np
+    import torch
+
+    block = own_model_block(1)
+    assert "train_attention_mask" in block and "--method $m" in block and "scrubnet evaluate --model" in block
+    r = run_block(block, tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    own = tmp_path / "own-text"
+    with np.load(own / "reviews.npz") as z:
+        assert z["x_train"].dtype == np.int64 and set(z.files) == {
+            "x_train", "train_attention_mask", "y_train", "x_test", "test_attention_mask", "y_test"}
+        ids, mask = torch.from_numpy(z["x_train"]), torch.from_numpy(z["train_attention_mask"])
+    assert (mask == 0).any()
+    keys = set(load_file(str(own / "text-fisher.safetensors")))
+    for m in ("fisher", "newton", "ntk"):
+        meta = json.loads((own / f"text-{m}.safetensors.json").read_text())
+        assert meta["method"] == m and meta["forget_ids"] == list(range(10))
+        assert set(load_file(str(own / f"text-{m}.safetensors"))) == keys
+        assert f"wrote text-{m}.safetensors" in r.stdout
+    readouts = json.loads((own / "text-ntk.json").read_text())
+    for k in ("error_retain", "error_forget", "error_test", "loss_retain"):
+        assert k in readouts
+    # the evaluation read the mask: the scrubbed model, run with the mask by hand, gives the same retain loss
+    sys.path.insert(0, str(own))
+    try:
+        from textnet import make_textnet
+    finally:
+        sys.path.remove(str(own))
+    net = make_textnet()
+    net.load_state_dict(load_file(str(own / "text-ntk.safetensors")))
+    with np.load(own / "reviews.npz") as z:
+        forget = set(range(10))
+        keep = torch.tensor([i not in forget for i in range(len(z["y_train"]))])
+        y = torch.from_numpy(z["y_train"])
+    with torch.no_grad():
+        with_mask = torch.nn.functional.cross_entropy(net.eval()(ids[keep], attention_mask=mask[keep]), y[keep])
+    assert readouts["loss_retain"] == pytest.approx(float(with_mask), rel=1e-4, abs=1e-6)
+    assert readouts["error_retain"] <= 0.05

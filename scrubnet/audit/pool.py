@@ -11,7 +11,8 @@ Pool data = the experiment's D (n samples); every model's outputs are its logits
   class (or all of D when the experiment names ids), of size min(|D_f|, ⌊|T_s ∩ C| / 2⌋), so that each
   candidate is forgotten in about a quarter of the (s, f) pairs.
 * Models: ``original/s`` (fine-tuned on T_s), ``retrain/s/f`` (T_s without F_{s,f}, the experiment's retrain
-  mode), ``scrub/<method>/s/f`` (the method applied to ``original/s``, ``ctx.seed = seed_s``).
+  mode), ``scrub/<method>/s/f`` (the method applied to ``original/s``, ``ctx.seed = seed_s``; a method that
+  trains its own model family also stores that family's original as ``original_logits``).
 * ε pool (one original, one forget set: ``original/0`` and F_{0,0}): ``eps-retrain/r`` (r < R) retrains from
   w_0^0 with seeds ``derive(audit_seed, "eps-retrain/r")``, and ``eps/<method>/u`` (u < U) the method on
   ``original/0`` with ``ctx.seed = derive(audit_seed, "eps/u")`` (one seed per u shared by the methods:
@@ -142,19 +143,20 @@ class Cache:
     def path(self, model_id: str, options: dict | None = None) -> Path:
         return self.root / f"{model_id.replace('/', '_')}-{self.key(model_id, options)}.safetensors"
 
-    def has(self, model_id: str, options: dict | None = None) -> bool:
-        """Whether a sound entry is stored (a damaged one is reported, deleted and reported absent)."""
+    def has(self, model_id: str, options: dict | None = None, require: tuple[str, ...] = ()) -> bool:
+        """Whether a sound entry holding the tensors named in ``require`` is stored (a damaged one is reported,
+        deleted and reported absent; one written before a tensor was required counts as absent)."""
         p = self.path(model_id, options)
         if not p.is_file():
             return False
         try:
-            load_verified(p)
+            tensors, _ = load_verified(p)
         except ArtifactError as e:
             self.damaged.append(str(e))
             sys.stderr.write(f"warning: audit cache entry {e}; recomputing it\n")
             p.unlink(missing_ok=True)
             return False
-        return True
+        return all(k in tensors for k in require)
 
     def load(self, model_id: str, options: dict | None = None) -> dict[str, torch.Tensor]:
         """The entry's tensors, verified (:class:`~scrubnet.integrity.ArtifactError` naming the file)."""
@@ -289,5 +291,9 @@ def scrub_task(shared: dict, payload: dict) -> list[tuple[str, dict[str, torch.T
         # the one scrub path, its retain-error rule reported (the pool keeps every model, as `scrubnet run`)
         res = scrub_and_measure(protocol_method(run["method"], **run["options"]), original, sub.retain,
                                 sub.forget, ctx, retain_rule="report")
-        out.append((run["id"], {"logits": _logits(res.model, x_all)}, time.perf_counter() - t0))
+        tensors = {"logits": _logits(res.model, x_all)}
+        own = res.scrub.original if res.scrub is not None else None
+        if own is not None and own is not original:  # a method's own family (ML-Forgetting): its "before" model
+            tensors["original_logits"] = _logits(own, x_all)
+        out.append((run["id"], tensors, time.perf_counter() - t0))
     return out

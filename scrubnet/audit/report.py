@@ -60,6 +60,20 @@ def audit_warnings(results: dict) -> list[str]:
     return [msg]
 
 
+def _standard_table(ms: dict) -> list[str]:
+    """The standard-metrics table (percent) of the methods that have them; empty when none has."""
+    std = [(m, d["standard"]) for m, d in ms.items() if d.get("standard")]
+    if not std:
+        return []
+    lines = ["", "**Standard metrics** (the field's, in %, mean over the method's (split, forget set) pairs): "
+             "UA = error on D_f, RA / TA = accuracy on D_r / D_test, MIA-efficacy = share of D_f a "
+             "confidence attack calls non-member, Avg. Gap = mean |metric − retrain's| over the four, "
+             "against the retrain model of the same pair.", "",
+             "| method | UA | RA | TA | MIA-efficacy | Avg. Gap | pairs |", "|---|---|---|---|---|---|---|"]
+    return lines + [f"| {m} | {100 * t['ua']:.1f} | {100 * t['ra']:.1f} | {100 * t['ta']:.1f} | "
+                    f"{100 * t['mia_efficacy']:.1f} | {100 * t['avg_gap']:.1f} | {t['pairs']} |" for m, t in std]
+
+
 def render_markdown(results: dict) -> str:
     a = results["config"]["audit"]
     plan = a["plan"]
@@ -84,8 +98,10 @@ def render_markdown(results: dict) -> str:
               "the target splits. 0.5 = no trace of x is left. For `original` it is plain LiRA membership. "
               "**Retrain-OUT** (`ulira_retrain_out_*`): the same test with OUT from retrained models: distance to "
               "retraining, which also counts a method's signature on every example. **Retain leakage**: LiRA "
-              "balanced accuracy on retained examples after the method minus the original's (> 0: unlearning "
-              "exposed the retained data). **KLoM**: per-example KL divergence of the margin distributions of "
+              "balanced accuracy on retained examples after the method minus before it, from the model it "
+              "started from (the original; for a method that trains its own family, e.g. ML-Forgetting, that "
+              "family's original), one model per split on both sides (> 0: unlearning exposed the retained "
+              "data). **KLoM**: per-example KL divergence of the margin distributions of "
               "U unlearned vs U retrained models (20 bins, 0 = identical). **ε forget score** (NeurIPS-2023): "
               "U = R models, higher is better. Intervals: 95 % two-way bootstrap over examples and models.", "",
               "| method | game bal. acc. [95 % CI] | AUC | TPR @1 % FPR | TPR @0.1 % FPR | retrain-OUT bal. acc. "
@@ -102,15 +118,7 @@ def render_markdown(results: dict) -> str:
                      f"| {_f(k['retain']['mean'], 2)} / {_f(k['validation']['mean'], 2)} "
                      f"| {_f(d['epsilon_forget_score'])} {_ci(d['epsilon_forget_score_ci95'])} "
                      f"| {_f(d['epsilon_score'])} | {d['epsilon_u']} |")
-    std = [(m, d["standard"]) for m, d in ms.items() if d.get("standard")]
-    if std:
-        lines += ["", "**Standard metrics** (the field's, in %, mean over the method's (split, forget set) pairs): "
-                  "UA = error on D_f, RA / TA = accuracy on D_r / D_test, MIA-efficacy = share of D_f a "
-                  "confidence attack calls non-member, Avg. Gap = mean |metric − retrain's| over the four, "
-                  "against the retrain model of the same pair.", "",
-                  "| method | UA | RA | TA | MIA-efficacy | Avg. Gap | pairs |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {m} | {100 * t['ua']:.1f} | {100 * t['ra']:.1f} | {100 * t['ta']:.1f} | "
-                  f"{100 * t['mia_efficacy']:.1f} | {100 * t['avg_gap']:.1f} | {t['pairs']} |" for m, t in std]
+    lines += _standard_table(ms)
     negs = sorted({d["ulira_game_negatives"] for d in ms.values()})
     lines += ["", "A TPR at FPR α is given only with ≥ 5/α target negatives (5 false positives at that rate: ≥ 500 "
               "for 1 %, ≥ 5,000 for 0.1 %); the game scores the examples that were forgotten in some shadow model "

@@ -24,7 +24,7 @@ from scrubnet.audit.engine import LocalEngine
 from scrubnet.audit.report import game_power, write_audit
 from scrubnet.audit.reference import roc_metrics_reference, roc_reference, ulira_game_reference
 from scrubnet.audit.stats import (epsilon_score, example_epsilons, forget_score, klom, lira_pairs, logit_confidence,
-                                  ulira)
+                                  retain_leakage, ulira)
 from scrubnet.audit.uncertainty import (BOOTSTRAP_EPSILON, BOOTSTRAP_KLOM, BOOTSTRAP_PAIRS, bootstrap_pairs,
                                         centered_ci95, difference_ci, pair_statistics, summarize)
 from scrubnet.device import resolve_device
@@ -33,6 +33,13 @@ from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import band_reference, get_split
 from scrubnet.methods.base import anchor_method, method_class
 from scrubnet.readouts.standard import avg_gap, metrics_from_logits
+
+def own_family(method: str) -> bool:
+    """Whether ``method`` trains its own model family (``own_retrain_family`` trait: ML-Forgetting), so that its
+    "before" is that family's original, not the pool's original."""
+    cls = method_class(method)
+    return bool(cls is not None and cls.own_retrain_family)
+
 
 def anchor_role(method: str) -> str | None:
     """``"original"`` or ``"retrain"`` for an anchor method (its U-LiRA/ε rows are the pool's own originals or
@@ -173,7 +180,7 @@ class Audit:
             adv(len(res))
         payloads = []
         for g in self.scrub_runs():
-            runs = [r for r in g["runs"] if not self.cache.has(r["id"], r["options"])]
+            runs = [r for r in g["runs"] if not self.cache.has(r["id"], r["options"], self._required(r))]
             adv(len(g["runs"]) - len(runs))
             if not runs:
                 continue
@@ -188,15 +195,22 @@ class Audit:
                 self.times.setdefault(mid.split("/")[1], []).append(dt)
             adv(len(res))
 
+    @staticmethod
+    def _required(run: dict) -> tuple[str, ...]:
+        """Tensors a cached scrub must hold: an own-family method's scrubs also keep their family's original."""
+        return ("original_logits",) if run["id"].startswith("scrub/") and own_family(run["method"]) else ()
+
     # ------------------------------------------------------------------ statistics
-    def logits(self, model_id: str, method: str | None = None) -> np.ndarray:
+    def logits(self, model_id: str, method: str | None = None, field: str = "logits") -> np.ndarray:
+        """Logits ``[n + n_test, c]`` of a cached model (``field="original_logits"``: of the own-family original
+        stored with a scrub)."""
         opts = self.options(method) if method is not None and model_id.startswith(("scrub/", "eps/")) \
             and anchor_role(method) is None else None
-        return self.cache.load(model_id, opts)["logits"].double().numpy()
+        return self.cache.load(model_id, opts)[field].double().numpy()
 
-    def phi_d(self, model_id: str, method: str | None = None) -> np.ndarray:
+    def phi_d(self, model_id: str, method: str | None = None, field: str = "logits") -> np.ndarray:
         """φ on D ``[n]`` (kept in memory: the statistics read every model several times)."""
-        return self.phi_all(model_id, method)[:self.data.n]
+        return self.phi_all(model_id, method, field)[:self.data.n]
 
     def _in_id(self, m: str, s: int, f: int) -> str:
         return {"original": f"original/{s}", "retrain": f"retrain/{s}/{f}"}.get(anchor_role(m), f"scrub/{m}/{s}/{f}")
@@ -251,23 +265,23 @@ class Audit:
         return {"result": res, "accuracy": acc, "U": U, "R": len(r_ids), "phi_u": phi_u, "phi_r": phi_r,
                 "points": points}
 
-    def phi_all(self, model_id: str, method: str | None = None) -> np.ndarray:
-        """φ on D followed by D_test ``[n + n_test]`` (memoised per model and method)."""
-        key = (model_id, method)
+    def phi_all(self, model_id: str, method: str | None = None, field: str = "logits") -> np.ndarray:
+        """φ on D followed by D_test ``[n + n_test]`` (memoised per model, method and stored field)."""
+        key = (model_id, method, field)
         if key not in self._phi:
             y = np.concatenate([self.split.y.numpy(), self.split.y_test.numpy()])
-            self._phi[key] = logit_confidence(self.logits(model_id, method), y)
+            self._phi[key] = logit_confidence(self.logits(model_id, method, field), y)
         return self._phi[key]
 
     # ------------------------------------------------------------------ the U-MIA game and LiRA rows
-    def _rows(self, ids: list[tuple[int, str, str | None]], in_masks: list[np.ndarray],
+    def _rows(self, ids: list[tuple], in_masks: list[np.ndarray],
               out_masks: list[np.ndarray]) -> tuple:
         """IN and OUT φ matrices (NaN outside the masks), shadow flags and clusters (= target split index)."""
-        phis = [self.phi_d(i, m) for _, i, m in ids]
+        phis = [self.phi_d(*t[1:]) for t in ids]  # (split, model id, method[, stored field])
         phi_in = np.array([np.where(k, p, np.nan) for p, k in zip(phis, in_masks)])
         phi_out = np.array([np.where(k, p, np.nan) for p, k in zip(phis, out_masks)])
-        sh = np.array([s < self.plan.shadow_splits for s, _, _ in ids])
-        cl = np.array([s - self.plan.shadow_splits for s, _, _ in ids])
+        sh = np.array([t[0] < self.plan.shadow_splits for t in ids])
+        cl = np.array([t[0] - self.plan.shadow_splits for t in ids])
         return phi_in, phi_out, sh, cl
 
     def _mask(self, idx: np.ndarray) -> np.ndarray:
@@ -300,18 +314,29 @@ class Audit:
             keep[self.data.forget[(s, f)]] = False
         return keep
 
-    def retain_rows(self, m: str) -> tuple:
-        """Per-example LiRA on retained examples: IN = R_s, OUT = never trained on, under the method's models
-        (the originals, once each, for ``original``)."""
+    def retain_rows(self, m: str, f: int = 0, before: bool = False) -> tuple:
+        """Per-example LiRA rows on retained examples, **one model per split**: IN = R_s, OUT = never trained on,
+        under the method's model of forget set ``f`` (the original for ``original``). ``before=True``: the model
+        the method started from — the original, or for a method that trains its own family (ML-Forgetting) that
+        family's original, stored with its scrub of (s, 0)."""
         ids, ins, outs = [], [], []
         for s in range(self.plan.splits):
-            never = ~self._mask(self.data.halves[s])
-            fs = [0] if anchor_role(m) == "original" else range(self._pairs(m))
-            for f in fs:
+            if before and own_family(m):
+                ids.append((s, self._in_id(m, s, 0), m, "original_logits"))
+            elif before or anchor_role(m) == "original":
+                ids.append((s, f"original/{s}", None))
+            else:
                 ids.append((s, self._in_id(m, s, f), m))
-                ins.append(self.retained(s))
-                outs.append(never)
+            ins.append(self.retained(s))
+            outs.append(~self._mask(self.data.halves[s]))
         return self._rows(ids, ins, outs)
+
+    def retain_leakage(self, m: str, replicates: int, seed: int) -> dict:
+        """:func:`retain_leakage` of ``m``: its models of each forget set (one per split) against the model it
+        started from (one per split)."""
+        fs = [0] if anchor_role(m) == "original" else list(range(self._pairs(m)))
+        return retain_leakage(self.retain_rows(m, before=True), [self.retain_rows(m, f) for f in fs],
+                              self.plan.splits - self.plan.shadow_splits, self.data.n, replicates, seed)
 
     def pool_fit(self) -> dict:
         """How many trained pool models ended with the stopping rule met / at zero training error."""
@@ -335,13 +360,6 @@ class Audit:
         n, C = self.data.n, self.plan.splits - self.plan.shadow_splits
         out: dict = {}
         reps: dict[str, dict] = {}
-        retain_reps: dict[str, np.ndarray] = {}
-        orig = anchor_method("original")  # the trained model: the "before" of the retain-set leakage
-        for m in [orig] + [x for x in self.methods if x != orig]:
-            phi_in, phi_out, sh, cl = self.retain_rows(m)
-            p, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl)
-            retain_reps[m] = bootstrap_pairs(p, C, n, replicates, seed)["balanced_accuracy"]
-            retain_reps[m + ":point"] = float(pair_statistics(p)["balanced_accuracy"][0])
         for m in self.methods:
             d: dict = {}
             # --- the U-MIA game (default statistic)
@@ -373,11 +391,12 @@ class Audit:
             r2 = bootstrap_pairs(pr2, C, n, replicates, seed)
             d.update({f"ulira_retrain_out_{k}": v for k, v in summarize(pr2, r2).items()})
             d["ulira_retrain_out_reference"] = band_of(m)
-            # --- retain-set leakage: LiRA on retained examples, after the method minus before (the original)
-            d["retain_leakage"] = retain_reps[m + ":point"] - retain_reps[orig + ":point"]
-            d["retain_leakage_ci95"] = difference_ci(retain_reps[m], retain_reps[orig])
-            d["retain_lira_balanced_accuracy"] = retain_reps[m + ":point"]
-            d["retain_lira_balanced_accuracy_original"] = retain_reps[orig + ":point"]
+            # --- retain-set leakage: LiRA on retained examples, after the method minus before (what it started from)
+            lk = self.retain_leakage(m, replicates, seed)
+            d["retain_leakage"], d["retain_leakage_ci95"] = lk["leakage"], lk["ci95"]
+            d["retain_lira_balanced_accuracy"] = lk["after"]
+            d["retain_lira_balanced_accuracy_original"] = lk["before"]
+            d["retain_leakage_before"] = "own_family_original" if own_family(m) else "original"
             # --- ε-score (U = R) and KLoM on the ε pool
             e = self.epsilon_rows(m)
             er = e["result"]
@@ -389,32 +408,31 @@ class Audit:
             eps_reps = epsilon_bootstrap(e["phi_u"][:, F0], e["phi_r"][:, F0], er.epsilons, er.num_models,
                                          BOOTSTRAP_EPSILON, seed)
             d["epsilon_forget_score_ci95"] = centered_ci95(eps_reps, er.forget_score)
-            kl = {}
-            for name, idx in e["points"].items():
-                vals = klom(e["phi_u"][:, idx], e["phi_r"][:, idx])
-                kr = klom_bootstrap(e["phi_u"][:, idx], e["phi_r"][:, idx], BOOTSTRAP_KLOM, seed)
-                kl[name] = {"mean": float(vals.mean()), "mean_ci95": centered_ci95(kr, float(vals.mean())),
-                            "p95": float(np.percentile(vals, 95)), "points": int(len(idx))}
-                if name == "forget":
-                    reps[m]["klom_forget"] = kr - kr.mean() + vals.mean()  # re-centred, as its interval
-                    kl_forget_vals = vals
+            kl, kl_ref, kr, kl_forget_vals = klom_rows(e["phi_u"], e["phi_r"], e["points"], seed)
+            reps[m]["klom_forget"] = kr
             d["klom_forget"] = kl["forget"]["mean"]
             d["klom_forget_ci95"] = kl["forget"]["mean_ci95"]
             d["klom"] = kl
+            d["klom_reference"] = kl_ref  # mean over the examples where the benchmark's code is not NaN
             d["standard"] = self.standard(m)
             d["seconds_per_model"] = float(np.mean(self.times[m])) if self.times.get(m) else None
-            per = []
-            eps_of = {int(j): float(v) for j, v in zip(F0, er.epsilons)}
-            kl_of = {int(j): float(v) for j, v in zip(F0, kl_forget_vals)}
-            for j in range(n):
-                a = u.per_example_accuracy[j]
-                if np.isfinite(a) or j in eps_of:
-                    per.append({"index": j, "label": int(self.split.y[j]),
-                                "ulira_game_accuracy": float(a) if np.isfinite(a) else None,
-                                "epsilon": eps_of.get(j), "klom": kl_of.get(j)})
-            d["per_example"] = per
+            d["per_example"] = self._per_example(u.per_example_accuracy, F0, er.epsilons, kl_forget_vals)
             out[m] = d
         return {"methods": out, "comparisons": _comparisons(reps)}
+
+    def _per_example(self, game_accuracy: np.ndarray, forget_idx, epsilons, klom_vals) -> list[dict]:
+        """audit.json's ``per_example`` rows: each example with a finite U-MIA game accuracy (over the ``n``
+        examples) or an ε-score (``epsilons`` and ``klom_vals`` over the forget examples ``forget_idx``)."""
+        eps_of = {int(j): float(v) for j, v in zip(forget_idx, epsilons)}
+        kl_of = {int(j): float(v) for j, v in zip(forget_idx, klom_vals)}
+        per = []
+        for j in range(self.data.n):
+            a = game_accuracy[j]
+            if np.isfinite(a) or j in eps_of:
+                per.append({"index": j, "label": int(self.split.y[j]),
+                            "ulira_game_accuracy": float(a) if np.isfinite(a) else None,
+                            "epsilon": eps_of.get(j), "klom": kl_of.get(j)})
+        return per
 
     def standard(self, m: str) -> dict:
         """The field's standard metrics of ``m`` (UA, RA, TA, MIA-efficacy; fractions) on every (split,
@@ -466,6 +484,39 @@ def _comparisons(reps: dict[str, dict]) -> dict:
                              "distinguishable": bool(ci is not None and (ci[0] > 0 or ci[1] < 0))})
         out["ulira_game_balanced_accuracy" if key == "balanced_accuracy" else key] = rows
     return out
+
+
+def klom_rows(phi_u: np.ndarray, phi_r: np.ndarray, points: dict[str, np.ndarray], seed: int) -> tuple:
+    """KLoM of the ε pool on each set of points, and beside it the benchmark's code (``mode="reference"``).
+
+    Parameters
+    ----------
+    phi_u, phi_r : array ``[U, n + n_test]``, ``[R, n + n_test]``
+        Margins of the unlearned and of the retrained models.
+    points : dict name → index array
+        The point sets (forget, retain, validation).
+    seed : int
+        Bootstrap seed.
+
+    Returns
+    -------
+    (dict, dict, array, array)
+        Per set {mean, mean_ci95, p95, points}; per set the reference mode's {mean over its non-NaN examples,
+        nan count, max |reference − default|}; the forget set's replicates re-centred on its mean (as its
+        interval); the forget set's per-example values (nats)."""
+    kl, kl_ref, kr_forget, forget_vals = {}, {}, None, None
+    for name, idx in points.items():
+        vals = klom(phi_u[:, idx], phi_r[:, idx])
+        ref = klom(phi_u[:, idx], phi_r[:, idx], mode="reference")
+        ok = np.isfinite(ref)
+        kl_ref[name] = {"mean": float(ref[ok].mean()) if ok.any() else None, "nan": int((~ok).sum()),
+                        "max_abs_difference": float(np.abs(ref - vals)[ok].max()) if ok.any() else None}
+        kr = klom_bootstrap(phi_u[:, idx], phi_r[:, idx], BOOTSTRAP_KLOM, seed)
+        kl[name] = {"mean": float(vals.mean()), "mean_ci95": centered_ci95(kr, float(vals.mean())),
+                    "p95": float(np.percentile(vals, 95)), "points": int(len(idx))}
+        if name == "forget":
+            kr_forget, forget_vals = kr - kr.mean() + vals.mean(), vals
+    return kl, kl_ref, kr_forget, forget_vals
 
 
 def epsilon_bootstrap(phi_u: np.ndarray, phi_r: np.ndarray, eps: np.ndarray, num_models: int, replicates: int,

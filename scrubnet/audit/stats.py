@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from scrubnet.audit.reference import fit_reference, predict_reference
-from scrubnet.audit.uncertainty import ScoredPairs
+from scrubnet.audit.uncertainty import ScoredPairs, bootstrap_pairs, difference_ci, pair_statistics
 from scrubnet.readouts.roc import auc_score, roc_curve, tpr_at_fpr  # noqa: F401  (re-exported: the audit's API)
 
 #: δ of the (ε, δ) definition, as in the challenge's metric code
@@ -371,19 +371,65 @@ def epsilon_score(unlearned, retrained, *, retain_accuracy: tuple[float, float] 
 KLOM_BINS = 20
 KLOM_EPS = 1e-5
 KLOM_CLIP = 100.0
+#: the choices that tell the two KLoM modes apart: ``edges`` ("fraction": lo + span·k/bins, or "linspace":
+#: numpy's linspace, whose rounding can move a value lying on an interior edge), ``top`` ("closed": the
+#: maximum is in the last bin, or "drop": np.digitize's index past the last edge is not counted, so a value
+#: equal to the top edge is dropped and an example whose unlearned values all sit there is NaN), ``normalise``
+#: ("floor": q floored where p > 0 and used as is, or "scipy": scipy.stats.entropy renormalises p and the
+#: floored q to sum 1)
+KLOM_MODES = {"default": {"edges": "fraction", "top": "closed", "normalise": "floor"},
+              "reference": {"edges": "linspace", "top": "drop", "normalise": "scipy"}}
+
+
+def _klom_hist(v: np.ndarray, w: np.ndarray, lo: np.ndarray, hi: np.ndarray, bins: int, edges: str,
+               top: str) -> np.ndarray:
+    """Weighted counts ``[bins, n]`` of ``v`` ``[M, n]`` (model weights ``w`` ``[M]``) in the bins of [lo, hi]."""
+    if edges == "linspace":
+        e = np.linspace(lo, hi, bins + 1, axis=0)                 # [bins + 1, n], as np.linspace per column
+    else:
+        e = np.concatenate([lo[None], lo[None, :] + (hi - lo)[None, :] * (np.arange(1, bins)[:, None] / bins),
+                            hi[None]])
+    idx = np.sum(v[:, None, :] >= e[None, :, :], axis=1)         # np.digitize(right=False): #edges ≤ v
+    if top == "closed":
+        idx = np.minimum(idx, bins)                              # the top edge belongs to the last bin
+    h = np.zeros((bins + 2, v.shape[1]))
+    np.add.at(h, (idx, np.broadcast_to(np.arange(v.shape[1]), idx.shape)), w[:, None])
+    return h[1:bins + 1]                                         # indices 1..bins: bin k = [e_{k−1}, e_k)
 
 
 def klom(unlearned, oracle, *, bins: int = KLOM_BINS, eps: float = KLOM_EPS, clip: float = KLOM_CLIP,
-         weights_unlearned=None, weights_oracle=None) -> np.ndarray:
+         weights_unlearned=None, weights_oracle=None, mode: str = "default", choices: dict | None = None) -> np.ndarray:
     """KL divergence of margins, per example: KL(p ‖ q) with p, q the histograms of the margins
-    (φ = z_y − logsumexp_{y'≠y} z_{y'}) of the unlearned ensemble ``[U, n]`` and the oracle (retrained)
-    ensemble ``[R, n]``, on ``bins`` equal-width bins spanning the example's clipped (±``clip``) values of both
-    ensembles (a zero-width span becomes [lo, lo + 1]); q is floored at ``eps`` where p > 0;
-    KLoM = Σ_{p_k > 0} p_k log(p_k / max(q_k, eps)). 0 = the unlearned margins fall in the oracle's bins in the
-    same proportions.
+    (φ = z_y − logsumexp_{y'≠y} z_{y'}) of the unlearned ensemble and the oracle (retrained) ensemble.
 
-    ``weights_*`` ``[U]`` / ``[R]``: non-negative model weights (bootstrap counts); a model with weight 0 is
-    left out of the span too. Returns ``[n]``."""
+    Parameters
+    ----------
+    unlearned, oracle : array ``[U, n]`` and ``[R, n]``
+        Margins (nats) of the unlearned and of the oracle models on n examples; finite.
+    bins, eps, clip : int, float, float
+        Equal-width bins spanning the example's clipped (±``clip``) values of both ensembles (a zero-width
+        span becomes [lo, lo + 1]); ``eps`` floors q where p > 0.
+    weights_unlearned, weights_oracle : array ``[U]`` / ``[R]``, optional
+        Non-negative model weights (bootstrap counts); a model with weight 0 is left out of the span too.
+    mode : {"default", "reference"}
+        ``"default"``: the maximum is in the last bin, p = counts / total, KLoM = Σ_{p_k > 0} p_k
+        log(p_k / max(q_k, eps)). ``"reference"``: data-unlearning-bench's ``compute_binned_KL_div`` —
+        edges ``np.linspace(lo, hi, bins + 1)``, bins by ``np.digitize`` counting indices 1..bins only (a
+        value equal to the top edge is dropped), p and q = counts over their counted totals, q floored at
+        ``eps`` where p > 0, then ``scipy.stats.entropy(p, q)``, which renormalises both to sum 1; NaN where
+        p has no counted value (every unlearned margin on the top edge).
+    choices : dict, optional
+        Overrides of single choices of :data:`KLOM_MODES` (``edges``, ``top``, ``normalise``) on top of
+        ``mode``, to measure each difference on its own.
+
+    Returns
+    -------
+    array ``[n]``
+        KLoM per example (nats); 0 = the unlearned margins fall in the oracle's bins in the same proportions.
+    """
+    if mode not in KLOM_MODES:
+        raise ValueError(f"klom: unknown mode {mode!r}: use 'default' or 'reference'")
+    ch = {**KLOM_MODES[mode], **(choices or {})}
     u = np.clip(np.asarray(unlearned, float), -clip, clip)
     r = np.clip(np.asarray(oracle, float), -clip, clip)
     if u.ndim != 2 or r.ndim != 2 or u.shape[1] != r.shape[1]:
@@ -395,18 +441,18 @@ def klom(unlearned, oracle, *, bins: int = KLOM_BINS, eps: float = KLOM_EPS, cli
     both = np.concatenate([u[wu > 0], r[wr > 0]])
     lo, hi = both.min(0), both.max(0)
     hi = np.where(hi > lo, hi, lo + 1.0)
-    edges = lo[None, :] + (hi - lo)[None, :] * (np.arange(1, bins)[:, None] / bins)  # interior edges [bins-1, n]
-
-    def hist(v, w):
-        idx = np.sum(v[:, None, :] >= edges[None, :, :], axis=1)  # bin of each value, last bin closed
-        h = np.zeros((bins, v.shape[1]))
-        np.add.at(h, (idx, np.broadcast_to(np.arange(v.shape[1]), idx.shape)), w[:, None])
-        return h / w.sum()
-
-    p, q = hist(u, wu), hist(r, wr)
+    hu = _klom_hist(u, wu, lo, hi, bins, ch["edges"], ch["top"])
+    hr = _klom_hist(r, wr, lo, hi, bins, ch["edges"], ch["top"])
     with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, p * np.log(p / np.maximum(q, eps)), 0.0)
-    return terms.sum(0)
+        tu, tr = hu.sum(0), hr.sum(0)
+        p, q = np.where(tu > 0, hu / tu, 0.0), np.where(tr > 0, hr / tr, 0.0)   # no counted value: zeros
+        q = np.where(p > 0, np.maximum(q, eps), q)
+        if ch["normalise"] == "scipy":
+            p, q = p / p.sum(0), q / q.sum(0)
+        terms = np.where(p > 0, p * np.log(p / q), 0.0)
+    out = terms.sum(0)
+    out[~(tu > 0)] = np.nan                 # p has no counted value (only when the top edge is dropped): 0/0
+    return out
 
 
 # ------------------------------------------------------------------------------------ scored pairs
@@ -448,3 +494,59 @@ def lira_pairs(phi_in, phi_out, shadow_in, shadow_out, cluster_in, cluster_out, 
     pairs = ScoredPairs(np.r_[s_in[ri, ji], s_out[ro, jo]], np.r_[np.ones(ri.size, bool), np.zeros(ro.size, bool)],
                         np.r_[ci[ri], co[ro]], np.r_[ji, jo])
     return pairs, usable
+
+
+# ------------------------------------------------------------------------------- retain-set leakage
+def retain_accuracy(rows: tuple, n_clusters: int, n_examples: int, replicates: int, seed: int
+                    ) -> tuple[float, np.ndarray]:
+    """Balanced accuracy of per-example LiRA on retained examples, and its bootstrap replicates.
+
+    Parameters
+    ----------
+    rows : (phi_in, phi_out, shadow, cluster)
+        ``[M, n]`` φ matrices (NaN outside IN / OUT), ``[M]`` shadow flags and clusters (target split index),
+        one row per split.
+    n_clusters, n_examples, replicates, seed : int
+        The two-way bootstrap's sizes (:func:`~scrubnet.audit.uncertainty.bootstrap_pairs`): the same sizes and
+        seed give common replicates.
+
+    Returns
+    -------
+    (float, array ``[replicates]``)
+        The point value and the replicates (fractions)."""
+    phi_in, phi_out, sh, cl = rows
+    p, _ = lira_pairs(phi_in, phi_out, sh, sh, cl, cl)
+    return (float(pair_statistics(p)["balanced_accuracy"][0]),
+            bootstrap_pairs(p, n_clusters, n_examples, replicates, seed)["balanced_accuracy"])
+
+
+def retain_leakage(before: tuple, after: list[tuple], n_clusters: int, n_examples: int, replicates: int,
+                   seed: int) -> dict:
+    """Retain-set leakage: LiRA's balanced accuracy on retained examples under the method's models minus under
+    the models it started from, each side with **one row per split**.
+
+    A method run on F forget sets per split gives F row sets (``after``); each has the law of ``before`` when
+    nothing leaks, so their mean is compared (stacking them would put F near-duplicate rows per split against
+    one, which shrinks the fitted spreads on one side only and biases the difference).
+
+    Parameters
+    ----------
+    before : rows (:func:`retain_accuracy`)
+        The original's (or the method's own family's original) rows, one per split.
+    after : list of rows
+        The method's rows of each forget set, one per split each.
+    n_clusters, n_examples, replicates, seed : int
+        Bootstrap sizes and seed, common to both sides.
+
+    Returns
+    -------
+    dict
+        ``leakage`` (after − before, fraction), ``ci95`` (its 95 % interval over common replicates, or None),
+        ``after`` and ``before`` (the two balanced accuracies)."""
+    if not after:
+        raise ValueError("retain leakage needs the method's rows of at least one forget set")
+    b, b_reps = retain_accuracy(before, n_clusters, n_examples, replicates, seed)
+    a = [retain_accuracy(r, n_clusters, n_examples, replicates, seed) for r in after]
+    a_point = sum(x for x, _ in a) / len(a)
+    a_reps = np.mean([r for _, r in a], axis=0)
+    return {"leakage": a_point - b, "ci95": difference_ci(a_reps, b_reps), "after": a_point, "before": b}
