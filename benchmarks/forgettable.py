@@ -1,0 +1,135 @@
+"""Forgettable fine-tuning against ordinary fine-tuning, and deletion requests against retraining.
+
+Two pretrained networks — a small transformer encoder (a HuggingFace BertForSequenceClassification from a
+config) and a ResNet-style CNN — are pretrained (all weights, cross-entropy) on a core task and fine-tuned on a
+user task with 10 classes: ordinarily (Adam on CE, the same user weights), forgettably
+(:func:`scrubnet.mlforget.finetune.forgettable_finetune`) and forgettably on the head only. Then 10 sequential
+deletion requests; after each, the exact retraining on D_r (same objective, from scratch) is timed and compared.
+
+    python benchmarks/forgettable.py            # N = 10,000 user samples per model (slow on a laptop)
+    python benchmarks/forgettable.py --small    # N = 400: a minute or two
+
+Prints, per model: test_error_ordinary, test_error_forgettable, test_error_head_only, accuracy_gap_points,
+then per request: exact_max_rel_diff (max |w' − ŵ| / max |ŵ|) and request_speedup (retrain s / request s).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, ordinary_finetune
+from scrubnet.mlforget.model import forget_request, retrain_user_weights
+from scrubnet.models.call import ModelInputs
+from scrubnet.models.lora import LoRA
+
+C = 10
+
+
+class Block(nn.Module):
+    def __init__(self, ch):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(ch, ch, 3, padding=1), nn.Conv2d(ch, ch, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(x + self.conv2(torch.relu(self.conv1(x))))
+
+
+class ResNetish(nn.Module):
+    def __init__(self, ch=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, ch, 3, padding=1)
+        self.block1, self.block2 = Block(ch), Block(ch)
+        self.proj = nn.Linear(ch, 32)
+        self.fc = nn.Linear(32, C)
+
+    def forward(self, x):
+        h = self.block2(nn.functional.max_pool2d(self.block1(torch.relu(self.stem(x))), 2))
+        return self.fc(torch.relu(self.proj(h.mean((2, 3)))))
+
+
+def images(n, protos, seed):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    return (protos[y] + 1.0 * torch.randn(n, 3, 12, 12, generator=g, dtype=torch.float64)), y
+
+
+def tokens(n, task, seed, length=10, vocab=40):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    mask = (torch.arange(length)[None] < torch.randint(3, length + 1, (n, 1), generator=g)).long()
+    ids = ids * mask
+    key = ids[:, 0] if task == "user" else (ids * mask).sum(1)  # user task: the first token; core: the sum
+    return ModelInputs(ids, {"attention_mask": mask}), (key % C).long()
+
+
+def pretrain(net, x, y, epochs, lr=3e-3):
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(epochs):
+        for i in torch.randperm(len(y)).split(64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(*x[i].call_args()[0], **x[i].call_args()[1]).logits
+                                        if isinstance(x, ModelInputs) else net(x[i]), y[i]).backward()
+            opt.step()
+    return net.eval()
+
+
+def models(n, small):
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    core_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
+    cnn = pretrain(ResNetish().double(), *images(3000 if small else 20000, core_p, 1), 3 if small else 8)
+    from transformers import BertConfig, BertForSequenceClassification
+    cfg = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                     max_position_embeddings=16, num_labels=C, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    bert = pretrain(BertForSequenceClassification(cfg).double(), *tokens(3000 if small else 20000, "core", 1),
+                    3 if small else 8)
+    return [("cnn", cnn, ["fc", "proj"], images(n, user_p, 2), images(1000, user_p, 3)),
+            ("transformer", bert, LoRA(["query", "value"], rank=2, modules_to_save=["classifier"]),
+             tokens(n, "user", 2), tokens(1000, "user", 3))]
+
+
+def run(name, net, uw, train, test, mu, k):
+    (x, y), (xt, yt) = train, test
+    ordinary = ordinary_finetune(net, x, y, user_weights=uw, lr=3e-3, epochs=10)
+    err_o = 1 - accuracy(ordinary, xt, yt)
+    head = forgettable_finetune(net, x, y, C, user_weights="head", mu=mu)
+    t0 = time.perf_counter()
+    state = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0)
+    train_s = time.perf_counter() - t0
+    err_f, err_h = 1 - accuracy(state.model, xt, yt), 1 - accuracy(head.model, xt, yt)
+    print(f"[{name}] N={len(y)} user_weights={state.model.num_linearized} train_s={train_s:.2f}")
+    print(f"[{name}] test_error_ordinary: {err_o:.4f}\n[{name}] test_error_forgettable: {err_f:.4f}\n"
+          f"[{name}] test_error_head_only: {err_h:.4f}\n[{name}] accuracy_gap_points: {100 * (err_f - err_o):.2f}")
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(5))
+    for r in range(10):
+        ids = order[r * k:(r + 1) * k].tolist()
+        t0 = time.perf_counter()
+        forget_request(state, x, y, ids, sigma=0.0)
+        req_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        w_hat = retrain_user_weights(state, x, y)
+        ret_s = time.perf_counter() - t0
+        w = state.model.delta_flat().detach()
+        diff = float((w - w_hat).abs().max() / w_hat.abs().max())
+        print(f"[{name}] request {r + 1}: forgot {k}, exact_max_rel_diff: {diff:.2e} request_s {req_s:.3f} "
+              f"retrain_s {ret_s:.3f} request_speedup: {ret_s / req_s:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="N = 400 user samples per model")
+    ap.add_argument("--n", type=int, default=None, help="user samples per model (default 10,000; --small 400)")
+    ap.add_argument("--mu", type=float, default=1e-3)
+    a = ap.parse_args()
+    n = a.n or (400 if a.small else 10_000)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    for name, net, uw, train, test in models(n, a.small):
+        run(name, net, uw, train, test, a.mu, max(1, n // 100))
+
+
+if __name__ == "__main__":
+    main()
