@@ -46,7 +46,7 @@ EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.58, "newton": 0.57}
 # memory-bound elementwise work (BatchNorm, ReLU, sums, forward and backward) per activation element touched,
 # in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md). The
 # batched-columns path (all K columns per backward, small nets) fits 775–850 on the first call in a fresh
-# process (what tests/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
+# process (what tests/methods/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
 # so one constant serves both paths; after a first call the batched path runs at ≈ 550.
 ELEMENTWISE_FLOP_EQUIV = 800.0
 # the same for networks without convolutions (no unfolding, no BatchNorm over positions): measured on the
