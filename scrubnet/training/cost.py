@@ -29,14 +29,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, plan_fisher
 from scrubnet.curvature.ntk import activation_numel_per_sample
 from scrubnet.models import eval_mode
-from scrubnet.models.call import call_model
+from scrubnet.models.flops import NONGEMM_FLOP_EQUIV, count_work
 
 # achieved FLOP rate / float32 GEMM rate, one thread, fitted by least squared log-ratio on the cases of
 # benchmarks/cost_check.py ("Cost model" in docs/decisions/index.md): "train" = SGD steps (forward + backward +
@@ -146,23 +144,27 @@ def matmul_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int 
     return _RATE[key]
 
 
+def forward_work(model: nn.Module, x1: Tensor, backward: bool = False) -> tuple[float, float]:
+    """One sample's (GEMM FLOPs, non-GEMM elements) in eval mode, forward only or a training step
+    (:func:`scrubnet.models.flops.count_work`)."""
+    with eval_mode(model):
+        return count_work(model, x1, backward=backward)
+
+
 def forward_flops(model: nn.Module, x1: Tensor) -> float:
-    """FLOPs of one sample's forward pass (matmuls and convolutions), eval mode."""
-    with eval_mode(model), torch.no_grad(), FlopCounterMode(display=False) as counter:
-        call_model(model, x1[:1])
-    return float(counter.get_total_flops())
+    """FLOPs of one sample's forward pass, eval mode: matmuls, convolutions and attention products, plus the
+    non-GEMM elements (softmax, LayerNorm, GELU/SiLU) at :data:`NONGEMM_FLOP_EQUIV` GEMM-FLOP equivalents each
+    (zero on nets without them: MLPs, convolutional nets)."""
+    gemm, elements = forward_work(model, x1)
+    return gemm + NONGEMM_FLOP_EQUIV * elements
 
 
 def train_step_flops(model: nn.Module, x1: Tensor) -> float:
     """FLOPs of one sample's training step: the forward, and the backward of its cross-entropy to every
-    trainable parameter (matmuls and convolutions; the input's gradient is not computed, as in training),
-    eval mode; the model's ``.grad`` and buffers are left untouched."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    with eval_mode(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
-        out = call_model(model, x1[:1])
-        target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
-        torch.autograd.grad(F.cross_entropy(out, target), params, allow_unused=True)
-    return float(counter.get_total_flops())
+    trainable parameter (the input's gradient is not computed, as in training), eval mode, counted as
+    :func:`forward_flops` counts (non-GEMM elements at their equivalents); ``.grad`` and buffers untouched."""
+    gemm, elements = forward_work(model, x1, backward=True)
+    return gemm + NONGEMM_FLOP_EQUIV * elements
 
 
 _DEVICE: list[torch.device] = [torch.device("cpu")]   # the device of the model being estimated
