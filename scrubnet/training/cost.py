@@ -73,6 +73,20 @@ class CostEstimate:
     retrain_flops: float | None = None
     retrain_seconds: float | None = None
     cost_vs_retrain: float | None = None
+    # a method whose ``seconds`` is a typical case (Newton at its defaults: CG stops early) keeps its true upper
+    # bound here; the refusal ceilings (:func:`check_budget`, budgeted modes) use the bound (:attr:`ceiling`)
+    seconds_upper: float | None = None
+    cost_vs_retrain_upper: float | None = None
+
+    @property
+    def ceiling(self) -> float:
+        """The seconds a refusal is decided on: ``seconds_upper`` when the method states one, else ``seconds``."""
+        return self.seconds if self.seconds_upper is None else self.seconds_upper
+
+    @property
+    def ceiling_vs_retrain(self) -> float | None:
+        """:attr:`ceiling` / ``retrain_seconds`` (None without a reference)."""
+        return self.cost_vs_retrain if self.cost_vs_retrain_upper is None else self.cost_vs_retrain_upper
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -82,11 +96,14 @@ class CostEstimate:
         seconds / retrain_seconds; returns self."""
         self.retrain_flops, self.retrain_seconds = float(reference.flops), float(reference.seconds)
         self.cost_vs_retrain = self.seconds / max(self.retrain_seconds, 1e-12)
+        if self.seconds_upper is not None:
+            self.cost_vs_retrain_upper = self.seconds_upper / max(self.retrain_seconds, 1e-12)
         return self
 
     def summary(self) -> str:
         line = (f"{self.method}: {self.flops / 1e12:.3g} TFLOP ≈ {format_seconds(self.seconds)} on this machine "
-                f"(one thread), peak ≈ {format_bytes(self.peak_bytes)}, {self.passes:.4g} passes over the data")
+                + (f" (at most {format_seconds(self.seconds_upper)})" if self.seconds_upper is not None else "")
+                + f" (one thread), peak ≈ {format_bytes(self.peak_bytes)}, {self.passes:.4g} passes over the data")
         if self.cost_vs_retrain is not None:
             line += (f"; retraining ≈ {format_seconds(self.retrain_seconds)}, so {self.cost_vs_retrain:.3g}× "
                      "retraining")
@@ -195,17 +212,18 @@ def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_byt
                  max_cost_vs_retrain: float | None = None) -> None:
     """Raise :class:`BudgetExceeded` (with the estimate) when ``est`` is over any budget: ``max_seconds``
     (s), ``max_bytes`` (peak working memory) or ``max_cost_vs_retrain`` (a multiple of the retraining
-    estimate, :attr:`CostEstimate.cost_vs_retrain`)."""
+    estimate). Time is judged on :attr:`CostEstimate.ceiling` (the upper bound where the estimate states one)
+    and :attr:`CostEstimate.ceiling_vs_retrain`."""
     if max_cost_vs_retrain is not None:
         if not max_cost_vs_retrain > 0:
             raise ValueError(f"max_cost_vs_retrain must be > 0, got {max_cost_vs_retrain}")
         if est.cost_vs_retrain is None:
             raise ValueError("the estimate carries no retraining reference (estimate(..., recipe=...))")
-        if est.cost_vs_retrain > max_cost_vs_retrain:
-            raise BudgetExceeded(f"refused before any work: estimated {est.cost_vs_retrain:.3g}× retraining > the "
+        if est.ceiling_vs_retrain > max_cost_vs_retrain:
+            raise BudgetExceeded(f"refused before any work: estimated {est.ceiling_vs_retrain:.3g}× retraining > the "
                                  f"{max_cost_vs_retrain:g}× allowed ({est.summary()})")
-    if max_seconds is not None and est.seconds > max_seconds:
-        raise BudgetExceeded(f"refused before any work: estimated {format_seconds(est.seconds)} > the "
+    if max_seconds is not None and est.ceiling > max_seconds:
+        raise BudgetExceeded(f"refused before any work: estimated {format_seconds(est.ceiling)} > the "
                              f"{format_seconds(max_seconds)} allowed ({est.summary()})")
     if max_bytes is not None and est.peak_bytes > max_bytes:
         raise BudgetExceeded(f"refused before any work: estimated peak memory {format_bytes(est.peak_bytes)} > the "
