@@ -98,6 +98,8 @@ class CostEstimate:
         self.cost_vs_retrain = self.seconds / max(self.retrain_seconds, 1e-12)
         if self.seconds_upper is not None:
             self.cost_vs_retrain_upper = self.seconds_upper / max(self.retrain_seconds, 1e-12)
+        if "request_seconds" in self.details:   # a method with a one-time build prices its request apart
+            self.details["request_vs_retrain"] = self.details["request_seconds"] / max(self.retrain_seconds, 1e-12)
         return self
 
     def summary(self) -> str:
