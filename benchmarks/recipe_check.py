@@ -1,4 +1,4 @@
-"""The measurement behind the stationarity check's threshold (docs/notes/recipes.md).
+"""The measurement behind the stationarity check's threshold (docs/decisions/recipes.md).
 
 Ratio = Newton decrement ½gᵀH⁻¹g / max(L_r, 0.1) (:mod:`scrubnet.recipe.objective`, CG to 1e-3 relative residual,
 no early stop) on three small architectures of the kinds users bring (tests/user_models.py: an MLP with

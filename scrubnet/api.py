@@ -24,7 +24,7 @@ from torch import nn
 
 from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
 from scrubnet.data.stream import BatchKeys, as_stream
-from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods import ForgetContext, ForgettingMethod, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
@@ -36,67 +36,94 @@ __all__ = ["ForgetResult", "ON_FAILURE", "ON_NOT_FORGOTTEN", "ScrubFailed", "for
 
 
 def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: TrainingRecipe | None = None, *,
-           seed: int = 0, on_failure: str = "raise", num_classes: int | None = None,
-           forget_class: int | None = None, classifier: str | None = None, force: bool = False,
-           readouts: bool = False, test=None, reference: nn.Module | None = None,
-           keys: BatchKeys | None = None, chunk_size: int = 512,
+           seed: int = 0, on_failure: str = "raise", num_classes: int | None = None, forget_class: int | None = None,
+           classifier: str | None = None, force: bool = False, readouts: bool = False, test=None,
+           reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
-           max_cost_vs_retrain: float | None = None,
-           **method_options: Any
-           ) -> tuple[nn.Module, ForgetResult]:
+           max_cost_vs_retrain: float | None = None, **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
-    retain, forget, test: (x, y) tensors, a ``Dataset`` or a ``DataLoader`` with tuple or dict batches
-        (dict keys: :class:`~scrubnet.data.stream.BatchKeys`, ``keys`` to name others).
-    method, **method_options: a registered method and its options (``scrubnet.methods.available_methods()``;
-        checked against the method's declared option rules).
-    num_classes, classifier: the class count, else read from the classifier (``head``/``fc``/``classifier`` or
-        the dotted name ``classifier``, which is also handed to a method taking a ``classifier`` option), else
-        from the width of the model's output on the first chunk of ``retain``.
-    recipe: how the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
-    force: run a curvature method even when the model is far from a minimum of the recipe's objective.
-    readouts: also measure error and loss on D_r, D_f (and ``test``) before and after, streamed.
-    test: held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model: logits (n, c), or a tuple / mapping / ``.logits`` holding them; not modified.
+    retain, forget : tensors, Dataset or DataLoader
+        D_r, D_f: ``(x (n, ...), y (n,))`` tensors, or a ``Dataset`` / ``DataLoader`` of tuple or dict batches.
+    method : str
+        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
+    recipe : TrainingRecipe, optional
+        How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
+    seed : int
+        Fixes the method's random choices (noise, batch order).
+    on_failure : {"raise", "return"}
+        A failed scrub raises :class:`ScrubFailed` or is returned with ``ok=False``.
+    num_classes : int, optional
+        c (default: from the classifier, else the width of the model's output on the first chunk of ``retain``).
+    forget_class : int, optional
+        The forgotten class when a whole class is forgotten (class-only methods need it).
+    classifier : str, optional
+        Dotted name of the final ``nn.Linear`` if not ``head``/``fc``/``classifier`` (handed to methods too).
+    force, readouts : bool
+        Run a curvature method even when the model is far from a minimum of the recipe's objective; measure error
+        (fraction) and loss (nats) on D_r, D_f (and ``test``) before and after, streamed.
+    test : tensors, Dataset or DataLoader, optional
+        Held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
         forgetting verdict ``result.forgetting`` (:class:`~scrubnet.readouts.forgetting.ForgettingVerdict`).
-    on_not_forgotten: ``"fail"`` (default: a forgetting method whose verdict is did_not_forget or
-        moved_wrong_way is ``ok=False``, the numbers in the reason) or ``"warn"`` (``result.warnings``).
-    reference: a model retrained without D_f; with a noisy method gives the information bound.
-    retain_error_tolerance: the scrub fails when the retain error rises by more than this (a fraction: 0.05
-        = 5 points); measured on every call (two streamed passes over D_r).
-    on_failure: ``"raise"`` (:class:`ScrubFailed`) or ``"return"`` (the result says ``ok=False``).
-    keys, chunk_size: how dict batches are read and how many samples a chunk holds.
-    max_cost_vs_retrain: refuse (:class:`~scrubnet.training.cost.BudgetExceeded`, before any work) when the
-        call's estimate is above this many retrainings from the model's initialisation with the recipe
-        (:func:`scrubnet.cost_guard.price_call`).
+    on_not_forgotten : {"fail", "warn"}
+        A forgetting method whose verdict is did_not_forget or moved_wrong_way fails, or only warns (``warnings``).
+    reference : nn.Module, optional
+        A model retrained without D_f; with a noisy method gives the information bound (nats).
+    keys, chunk_size : BatchKeys or None, int
+        How dict batches are read (:class:`~scrubnet.data.stream.BatchKeys`); samples per streamed chunk.
+    retain_error_tolerance : float
+        The largest allowed rise of the retain error (a fraction: 0.05 = 5 points), measured on every call.
+    max_cost_vs_retrain : float, optional
+        Refuse (``BudgetExceeded``, before any work) a call estimated above this many retrainings from the
+        model's initialisation with the recipe (:func:`scrubnet.cost_guard.price_call`).
+    **method_options
+        The method's options, checked against its rules. A method costing more than one retraining runs its
+        budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
 
-    When the method would cost more than one retraining and has a budgeted mode (Newton and NTK: a CG
-    budget, reporting the residual reached; Fisher: a subsample, reporting its variance) that mode runs,
-    (within ``max_cost_vs_retrain`` when that is lower), unless its option (or one it replaces) is given (:func:`scrubnet.cost_guard.budgeted_options`).
+    Returns
+    -------
+    model, result : nn.Module, ForgetResult
+        The scrubbed model (a new module); what the scrub reports: ``ok`` and why, its numbers, checks, readouts,
+        bounds, verdict, ``cost`` (CPU seconds against retraining).
 
-    Returns (scrubbed model, :class:`ForgetResult`); ``result.cost`` records the measured CPU seconds, the
-    retraining estimate and their ratio ``cost_vs_retrain``. ``model`` is not modified.
+    Raises
+    ------
+    ScrubFailed
+        The scrub failed its checks and ``on_failure="raise"``.
+    ValueError
+        Bad input (an unknown method or option, non-finite weights or data); ``RecipeMismatch`` when a curvature
+        method refuses a model not at a minimum of the recipe's objective (unless ``force``).
     """
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
-    probe = None
-    if num_classes is None:  # only read when the model has no classifier to count its classes
-        try:
-            find_classifier(model, classifier)
-        except ValueError:
-            probe = first_inputs(retain_s) if classifier is None else None
-    ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                    classifier=classifier, probe=probe)
+    ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
+                   classifier=classifier)
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
-    cls = method_class(method)
-    if classifier is not None and cls is not None and "classifier" not in method_options \
-            and "classifier" in inspect.signature(cls.__init__).parameters:
-        method_options = {**method_options, "classifier": classifier}   # one name for the head, everywhere
-    scrubber = get_method(method, **method_options)
+    method_options = _with_classifier(method, classifier, method_options)
+    scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
-    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(readouts)}
+    out = _priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
+                        retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
+                        on_not_forgotten=on_not_forgotten)
+    if not out.ok and on_failure == "raise":
+        raise ScrubFailed(out)
+    return out.model, out
+
+
+def _priced_scrub(scrubber: ForgettingMethod, method_options: dict, model: nn.Module, retain_s, forget_s,
+                  ctx: ForgetContext, test_s, max_cost_vs_retrain: float | None, **measure) -> ForgetResult:
+    """:func:`scrub_and_measure` after pricing the call against retraining: the method's budgeted mode when the
+    full method would cost more (:func:`~scrubnet.cost_guard.budgeted_options`), refused over
+    ``max_cost_vs_retrain``; ``result.cost`` holds the measured CPU seconds against the estimate."""
+    method = scrubber.name
+    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(measure["readouts"])}
     est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx, **call)
     target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
     budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target, **call)
@@ -105,13 +132,32 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         scrubber = get_method(method, **method_options)
     refuse_over(est, max_cost_vs_retrain, method)
     t0 = time.process_time()
-    out = scrub_and_measure(scrubber, model, retain_s, forget_s,
-                            ctx, retain_error_tolerance=retain_error_tolerance, reference=reference,
-                            readouts=readouts, test=test_s,
-                            on_not_forgotten=on_not_forgotten)
+    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, test=test_s, **measure)
     out.cost = measured_cost(time.process_time() - t0, est, ref)
     if budgeted is not None:
         out.cost["budgeted"] = est.details["budgeted"]
-    if not out.ok and on_failure == "raise":
-        raise ScrubFailed(out)
-    return out.model, out
+    return out
+
+
+def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_classes: int | None, seed: int,
+             forget_class: int | None, classifier: str | None) -> ForgetContext:
+    """:meth:`ForgetContext.from_recipe`, the class count read from the model's output on the first chunk of
+    ``retain_s`` only when the model has no classifier to count its classes."""
+    probe = None
+    if num_classes is None:
+        try:
+            find_classifier(model, classifier)
+        except ValueError:
+            probe = first_inputs(retain_s) if classifier is None else None
+    return ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
+                                     classifier=classifier, probe=probe)
+
+
+def _with_classifier(method: str, classifier: str | None, method_options: dict) -> dict:
+    """``method_options`` with ``classifier`` handed to a method taking that option (one name for the head,
+    everywhere) unless the options name one."""
+    cls = method_class(method)
+    if classifier is not None and cls is not None and "classifier" not in method_options \
+            and "classifier" in inspect.signature(cls.__init__).parameters:
+        method_options = {**method_options, "classifier": classifier}
+    return method_options

@@ -46,7 +46,18 @@ ON_NOT_FORGOTTEN = ("fail", "warn")
 
 
 class ScrubFailed(RuntimeError):
-    """The method did not do what it claims; ``.result`` holds the :class:`ForgetResult` (model included)."""
+    """The method did not do what it claims (raised by :func:`scrubnet.forget` when ``on_failure="raise"``).
+
+    Parameters
+    ----------
+    result : ForgetResult
+        The failed result (``ok`` False, its ``reasons``; the scrubbed model in ``result.scrub.model``).
+
+    Returns
+    -------
+    ScrubFailed
+        A ``RuntimeError`` whose message names the method and its reasons; ``.result`` holds ``result``.
+    """
 
     def __init__(self, result: "ForgetResult"):
         self.result = result
@@ -57,25 +68,48 @@ class ScrubFailed(RuntimeError):
 class ForgetResult:
     """What a scrub reports.
 
-    ok, reasons:  whether the scrub did what it claims, and why not (one sentence each).
-    method:       the method's name; recipe: the recipe used.
-    report:       the method's own numbers (seconds, solver iterations and residuals, step lengths, α …) and the
-                  retain error before and after (``retain_error_before`` / ``retain_error_after``, fractions).
-    noise:        the Gaussian a noisy method sampled the weights from (None for a deterministic one).
-    bounds:       ``info_weights_nats`` = KL(scrub's Gaussian ‖ the same procedure at ``reference``) when a
-                  reference was given to a noisy method.
-    readouts:     error/loss on retain, forget (and test) of the scrubbed and the input model, when asked.
-    checks:       the honesty checks' outcomes: ``retain_error`` (``{"before", "after", "tolerance",
-                  "passed"}``) and, when it ran, ``stationarity`` (its numbers).
-    scrub:        the method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the
-                  reference and original it supplies).
-    forgetting:   the :class:`~scrubnet.readouts.forgetting.ForgettingVerdict` (D_f against held-out data,
-                  before and after; its ``summary`` is one line), None without held-out data.
-    warnings:     what the user must know though the scrub is ``ok`` (a Newton step damped to a near no-op, a
-                  failing verdict under ``on_not_forgotten="warn"``, a verdict that could not be computed).
-    cost:         what the call cost against retraining, when the entry point measured it
-                  (:func:`scrubnet.cost_guard.measured_cost`: ``seconds``, ``retrain_seconds_estimate``,
-                  ``cost_vs_retrain`` …).
+    Parameters
+    ----------
+    ok : bool
+        Whether the scrub did what it claims.
+    reasons : list of str
+        Why not (one sentence each); empty when ``ok``.
+    method : str
+        The method's name.
+    recipe : TrainingRecipe
+        The recipe used.
+    report : dict of str to float
+        The method's own numbers (seconds, solver iterations and residuals, step lengths, α …) and the retain
+        error before and after (``retain_error_before`` / ``retain_error_after``, fractions in [0, 1]).
+    noise : WeightGaussian or None
+        The Gaussian a noisy method sampled the weights from (None for a deterministic one).
+    bounds : dict of str to float
+        ``info_weights_nats`` = KL(scrub's Gaussian ‖ the same procedure at ``reference``), in nats, when a
+        reference was given to a noisy method.
+    readouts : dict of str to float
+        Error (fraction) and mean cross-entropy (nats) on retain, forget (and test) of the scrubbed and the input
+        model, when asked.
+    checks : dict of str to dict
+        The honesty checks' outcomes: ``retain_error`` (``{"before", "after", "tolerance", "passed"}``) and,
+        when it ran, ``stationarity`` (its numbers).
+    scrub : ScrubResult or None
+        The method's own :class:`~scrubnet.methods.base.ScrubResult` (model, info, noise, the reference and
+        original it supplies).
+    forgetting : ForgettingVerdict or None
+        The :class:`~scrubnet.readouts.forgetting.ForgettingVerdict` (D_f against held-out data, before and
+        after; its ``summary`` is one line), None without held-out data.
+    warnings : list of str
+        What the user must know though the scrub is ``ok`` (a Newton step damped to a near no-op, a failing
+        verdict under ``on_not_forgotten="warn"``, a verdict that could not be computed).
+    cost : dict of str to float
+        What the call cost against retraining, when the entry point measured it
+        (:func:`scrubnet.cost_guard.measured_cost`: ``seconds``, ``retrain_seconds_estimate``,
+        ``cost_vs_retrain`` …).
+
+    Returns
+    -------
+    ForgetResult
+        Returned by :func:`scrubnet.forget` (second element) and :func:`scrub_and_measure`.
     """
 
     ok: bool
@@ -110,10 +144,9 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
         The configured method (:func:`~scrubnet.methods.base.get_method` / ``protocol_method``).
     model : nn.Module
         The trained model; not modified.
-    retain, forget, test
-        D_r, D_f (and held-out data for the readouts and the forgetting verdict): (x, y) tensors, a
-        ``Dataset``, a ``DataLoader`` or a :class:`~scrubnet.data.stream.DataStream` (chunked by
-        ``ctx.chunk_size``).
+    retain, forget, test : tensors, Dataset, DataLoader or DataStream
+        D_r, D_f (and held-out data for the readouts and the forgetting verdict), each chunked by
+        ``ctx.chunk_size``.
     ctx : ForgetContext
         From :meth:`ForgetContext.from_recipe` or :func:`~scrubnet.methods.base.protocol_context`.
     retain_error_tolerance : float

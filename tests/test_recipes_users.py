@@ -1,6 +1,6 @@
 """Recipes as users train: label smoothing and the MSE target scale in every gradient, AdamW's decoupled decay,
 a state_dict as the centre file, and the stationarity check on over- and under-stated decay and on unconverged
-models (docs/notes/recipes.md)."""
+models (docs/decisions/recipes.md)."""
 from __future__ import annotations
 
 import pytest

@@ -60,6 +60,20 @@ def audit_warnings(results: dict) -> list[str]:
     return [msg]
 
 
+def _standard_table(ms: dict) -> list[str]:
+    """The standard-metrics table (percent) of the methods that have them; empty when none has."""
+    std = [(m, d["standard"]) for m, d in ms.items() if d.get("standard")]
+    if not std:
+        return []
+    lines = ["", "**Standard metrics** (the field's, in %, mean over the method's (split, forget set) pairs): "
+             "UA = error on D_f, RA / TA = accuracy on D_r / D_test, MIA-efficacy = share of D_f a "
+             "confidence attack calls non-member, Avg. Gap = mean |metric − retrain's| over the four, "
+             "against the retrain model of the same pair.", "",
+             "| method | UA | RA | TA | MIA-efficacy | Avg. Gap | pairs |", "|---|---|---|---|---|---|---|"]
+    return lines + [f"| {m} | {100 * t['ua']:.1f} | {100 * t['ra']:.1f} | {100 * t['ta']:.1f} | "
+                    f"{100 * t['mia_efficacy']:.1f} | {100 * t['avg_gap']:.1f} | {t['pairs']} |" for m, t in std]
+
+
 def render_markdown(results: dict) -> str:
     a = results["config"]["audit"]
     plan = a["plan"]
@@ -102,15 +116,7 @@ def render_markdown(results: dict) -> str:
                      f"| {_f(k['retain']['mean'], 2)} / {_f(k['validation']['mean'], 2)} "
                      f"| {_f(d['epsilon_forget_score'])} {_ci(d['epsilon_forget_score_ci95'])} "
                      f"| {_f(d['epsilon_score'])} | {d['epsilon_u']} |")
-    std = [(m, d["standard"]) for m, d in ms.items() if d.get("standard")]
-    if std:
-        lines += ["", "**Standard metrics** (the field's, in %, mean over the method's (split, forget set) pairs): "
-                  "UA = error on D_f, RA / TA = accuracy on D_r / D_test, MIA-efficacy = share of D_f a "
-                  "confidence attack calls non-member, Avg. Gap = mean |metric − retrain's| over the four, "
-                  "against the retrain model of the same pair.", "",
-                  "| method | UA | RA | TA | MIA-efficacy | Avg. Gap | pairs |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {m} | {100 * t['ua']:.1f} | {100 * t['ra']:.1f} | {100 * t['ta']:.1f} | "
-                  f"{100 * t['mia_efficacy']:.1f} | {100 * t['avg_gap']:.1f} | {t['pairs']} |" for m, t in std]
+    lines += _standard_table(ms)
     negs = sorted({d["ulira_game_negatives"] for d in ms.values()})
     lines += ["", "A TPR at FPR α is given only with ≥ 5/α target negatives (5 false positives at that rate: ≥ 500 "
               "for 1 %, ≥ 5,000 for 0.1 %); the game scores the examples that were forgotten in some shadow model "

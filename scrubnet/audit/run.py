@@ -403,18 +403,23 @@ class Audit:
             d["klom"] = kl
             d["standard"] = self.standard(m)
             d["seconds_per_model"] = float(np.mean(self.times[m])) if self.times.get(m) else None
-            per = []
-            eps_of = {int(j): float(v) for j, v in zip(F0, er.epsilons)}
-            kl_of = {int(j): float(v) for j, v in zip(F0, kl_forget_vals)}
-            for j in range(n):
-                a = u.per_example_accuracy[j]
-                if np.isfinite(a) or j in eps_of:
-                    per.append({"index": j, "label": int(self.split.y[j]),
-                                "ulira_game_accuracy": float(a) if np.isfinite(a) else None,
-                                "epsilon": eps_of.get(j), "klom": kl_of.get(j)})
-            d["per_example"] = per
+            d["per_example"] = self._per_example(u.per_example_accuracy, F0, er.epsilons, kl_forget_vals)
             out[m] = d
         return {"methods": out, "comparisons": _comparisons(reps)}
+
+    def _per_example(self, game_accuracy: np.ndarray, forget_idx, epsilons, klom_vals) -> list[dict]:
+        """audit.json's ``per_example`` rows: each example with a finite U-MIA game accuracy (over the ``n``
+        examples) or an ε-score (``epsilons`` and ``klom_vals`` over the forget examples ``forget_idx``)."""
+        eps_of = {int(j): float(v) for j, v in zip(forget_idx, epsilons)}
+        kl_of = {int(j): float(v) for j, v in zip(forget_idx, klom_vals)}
+        per = []
+        for j in range(self.data.n):
+            a = game_accuracy[j]
+            if np.isfinite(a) or j in eps_of:
+                per.append({"index": j, "label": int(self.split.y[j]),
+                            "ulira_game_accuracy": float(a) if np.isfinite(a) else None,
+                            "epsilon": eps_of.get(j), "klom": kl_of.get(j)})
+        return per
 
     def standard(self, m: str) -> dict:
         """The field's standard metrics of ``m`` (UA, RA, TA, MIA-efficacy; fractions) on every (split,

@@ -24,7 +24,8 @@ for _name, _fn in (("run", run_cmds.run), ("train", run_cmds.train), ("forget", 
                    ("config", run_cmds.config_cmd)):
     app.command(name=_name)(handle_errors(_fn))
 for _name, _fn in (("train", mlforget_cmds.train), ("forget", mlforget_cmds.forget),
-                   ("forget-all", mlforget_cmds.forget_all_cmd), ("show", mlforget_cmds.show)):
+                   ("forget-all", mlforget_cmds.forget_all_cmd), ("show", mlforget_cmds.show),
+                   ("upgrade", mlforget_cmds.upgrade)):
     mlforget_cmds.mlforget_app.command(name=_name)(handle_errors(_fn))
 app.add_typer(mlforget_cmds.mlforget_app, name="mlforget", help="ML-Forgetting on mixed-linear checkpoints")
 app.command(name="audit")(handle_errors(audit_cmds.audit))

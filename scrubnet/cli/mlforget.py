@@ -27,7 +27,7 @@ from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.pipeline import train_ml
-from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new
+from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, upgrade as store_upgrade
 from scrubnet.serve.anchor import verify  # the chain, and the signed receipts and head against it
 from scrubnet.training import TrainConfig
 
@@ -160,3 +160,11 @@ def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[P
         typer.echo("hash chain: valid" if rec["valid"] else "hash chain: BROKEN")
     if not rec["valid"]:
         raise UserError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))
+
+
+def upgrade(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT):
+    """Bring a checkpoint of an earlier format to the current one (migrate a ledger checkpoint, seal an unsealed
+    store); reading a checkpoint never does this. A current checkpoint is left untouched."""
+    out = store_upgrade(_checkpoint(checkpoint, checkpoint_opt))
+    typer.echo(f"upgraded {out['path']} from {out['from']} to {out['format']}" if out["upgraded"]
+               else f"{out['path']} is already {out['format']} (nothing done)")

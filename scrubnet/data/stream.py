@@ -54,6 +54,12 @@ class BatchKeys:
         Keys of further inputs, passed as ``model(x, **{key: value})``.
     ignore_extra : bool
         Ignore fields named nowhere above instead of refusing them.
+
+    Returns
+    -------
+    BatchKeys
+        A frozen rule; :meth:`split` maps one batch to ``(input (n, ...), label (n,))``, the input a
+        :class:`~scrubnet.models.call.ModelInputs` when extra inputs are present.
     """
 
     x: tuple[str, ...] = ("x", "input", "inputs", "input_ids", "image", "images", "img", "pixel_values",

@@ -53,6 +53,17 @@ def ntk_line_data(original: nn.Module, scrubbed: nn.Module, retrain: nn.Module, 
     return out
 
 
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> str:
+    """Label one line plot, write it to ``path`` (PNG, 110 dpi) and return the path."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=110)
+    return str(path)
+
+
 def plot_ntk_lines(original: nn.Module, scrubbed: nn.Module, retrain: nn.Module, split, out_dir, *,
                    seed: int = 0, method: str = "ntk", alphas=None, betas=None) -> dict:
     """Write the Figure-4 and Figure-6 line plots for one seed of the protocol.
@@ -72,26 +83,14 @@ def plot_ntk_lines(original: nn.Module, scrubbed: nn.Module, retrain: nn.Module,
     ax.plot(data["alpha"], data["l1_retain"], "s-", ms=3, label="D_r (retain)")
     ax.axvline(0.0, color="grey", lw=0.8, ls=":")
     ax.axvline(1.0, color="green", lw=0.8, ls="--", label="scrubbed (α = 1)")
-    ax.set_xlabel("α  (w(D) + α·(w_scrub − w(D)))")
-    ax.set_ylabel("L1 distance of softmax to retrain")
-    ax.set_title(f"NTK scrub direction, seed {seed}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p1 = out_dir / "ntk_activation_line.png"
-    atomic_savefig(fig, p1, dpi=110)
-    files.append(str(p1))
+    files.append(_finish(fig, ax, out_dir / "ntk_activation_line.png", "α  (w(D) + α·(w_scrub − w(D)))",
+                         "L1 distance of softmax to retrain", f"NTK scrub direction, seed {seed}"))
 
     fig, ax = subplots(figsize=(5.2, 3.6))
     for part, mk in (("forget", "o-"), ("retain", "s-"), ("test", "^-")):
         ax.plot(data["beta"], data[f"loss_{part}"], mk, ms=3, label=f"D_{part[0] if part != 'test' else 'test'}")
-    ax.set_xlabel("β  (w(D) + β·(w(D_r) − w(D)))")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(f"loss from original (β = 0) to retrain (β = 1), seed {seed}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p2 = out_dir / "ntk_loss_line.png"
-    atomic_savefig(fig, p2, dpi=110)
-    files.append(str(p2))
+    files.append(_finish(fig, ax, out_dir / "ntk_loss_line.png", "β  (w(D) + β·(w(D_r) − w(D)))",
+                         "cross-entropy (nats)", f"loss from original (β = 0) to retrain (β = 1), seed {seed}"))
 
     p3 = out_dir / "ntk_lines.json"
     atomic_write_json(p3, data)

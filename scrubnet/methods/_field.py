@@ -4,12 +4,13 @@ mode, and the cross-entropy / distillation losses, all on the model's device and
 
 Each method lives in its own module (``neggrad_plus``, ``l1_sparse``, ``salun``, ``scrub``, ``ssd``,
 ``bad_teacher``, ``unsir``, ``boundary_shrink``); their defaults and the decisions behind them are recorded in
-docs/notes/field.md. Data follow the fine-tuning baselines' rules: D_r is a
+docs/decisions/field-methods.md. Data follow the fine-tuning baselines' rules: D_r is a
 :class:`~scrubnet.data.stream.DataStream` read one batch at a time (an indexable source by a seeded
 permutation, a ``DataLoader`` by its own batches), D_f is small by nature and read into memory.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Iterator
 
 import torch
@@ -54,6 +55,34 @@ def check_positive(**values) -> None:
     for k, v in values.items():
         if v is not None and not v > 0:
             raise ValueError(f"{k} must be > 0, got {v!r}")
+
+
+def sgd_options(lr: float) -> dict[str, Option]:
+    """The SGD options of the field methods that fine-tune with SGD (``lr``: its default step size)."""
+    return {"epochs": Option(int, ">= 1", default=10), "lr": Option(float, "> 0", default=lr),
+            "momentum": Option(float, "[0, 1)", default=0.9), "weight_decay": Option(float, ">= 0", default=5e-4),
+            "batch_size": Option(int | None, ">= 1", default=None)}
+
+
+def set_sgd(method, epochs: int, lr: float, momentum: float, weight_decay: float, batch_size: int | None) -> None:
+    """Check and store the :func:`sgd_options` on ``method`` (``ValueError`` naming a bad one)."""
+    check_positive(epochs=epochs, lr=lr, batch_size=batch_size)
+    method.epochs, method.lr = int(epochs), float(lr)
+    method.momentum, method.weight_decay, method.batch_size = float(momentum), float(weight_decay), batch_size
+
+
+def sgd_start(method, model: nn.Module, ctx: ForgetContext, offset: int, *, decay: bool = True
+              ) -> tuple[nn.Module, torch.device, int, torch.Generator, torch.optim.Optimizer]:
+    """What the ``scrub`` of a method with :func:`sgd_options` starts from: a copy of ``model`` to train, its
+    device, the batch size (the method's, else the recipe's), the seeded generator (``offset``, see
+    :func:`generator_for`) and the SGD optimiser (without the decay when ``decay`` is False: the method applies
+    it itself)."""
+    model = copy.deepcopy(model)
+    dev = model_device(model)
+    bs = int(method.batch_size or ctx.recipe.batch_size)
+    g = generator_for(model, ctx, offset)
+    opt = make_optimiser(model, "sgd", method.lr, method.momentum, method.weight_decay if decay else 0.0)
+    return model, dev, bs, g, opt
 
 
 def train_mode(model: nn.Module, ctx: ForgetContext) -> None:

@@ -5,7 +5,7 @@ The student starts at the original. Two frozen teachers: the original ("competen
 network of the same architecture ("incompetent"). Batches mix a random ``retain_fraction`` of D_r with all of
 D_f; every sample's target is the softmax at temperature T of the competent teacher (a D_r sample) or of the
 incompetent one (a D_f sample), and the student descends the mean KL(target ‖ softmax(student/T)).
-Defaults and sources: docs/notes/field.md ("Bad-Teacher").
+Defaults and sources: docs/decisions/field-methods.md ("Bad-Teacher").
 """
 from __future__ import annotations
 
@@ -139,7 +139,13 @@ class BadTeacher(ForgettingMethod):
     T : float
         Temperature of the KL (default 1).
     batch_size : int
-        Default 256.
+        Samples per batch (default 256).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the distilled student (eval mode); ``info["bad_teacher_retain_used"]`` is the number of
+        retained samples in the mixed set. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

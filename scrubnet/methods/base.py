@@ -15,7 +15,7 @@ Methods register themselves by name with :func:`register`; :func:`get_method` bu
 name and options (e.g. ``get_method("fisher", alpha=1e-6)``), checked against the class's declared
 :class:`Option` rules first. A method's cost estimate is its classmethod ``cost`` (:func:`estimate`
 dispatches to it). Every module in ``scrubnet.methods`` is imported on first use, so adding a method is
-adding a module (docs/notes/seam.md shows the smallest one).
+adding a module (docs/decisions/scrub-seam.md shows the smallest one).
 
 A context is built in one of two ways: :meth:`ForgetContext.from_recipe` (a user's model and its recipe) and
 :func:`protocol_context` (scrubnet's own protocol: the recipe pulls toward the fine-tuning start w_0).
@@ -33,16 +33,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from scrubnet._config import ConfigValueError, check_value
 from scrubnet.curvature.attention import jvp_safe_attention
 from scrubnet.data.stream import BatchKeys, as_stream, inputs_finite
 from scrubnet.device import model_device
 from scrubnet.methods.artifacts import ArtifactCache
+from scrubnet.methods.options import Option  # noqa: F401  (re-exported: methods import it from here)
 from scrubnet.models import eval_mode, find_classifier
 from scrubnet.models.call import Inputs, call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
-from scrubnet.models.call import call_model
 from scrubnet.training.cost import CostEstimate, estimating_on, retrain_reference_cost
 
 Data = tuple[Inputs, Tensor]
@@ -60,26 +59,45 @@ def as_tensors(data, keys: BatchKeys | None = None) -> Data:
 class ForgetContext:
     """What the protocol knows besides (model, D_r, D_f).
 
-    recipe:        the :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with: the one source of
-                   the objective (loss, decay coefficient ``wd`` and centre) and of the SGD settings the
-                   fine-tuning baselines reuse. Build a context with :meth:`from_recipe` (a user's model) or
-                   :func:`protocol_context` (scrubnet's own protocol), not by hand.
-    num_classes:   c, outputs of the model.
-    seed:          fixes every random choice of the method (noise, batch order).
-    forget_class:  the forgotten class when a whole class is forgotten, else None.
-    split:         the full :class:`scrubnet.data.Split` when known (core data, D order, test set).
-    start:         the model at w_0 (needed by methods that retrain, e.g. ``retrain``).
-    schedule:      the protocol's training schedule (epoch caps, stopping rule, pre-training) for methods
-                   that retrain; its objective and SGD fields are overridden by the recipe's (:attr:`config`).
-    retrain_mode:  how the protocol retrains without D_f ("replace" | "remove", see
-                   :func:`scrubnet.training.retrain`).
-    cache:         the :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed
-                   (Fisher diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
-    force:         run a curvature method even when the stationarity check refuses the recipe.
-    verify_recipe: run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
-                   :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's
-                   own protocol, which trained the model to the recipe itself, leaves it off.
-    chunk_size:    samples per chunk when a method streams a Dataset or DataLoader.
+    Build a context with :meth:`from_recipe` (a user's model) or :func:`protocol_context` (scrubnet's own
+    protocol), not by hand.
+
+    Parameters
+    ----------
+    recipe : TrainingRecipe
+        The :class:`~scrubnet.recipe.TrainingRecipe` the model was trained with: the one source of the objective
+        (loss, decay coefficient ``wd`` and centre) and of the SGD settings the fine-tuning baselines reuse.
+    num_classes : int
+        c, outputs of the model.
+    seed : int
+        Fixes every random choice of the method (noise, batch order).
+    forget_class : int or None
+        The forgotten class when a whole class is forgotten, else None.
+    split : Split or None
+        The full :class:`scrubnet.data.Split` when known (core data, D order, test set).
+    start : nn.Module or None
+        The model at w_0 (needed by methods that retrain, e.g. ``retrain``).
+    schedule : TrainConfig or None
+        The protocol's training schedule (epoch caps, stopping rule, pre-training) for methods that retrain; its
+        objective and SGD fields are overridden by the recipe's (:attr:`config`).
+    retrain_mode : {"replace", "remove"}
+        How the protocol retrains without D_f (see :func:`scrubnet.training.retrain`).
+    cache : ArtifactCache
+        The :class:`~scrubnet.methods.artifacts.ArtifactCache` shared by the methods of one seed (Fisher
+        diagonals, the NTK direction, the ML-Forgetting models, the retrain model).
+    force : bool
+        Run a curvature method even when the stationarity check refuses the recipe.
+    chunk_size : int
+        Samples per chunk when a method streams a Dataset or DataLoader.
+    verify_recipe : bool
+        Run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
+        :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's own protocol,
+        which trained the model to the recipe itself, leaves it off.
+
+    Returns
+    -------
+    ForgetContext
+        The context a method's ``scrub(model, retain, forget, ctx)`` reads.
     """
 
     recipe: TrainingRecipe
@@ -231,41 +249,6 @@ class ScrubResult:
         self.ok = False
         self.reasons.append(reason)
         return self
-
-
-@dataclass(frozen=True)
-class Option:
-    """The rule of one method option (scikit-learn style parameter constraints), checked before the method
-    is built (:meth:`ForgettingMethod.check_options`).
-
-    Parameters
-    ----------
-    type : type
-        The annotation the value must fit, as in configuration files: ``int``, ``float`` (an int is
-        converted; NaN/inf refused), ``str``, ``bool``, ``X | None`` …
-    range : str, optional
-        Bounds, e.g. ``"> 0"``, ``">= 1"``, ``"[0, 1)"`` (:func:`scrubnet._config.check_value`).
-    choices : tuple, optional
-        The allowed values (strings).
-    default : Any
-        The constructor's default, for the documentation and the CLI's help.
-    """
-
-    type: Any
-    range: str | None = None
-    choices: tuple | None = None
-    default: Any = None
-
-    def check(self, key: str, value):
-        """``value`` converted (int → float) or ``ValueError`` naming ``key`` and what is expected."""
-        try:
-            out = check_value(key, value, self.type, self.range)
-        except ConfigValueError as e:
-            raise ValueError(str(e).replace("configuration key ", "option ", 1)) from None
-        if self.choices is not None and out is not None and out not in self.choices:
-            raise ValueError(f"option {key}: expected one of {', '.join(repr(c) for c in self.choices)}, "
-                             f"got {value!r}")
-        return out
 
 
 class ForgettingMethod(ABC):
@@ -499,26 +482,27 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
              x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
              config: TrainConfig | None = None, recipe: TrainingRecipe | None = None,
              retrain_epochs: int | None = None, retrain_from_init: bool | None = None, **options) -> CostEstimate:
-    """Predicted cost of ``method`` on ``model`` with |D_r| = ``n_retain``, |D_f| = ``n_forget``: the method
-    class's :meth:`~ForgettingMethod.cost` (:mod:`scrubnet.training.cost` for the fields), with the cost of
-    retraining beside it.
+    """Predicted cost of ``method`` on ``model``: the method class's :meth:`~ForgettingMethod.cost`, with the cost
+    of retraining beside it.
 
     Parameters
     ----------
     model : nn.Module
-        The model to scrub.
+        The trained model (not modified; one probe sample is run through it).
     n_retain, n_forget : int
-        |D_r| and |D_f|.
+        |D_r| ≥ 1 and |D_f| ≥ 0, samples.
     method : str
-        A registered method with a cost estimate; ``options`` are its own options (the same keywords as
-        ``get_method(method, **options)``, checked the same way).
+        A registered method with a cost model (:func:`costed_methods`).
     num_classes : int, optional
-        c; default the model's output width.
-    x_probe, in_shape
-        One probe sample fixes the input shape: ``x_probe`` (a batch; its first sample is used) or
-        ``in_shape`` (zeros of that shape).
+        c (default: the model's output width on the probe).
+    x_probe : Tensor, optional
+        A batch of inputs, shape (n, ...); its first sample fixes the input shape.
+    in_shape : tuple of int, optional
+        The shape of one input, without the batch dimension (zeros of it are the probe) when ``x_probe`` is not
+        given.
     config : TrainConfig, optional
-        Fine-tuning hyperparameters of the training-based methods (scrubnet's protocol).
+        Fine-tuning hyperparameters of the training-based methods (scrubnet's protocol; default
+        ``TrainConfig()``).
     recipe : TrainingRecipe, optional
         How the model was trained (a user's model): its epochs and batch size price the retraining reference,
         and ``retrain`` is priced as that retraining (from the model's initialisation). Default
@@ -529,12 +513,21 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     retrain_from_init : bool, optional
         Whether ``retrain`` runs from the model's initialisation (a user's model: priced as the reference) or
         from the protocol's w_0 (its own estimate); default: True when ``recipe`` is given.
+    **options
+        The method's own options (the same keywords as ``get_method(method, **options)``, checked the same way).
 
     Returns
     -------
     CostEstimate
-        With ``retrain_flops``, ``retrain_seconds`` (:func:`~scrubnet.training.cost.retrain_reference_cost`)
-        and ``cost_vs_retrain`` = seconds / retrain_seconds.
+        FLOPs, seconds, peak bytes and passes (:mod:`scrubnet.training.cost` for the fields), with
+        ``retrain_flops``, ``retrain_seconds`` (:func:`~scrubnet.training.cost.retrain_reference_cost`) and
+        ``cost_vs_retrain`` = seconds / retrain_seconds.
+
+    Raises
+    ------
+    ValueError
+        An unknown method or one without a cost model, a bad option, bad sizes, or neither ``x_probe`` nor
+        ``in_shape``.
     """
     cls = method_class(method)
     if cls is None or method not in costed_methods():

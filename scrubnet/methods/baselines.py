@@ -134,7 +134,15 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
 
 @register("original")
 class Original(ForgettingMethod):
-    """No forgetting: the trained model itself (the upper end of what an attacker can recover)."""
+    """No forgetting: the trained model itself (the upper end of what an attacker can recover).
+
+    It takes no options.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns a copy of the model in eval mode; ``info`` is empty.
+    """
 
     needs_retain = False
     anchor = "original"
@@ -195,9 +203,19 @@ class Retrain(ForgettingMethod):
     the reference the verdict and the cost are compared with; refused when a module cannot be re-initialised.
 
     Needs ``ctx.start`` (the model at w_0); the model is an artifact of ``ctx.cache`` (the protocol stores the
-    one it trained). ``mode`` (default: the protocol's ``ctx.retrain_mode``): ``'replace'`` (needs
-    ``ctx.split``) keeps |D| by replacing forgotten samples with copies of random retained ones;
-    ``'remove'`` trains on D_r only.
+    one it trained).
+
+    Parameters
+    ----------
+    mode : {"replace", "remove"} or None
+        How D_f is left out (default: the protocol's ``ctx.retrain_mode``): ``"replace"`` (needs ``ctx.split``)
+        keeps |D| by replacing forgotten samples with copies of random retained ones; ``"remove"`` trains on D_r
+        only.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the retrained model (eval mode); ``info`` is empty.
     """
 
     anchor = "retrain"
@@ -242,9 +260,22 @@ class Retrain(ForgettingMethod):
 
 @register("finetune")
 class Finetune(ForgettingMethod):
-    """Keep training on D_r only with the recipe's objective and optimiser (``epochs`` epochs, default the
-    recipe's — :data:`BASELINE_EPOCHS` in scrubnet's protocol —, at the recipe's lr unless ``lr``). Streams D_r:
-    a ``Dataset`` or ``DataLoader`` is read batch by batch, never held in memory."""
+    """Keep training on D_r only with the recipe's objective and optimiser.
+
+    Streams D_r: a ``Dataset`` or ``DataLoader`` is read batch by batch, never held in memory.
+
+    Parameters
+    ----------
+    epochs : int or None
+        Passes over D_r (default: the recipe's; :data:`BASELINE_EPOCHS` in scrubnet's protocol).
+    lr : float or None
+        SGD step size (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info`` is empty.
+    """
 
     streams = True
     passes = "epochs"
@@ -269,8 +300,22 @@ class Finetune(ForgettingMethod):
 
 @register("neggrad")
 class NegGrad(ForgettingMethod):
-    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c)). Streams D_r (an
-    indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory)."""
+    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c)).
+
+    Streams D_r (an indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory).
+
+    Parameters
+    ----------
+    epochs : int or None
+        Passes over D (default: the recipe's).
+    lr : float or None
+        SGD step size (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info`` is empty.
+    """
 
     streams = True
     epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
@@ -300,8 +345,21 @@ class NegGrad(ForgettingMethod):
 
 @register("randomlabels")
 class RandomLabels(ForgettingMethod):
-    """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded). Streams D_r as
-    NegGrad does."""
+    """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded).
+
+    Streams D_r as :class:`NegGrad` does.
+
+    Parameters
+    ----------
+    epochs, lr : int or None, float or None
+        As :class:`NegGrad`'s: epochs over D and the SGD step size (defaults: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        The model fine-tuned on the relabelled D (eval mode); ``info["randomlabels_changed"]`` is the fraction
+        of D_f labels the resampling changed (in [0, 1]).
+    """
 
     streams = True
     epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
@@ -333,9 +391,18 @@ class RandomLabels(ForgettingMethod):
 class Hiding(ForgettingMethod):
     """Class forgetting only: re-initialise the forgotten class's row of the head (weight and bias).
 
-    The model's final ``nn.Linear`` is found as ``head``, ``fc`` or ``classifier`` (torchvision and timm
-    names), or named by the option ``classifier``. Only the outputs are masked; the features keep everything
-    they knew.
+    Only the outputs are masked; the features keep everything they knew.
+
+    Parameters
+    ----------
+    classifier : str or None
+        Name of the final ``nn.Linear`` (default: found as ``head``, ``fc`` or ``classifier``, the torchvision
+        and timm names).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the model with the forgotten class's head row re-initialised; ``info`` is empty.
     """
 
     needs_retain = False

@@ -6,7 +6,7 @@ to its nearest wrong class.
    whenever the step crossed the boundary).
 2. Fine-tune on D_f with those labels (inputs x, not x'): ``epochs`` passes, SGD.
 
-D_r is not used. Defaults and sources: docs/notes/field.md ("Boundary Shrink").
+D_r is not used. Defaults and sources: docs/decisions/field-methods.md ("Boundary Shrink").
 """
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory,
-                                     generator_for, guarded_epochs, make_optimiser, step, tensor_batches, train_cost,
-                                     train_mode)
+from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory, guarded_epochs, set_sgd,
+                                     sgd_options, sgd_start, step, tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -82,7 +80,14 @@ class BoundaryShrink(ForgettingMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info["boundary_shrink_classes"]`` is the number of
+        distinct nearest-boundary labels D_f was relabelled to. ``ok`` is False (with the reason) when the
+        training diverged.
     """
 
     needs_retain = False
@@ -90,29 +95,22 @@ class BoundaryShrink(ForgettingMethod):
     streams = True
     passes = "0"
     in_default_run = False
-    options = {"eps": Option(float, "> 0", default=0.1), "epochs": Option(int, ">= 1", default=10),
-               "lr": Option(float, "> 0", default=0.01), "momentum": Option(float, "[0, 1)", default=0.9),
-               "weight_decay": Option(float, ">= 0", default=5e-4),
-               "batch_size": Option(int | None, ">= 1", default=None)}
+    options = {"eps": Option(float, "> 0", default=0.1), **sgd_options(lr=0.01)}
 
     def __init__(self, eps: float = 0.1, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
                  weight_decay: float = 5e-4, batch_size: int | None = None):
-        check_positive(eps=eps, epochs=epochs, lr=lr, batch_size=batch_size)
-        self.eps, self.epochs, self.lr = float(eps), int(epochs), float(lr)
-        self.momentum, self.weight_decay, self.batch_size = float(momentum), float(weight_decay), batch_size
+        check_positive(eps=eps)
+        self.eps = float(eps)
+        set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
         if ctx.forget_class is None:
             raise ValueError("boundary-shrink applies to class forgetting only: give a whole forget class")
         original = copy.deepcopy(model).eval()
-        model = copy.deepcopy(model)
-        dev = model_device(model)
+        model, dev, bs, g, opt = sgd_start(self, model, ctx, 308)
         xf, yf = forget_in_memory(forget, dev)
         float_inputs(xf, "Boundary Shrink")
         y_new, _ = fgsm_neighbour_labels(original, xf, yf, self.eps)
-        bs = int(self.batch_size or ctx.recipe.batch_size)
-        g = generator_for(model, ctx, 308)
-        opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
 
         def epoch(_):
             train_mode(model, ctx)

@@ -253,12 +253,46 @@ BUDGET_SLACK, BUDGET_RETRIES = 2.0, 6
 class FisherForgetting(ForgettingMethod):
     """Fisher forgetting: w + √(α·v(F)) ε with the authors' options (module docstring).
 
-    Options: alpha (an explicit noise scale; scrubnet's own protocol uses :data:`DEFAULT_ALPHA`), or
-    retain_loss_budget (default :data:`DEFAULT_LOSS_BUDGET` nats when alpha is not given): α is set so the
-    noise raises the mean retain cross-entropy by that much (:func:`alpha_for_budget`), the increase is then
-    measured on the sample and α halved while it exceeds twice the budget; form ("code" | "paper"), kind
-    ("true" | "empirical" Fisher), clamp, per_output_mean, boost, batch_size (Fisher vmap batch), classifier
-    (name of the final layer when it is not ``head``, ``fc`` or ``classifier``).
+    Parameters
+    ----------
+    alpha : float or None
+        An explicit noise scale (scrubnet's own protocol uses :data:`DEFAULT_ALPHA`). Give it or
+        ``retain_loss_budget``, not both.
+    form : {"code", "paper"}
+        The variance formula: the authors' released code (default) or the paper's.
+    kind : {"true", "mc", "empirical"}
+        Which Fisher diagonal (default "true").
+    clamp : bool
+        Clamp 1/(F + 1e-8) at 1e3 (1e2 for the head), as the authors' code (default True).
+    per_output_mean : bool
+        Average the variance over a parameter's output dimension (module docstring; default True).
+    boost : float
+        Variance multiplier of the head and of 1-D parameters (biases, BatchNorm; default 10).
+    batch_size : int or None
+        Fisher vmap batch (default: planned by the memory budget).
+    classifier : str or None
+        Name of the final layer when it is not ``head``, ``fc`` or ``classifier``.
+    retain_loss_budget : float or None
+        Nats (default :data:`DEFAULT_LOSS_BUDGET` when ``alpha`` is not given): α is set so the noise raises the
+        mean retain cross-entropy by that much (:func:`alpha_for_budget`), the rise is then measured on the
+        sample and α halved while it exceeds twice the budget.
+    subsample : int or None
+        The budgeted mode: the Fisher diagonal on this many samples of D_r (≥ 8, drawn without replacement,
+        seeded; :func:`subsample_fisher`), its sampling error reported in ``info`` (``fisher_subsample``,
+        ``fisher_trace_rel_se``, ``fisher_diag_rel_se_median``). Default None: all of D_r.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the noisy model (eval mode) and ``noise``, the :class:`WeightGaussian` it was drawn
+        from; ``info``: ``alpha`` (the scale used), ``fisher_seconds`` (seconds), ``noise_std_median`` (weight
+        units), ``fallbacks`` and, with a budget, ``retain_loss_increase``, ``retain_loss_budget`` (nats) and
+        ``alpha_halvings``. ``ok`` is False when the rise stays above twice the budget.
+
+    Raises
+    ------
+    ValueError
+        When ``ctx.num_classes`` is unset or the recipe's loss is not cross-entropy.
     """
 
     uses_curvature = True

@@ -2,20 +2,17 @@
 (Jia et al., "Model Sparsity Can Simplify Machine Unlearning").
 
 Epoch e (0-based, of E) minimises, batch by batch, CE(batch of D_r) + γ_e·‖w‖₁ with γ_e = γ·(1 − e/E) over
-every trainable parameter, so its gradient adds γ_e·sign(w). Defaults and sources: docs/notes/field.md
+every trainable parameter, so its gradient adds γ_e·sign(w). Defaults and sources: docs/decisions/field-methods.md
 ("ℓ1-sparse").
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, generator_for, guarded_epochs,
-                                     make_optimiser, step, stream_batches, train_cost, train_mode)
+from scrubnet.methods._field import (Option, guarded_epochs, set_sgd, sgd_options, sgd_start, step, stream_batches,
+                                     train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models.call import call_model
 
@@ -60,33 +57,31 @@ class L1Sparse(ForgettingMethod):
     epochs : int
         Passes over D_r (default 10).
     lr, momentum, weight_decay : float
-        SGD settings (defaults 0.01, 0.9, 5e-4).
+        SGD step size, momentum and decay coefficient (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
-        Default: the recipe's.
+        Retain samples per SGD step (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        The sparsified model (eval mode); ``info["l1_norm_after"]`` is ‖w‖₁ of its weights.
+        When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True
     passes = "epochs"
     in_default_run = False
-    options = {"gamma": Option(float, ">= 0", default=5e-5), "epochs": Option(int, ">= 1", default=10),
-               "lr": Option(float, "> 0", default=0.01), "momentum": Option(float, "[0, 1)", default=0.9),
-               "weight_decay": Option(float, ">= 0", default=5e-4),
-               "batch_size": Option(int | None, ">= 1", default=None)}
+    options = {"gamma": Option(float, ">= 0", default=5e-5), **sgd_options(lr=0.01)}
 
     def __init__(self, gamma: float = 5e-5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
                  weight_decay: float = 5e-4, batch_size: int | None = None):
         if not float(gamma) >= 0:
             raise ValueError(f"gamma must be ≥ 0, got {gamma!r}")
-        check_positive(epochs=epochs, lr=lr, batch_size=batch_size)
-        self.gamma, self.epochs, self.lr = float(gamma), int(epochs), float(lr)
-        self.momentum, self.weight_decay, self.batch_size = float(momentum), float(weight_decay), batch_size
+        self.gamma = float(gamma)
+        set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
-        model = copy.deepcopy(model)
-        dev = model_device(model)
-        bs = int(self.batch_size or ctx.recipe.batch_size)
-        g = generator_for(model, ctx, 302)
-        opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
+        model, dev, bs, g, opt = sgd_start(self, model, ctx, 302)
 
         def epoch(e):
             gamma_e = l1_weight(self.gamma, e, self.epochs)

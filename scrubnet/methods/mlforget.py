@@ -167,7 +167,26 @@ class _MLBase(ForgettingMethod):
 
 @register("mlforget")
 class MLForget(_MLBase):
-    """ML-Forgetting of D_f in one request (module docstring)."""
+    """ML-Forgetting of D_f in one request (module docstring). Needs ``ctx.split`` and ``ctx.start``.
+
+    Parameters
+    ----------
+    **options
+        Any :class:`~scrubnet.mlforget.model.MLConfig` field (``mu``, ``target_scale``, ``sigma`` (noise std in
+        weight units), ``linearize``, ``core_fraction``, …) and the Newton step's solver settings ``solver``,
+        ``cg_tol``, ``cg_max_iter``, ``precond``, ``precond_rank``, ``dual_max_rows``, ``weight_tol``,
+        ``primal_max_rows``, ``primal_ratio``, ``budget_nats``.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the scrubbed ML module (a :class:`~scrubnet.models.linearized.LinearizedModel`), with
+        ``reference`` the noiseless ML retrain and ``original`` the ML model before forgetting; ``info``:
+        ``info_weights_nats``, ``info_weights_bound_nats`` (nats), ``sigma``, ``solver``, ``retrain_solver``,
+        ``solver_iterations``, ``solver_relative_residual``, the timings ``ml_train_s``, ``ml_factor_s``,
+        ``ml_forget_s``, ``ml_retrain_s`` (seconds) and the sizes ``ml_n_core``, ``ml_n_user``,
+        ``ml_num_user_weights``.
+    """
 
     band_reference = "mlforget-retrain"  # judged against the retrained mixed-linear model, not the DNN
 
@@ -185,7 +204,20 @@ class MLForget(_MLBase):
 
 @register("mlforget-retrain")
 class MLForgetRetrain(_MLBase):
-    """The ML model retrained from scratch without D_f (the band ``mlforget`` must fall into)."""
+    """The ML model retrained from scratch without D_f (the band ``mlforget`` must fall into).
+
+    Parameters
+    ----------
+    **options
+        The same options as :class:`MLForget` (the two share the cached ML artifacts of a seed).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the ML retrain plus σ noise, with ``reference`` the noiseless retrain and ``original``
+        the ML model before forgetting; ``info``: ``sigma`` and the sizes ``ml_n_core``, ``ml_n_user``,
+        ``ml_num_user_weights``.
+    """
 
     forgets = False  # a gold standard, not a scrub
 

@@ -2,19 +2,15 @@
 
 Every step pairs a batch of D_r with the next batch of D_f (D_f reshuffled whenever it runs out) and takes one
 optimiser step on β·CE(retain batch) − (1−β)·CE(forget batch); an epoch is one pass over D_r. Defaults and
-their sources: docs/notes/field.md ("NegGrad+").
+their sources: docs/decisions/field-methods.md ("NegGrad+").
 """
 from __future__ import annotations
-
-import copy
 
 from torch import Tensor, nn
 import torch.nn.functional as F
 
-from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
-                                     guarded_epochs, make_optimiser, step, stream_batches, tensor_batches, train_cost,
-                                     train_mode)
+from scrubnet.methods._field import (Option, forget_in_memory, guarded_epochs, set_sgd, sgd_options, sgd_start, step,
+                                     stream_batches, tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models.call import call_model
 
@@ -68,32 +64,30 @@ class NegGradPlus(ForgettingMethod):
         SGD settings (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
         Retain and forget batch size (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info["neggrad_plus_steps"]`` is the number of SGD
+        steps taken. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True
     passes = "epochs"
     in_default_run = False
-    options = {"beta": Option(float, "(0, 1)", default=0.5), "epochs": Option(int, ">= 1", default=10),
-               "lr": Option(float, "> 0", default=0.01), "momentum": Option(float, "[0, 1)", default=0.9),
-               "weight_decay": Option(float, ">= 0", default=5e-4),
-               "batch_size": Option(int | None, ">= 1", default=None)}
+    options = {"beta": Option(float, "(0, 1)", default=0.5), **sgd_options(lr=0.01)}
 
     def __init__(self, beta: float = 0.5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
                  weight_decay: float = 5e-4, batch_size: int | None = None):
         if not 0.0 < float(beta) < 1.0:
             raise ValueError(f"beta must be in (0, 1), got {beta!r}")
-        check_positive(epochs=epochs, lr=lr, batch_size=batch_size)
-        self.beta, self.epochs, self.lr = float(beta), int(epochs), float(lr)
-        self.momentum, self.weight_decay, self.batch_size = float(momentum), float(weight_decay), batch_size
+        self.beta = float(beta)
+        set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
-        model = copy.deepcopy(model)
-        dev = model_device(model)
-        bs = int(self.batch_size or ctx.recipe.batch_size)
-        g = generator_for(model, ctx, 301)
+        model, dev, bs, g, opt = sgd_start(self, model, ctx, 301)
         xf, yf = forget_in_memory(forget, dev)
         cycle = _Cycle(xf, yf, bs, g)
-        opt = make_optimiser(model, "sgd", self.lr, self.momentum, self.weight_decay)
         steps = [0]
 
         def epoch(_):

@@ -263,16 +263,39 @@ class NewtonScrub(ForgettingMethod):
     """Newton scrub h(w) = w − H⁻¹∇L_r(w) by matrix-free CG, optionally + the optimal noise (module docstring).
 
     The retain objective is the recipe's (``ctx.recipe``): its loss, its wd and its centre
-    (``ctx.center(model)``); no option changes it. Options: damping (initial Levenberg–Marquardt μ;
-    :data:`ZERO_WD_DAMPING` when both it and the recipe's wd are 0), safeguard ("backtrack" | "lm" |
-    "none", see :func:`retain_newton_step`), tol, max_iter, batch_size, alpha (noise scale λσ_h²; 0 = no
-    noise), retain_loss_tolerance / retain_error_tolerance (the data safeguard: a step raising the retain
-    cross-entropy by more nats, or the retain error by more, is shortened or rejected; None turns it off).
-    ``info`` carries ``objective_before`` / ``objective_after`` (the retain objective L_r with the pull, at
-    w and at h(w)), ``newton_step_length`` (accepted t) and ``newton_damping`` (final μ).
+    (``ctx.center(model)``); no option changes it.
 
-    The result fails (``ok`` False) when CG stops at its cap or above its tolerance, when its residual grew,
-    or when no step passed the safeguards (the weights are then returned unchanged).
+    Parameters
+    ----------
+    damping : float
+        Initial Levenberg–Marquardt μ (default 0; :data:`ZERO_WD_DAMPING` when both it and the recipe's wd
+        are 0).
+    tol : float
+        CG's relative residual tolerance (default 1e-5).
+    max_iter : int
+        CG's iteration cap (default 300).
+    batch_size : int
+        Samples per Hessian-vector-product chunk (default 512).
+    alpha : float
+        Noise scale λσ_h² (default 0 = no noise).
+    safeguard : {"lm", "backtrack", "none"}
+        How a bad step is shortened (see :func:`retain_newton_step`; default "lm").
+    retain_loss_tolerance, retain_error_tolerance : float or None
+        The data safeguard: a step raising the retain cross-entropy by more nats (default 0.05), or the retain
+        error by more (a fraction, default 0.02), is shortened or rejected; None turns it off.
+    cg_budget : int or None
+        The budgeted mode: one CG solve of at most this many iterations, the "backtrack" safeguard, no damping
+        re-solves; the residual reached is reported instead of a failure. Default None: off.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns h(w) (plus noise when ``alpha`` > 0, with ``noise`` its Gaussian); ``info``:
+        ``objective_before`` / ``objective_after`` (the retain objective with the pull, at w and at h(w)),
+        ``newton_step_length`` (accepted t), ``newton_damping`` (final μ), ``newton_cg_*`` (CG's iterations and
+        residuals), ``newton_seconds``, ``alpha``, ``fallbacks``. ``ok`` is False when CG stops at its cap or
+        above its tolerance, when its residual grew, or when no step passed the safeguards (the weights are then
+        returned unchanged).
     """
 
     uses_curvature = True

@@ -266,14 +266,42 @@ def ntk_cost(model: nn.Module, x1: Tensor, n_r: int, n_f: int, c: int, *, memory
 
 @register("ntk")
 class NTKScrub(ForgettingMethod):
-    """NTK one-shot scrubbing (module docstring).
+    """NTK one-shot scrubbing (module docstring). The loss, its target scale and the decay are the recipe's.
 
-    Options: linearize_at ("trained" = w(D), default, as the authors' code | "w0"), pull ("w0", default |
-    "point", the authors' code), trapezium (bool, default False; see the module docstring), ridge ("set_size" |
-    "fixed"),
-    ridge_value, solver ("auto" | "cholesky" | "cg"), memory_budget_bytes, cg_tol, cg_max_iter, batch_size,
-    step_scale (a fixed multiplier of δw; overrides the trapezium when given). The loss, its target scale and
-    the decay are the recipe's.
+    Parameters
+    ----------
+    linearize_at : {"trained", "w0"}
+        Where the model is linearised: w(D) (default, as the authors' code) or w_0.
+    pull : {"w0", "point"} or None
+        The centre of the decay pull: w_0 or the linearisation point (the authors' code); default "w0" when
+        the recipe's wd > 0, else "point".
+    trapezium : bool
+        Scale δw by the trapezium rule (default False; module docstring).
+    ridge : {"set_size", "fixed"}
+        Ridge of the Gram solves: wd·N for a set of N samples (default) or ``ridge_value``.
+    ridge_value : float or None
+        The fixed ridge (default: the recipe's wd).
+    solver : {"auto", "cholesky", "cg"}
+        Gram solver (default "auto": Cholesky when the Gram fits ``memory_budget_bytes``).
+    memory_budget_bytes : int
+        Bytes the Gram may use (default 1 GiB).
+    cg_tol, cg_max_iter : float, int
+        CG's relative tolerance and cap (defaults 1e-8, 1000).
+    batch_size : int or None
+        Samples per Jacobian chunk (default: planned).
+    step_scale : float or None
+        A fixed multiplier of δw; overrides the trapezium when given.
+    cg_budget : int or None
+        The budgeted mode: the CG solver at most this many iterations per solve (replaces ``solver`` and
+        ``cg_max_iter``), the residual reached reported instead of a failure. Default None: off.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the model at w + scale·δw; ``info``: ``scale``, ``trapezium_scale``, ``cos_delta_m``,
+        ``delta_w_norm``, ``m_norm`` (weight units), the solves' ``solve_full_*`` / ``solve_retain_*``,
+        ``gram_seconds``, ``solve_seconds``, ``direction_seconds``, ``ntk_seconds`` (seconds), ``fallbacks``.
+        ``ok`` is False when a CG solve stopped above its tolerance.
     """
 
     uses_curvature = True
@@ -409,9 +437,26 @@ class NTKScrub(ForgettingMethod):
 class NTKFisherScrub(NTKScrub):
     """NTK scrub followed by Fisher noise at the scrubbed point ("Forgetting Outside the Box", NTK + Fisher).
 
-    Extra options: alpha (default 1e-9, the authors' NTK+Fisher value), form ("code" | "paper"). The result
-    carries the Gaussian of the noise; :meth:`noise_at` is the Fisher noise at another model (the evaluator
-    applies it to the retrain model for the white-box and black-box bounds).
+    :meth:`noise_at` is the Fisher noise at another model (the evaluator applies it to the retrain model for the
+    white-box and black-box bounds).
+
+    Parameters
+    ----------
+    alpha : float or None
+        Fisher noise scale (scrubnet's protocol: 1e-9, the authors' NTK+Fisher value). Give it or
+        ``retain_loss_budget``, not both.
+    form : {"code", "paper"}
+        The Fisher variance formula (default "code").
+    retain_loss_budget : float or None
+        Nats the noise may add to the mean retain cross-entropy (as :class:`FisherForgetting`).
+    **ntk_options
+        The options of :class:`NTKScrub`.
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the noisy scrubbed model with ``noise`` its Gaussian; ``info``: the NTK scrub's keys
+        plus ``alpha`` and ``fisher_seconds`` (seconds); ``ok`` as the NTK scrub's.
     """
 
     noisy = True

@@ -8,19 +8,16 @@ Gradient-based Weight Saliency").
    classes, every step w ← SGD step with gradient m ⊙ (∇L + wd·w): the weight decay is inside the mask, so
    no weight outside it moves.
 
-Defaults and sources: docs/notes/field.md ("SalUn").
+Defaults and sources: docs/decisions/field-methods.md ("SalUn").
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
-                                     guarded_epochs, make_optimiser, mixed_batches, step, train_cost, train_mode)
+from scrubnet.methods._field import (Option, forget_in_memory, guarded_epochs, mixed_batches, set_sgd, sgd_options,
+                                     sgd_start, step, train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -95,35 +92,34 @@ class SalUn(ForgettingMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.1, 0.9, 5e-4; the decay acts inside the mask only).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the fine-tuned model (eval mode); ``info``: ``salun_mask_fraction`` (share of the
+        weights the mask let train) and ``salun_labels_changed`` (fraction of D_f labels the random relabelling
+        changed). When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True
     passes = "epochs"
     in_default_run = False
-    options = {"fraction": Option(float, "(0, 1]", default=0.5), "epochs": Option(int, ">= 1", default=10),
-               "lr": Option(float, "> 0", default=0.1), "momentum": Option(float, "[0, 1)", default=0.9),
-               "weight_decay": Option(float, ">= 0", default=5e-4),
-               "batch_size": Option(int | None, ">= 1", default=None)}
+    options = {"fraction": Option(float, "(0, 1]", default=0.5), **sgd_options(lr=0.1)}
 
     def __init__(self, fraction: float = 0.5, epochs: int = 10, lr: float = 0.1, momentum: float = 0.9,
                  weight_decay: float = 5e-4, batch_size: int | None = None):
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-        check_positive(epochs=epochs, lr=lr, batch_size=batch_size)
-        self.fraction, self.epochs, self.lr = float(fraction), int(epochs), float(lr)
-        self.momentum, self.weight_decay, self.batch_size = float(momentum), float(weight_decay), batch_size
+        self.fraction = float(fraction)
+        set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
-        model = copy.deepcopy(model)
-        dev = model_device(model)
-        bs = int(self.batch_size or ctx.recipe.batch_size)
+        model, dev, bs, g, opt = sgd_start(self, model, ctx, 303, decay=False)  # the decay acts in the mask only
         xf, yf = forget_in_memory(forget, dev)
         mask = saliency_mask(forget_gradient(model, xf, yf), self.fraction)
-        g = generator_for(model, ctx, 303)
         y_rand = torch.randint(ctx.num_classes, (len(yf),), generator=g, device=g.device).to(dev)
         params = {k: p for k, p in model.named_parameters() if p.requires_grad}
-        opt = make_optimiser(model, "sgd", self.lr, self.momentum, 0.0)
 
         @torch.no_grad()
         def masked():   # g ← m ⊙ (∇L + wd·w): nothing outside the mask moves, decay included

@@ -4,7 +4,8 @@ moves away from the original (the teacher, frozen) on D_f while staying close to
 Epoch e (of E): when e < ``msteps``, first a pass of *max-steps* over D_f — descend −T²·KL(p_t ‖ p_s) at
 temperature T, i.e. ascend the distillation divergence —, then, every epoch, a pass of *min-steps* over D_r —
 descend γ·CE(student, y) + α·T²·KL(p_t ‖ p_s). p_t = softmax(teacher/T), p_s = softmax(student/T), KL means
-over the batch (Hinton's T² keeps the gradients' scale). Defaults and sources: docs/notes/field.md ("SCRUB").
+over the batch (Hinton's T² keeps the gradients' scale). Defaults and sources:
+docs/decisions/field-methods.md ("SCRUB").
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ class Scrub(ForgettingMethod):
     epochs : int
         Epochs in all (default 10); the first ``msteps`` (default 3; all when ``msteps`` ≥ ``epochs``) also
         run max-steps.
+    msteps : int
+        Epochs that run a max-step on D_f before the min-step (default 3).
     lr, weight_decay : float
         Adam settings (defaults 5e-4, 0.1).
     T : float
@@ -86,6 +89,12 @@ class Scrub(ForgettingMethod):
         Weights of the KL and the cross-entropy in the min-steps (defaults 0.5, 1).
     retain_batch, forget_batch : int
         Batch sizes (defaults 32, 64).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the student (eval mode); ``info``: ``scrub_max_steps``, ``scrub_min_steps`` (optimiser
+        steps of each kind). When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

@@ -11,7 +11,7 @@ Importances F_D on D = D_r ⊔ D_f and F_f on D_f, diagonal, eval mode, one of
 Every weight j with F_f,j > α·F_D,j is multiplied by β_j = min(λ·F_D,j / F_f,j, 1); the others are left as they
 are. With per-sample Fishers F_D ≥ (N_f/N)·F_f, so no weight can be selected once N_f/N ≥ 1/α (a whole class
 of a balanced 10-class set at α = 10): the result is then marked failed, with that reason. Defaults and
-sources: docs/notes/field.md ("SSD").
+sources: docs/decisions/field-methods.md ("SSD").
 """
 from __future__ import annotations
 
@@ -102,6 +102,12 @@ class SSD(ForgettingMethod):
     batch_size : int or None
         Batch of the importance computation (default: planned by the Fisher's memory budget; the recipe's for
         ``importance="batch"``).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the dampened model (eval mode); ``info["ssd_selected_fraction"]`` is the share of the
+        weights dampened. ``ok`` is False when no weight was selected.
     """
 
     streams = True

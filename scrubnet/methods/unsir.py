@@ -8,7 +8,7 @@ noise.
 2. Impair: ``impair_epochs`` passes over D_r ⊔ N (labels: D_r's own, c_f for the noise).
 3. Repair: ``repair_epochs`` passes over D_r.
 
-Defaults and sources: docs/notes/field.md ("UNSIR").
+Defaults and sources: docs/decisions/field-methods.md ("UNSIR").
 """
 from __future__ import annotations
 
@@ -93,7 +93,14 @@ class UNSIR(ForgettingMethod):
     lr : float
         Adam's step size in both phases (default 1e-4).
     batch_size : int or None
-        Default: the recipe's.
+        Samples per batch (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        ``scrub`` returns the repaired model; ``info``: ``unsir_noise_ce_start``, ``unsir_noise_ce_end`` (the
+        forgotten class's cross-entropy on the noise at the first and last noise step, nats). ``ok`` is False
+        (with the reason) when a phase diverged.
     """
 
     streams = True

@@ -29,7 +29,7 @@ With extra inputs the dual (whose Gram engine takes one tensor input) is not use
 
 **Point of linearisation.** By default the pretrained point. With ``core_ids`` — samples the user will never
 delete — the user weights are first fine-tuned the ordinary way on them and the model is linearised there
-(ML-Forgetting's core; docs/notes/forgettable.md measures how much of the gap to ordinary fine-tuning this
+(ML-Forgetting's core; docs/decisions/forgettable.md measures how much of the gap to ordinary fine-tuning this
 closes); those samples can then never be deleted.
 
 **Base model.** The sha256 of the pretrained model's ``state_dict`` is kept in ``state.base_sha256``; the

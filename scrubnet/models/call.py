@@ -34,6 +34,12 @@ class ModelInputs:
         The input passed positionally (e.g. ``input_ids`` of shape (n, L), or images (n, C, H, W)).
     extras : mapping of str to Tensor, each of shape (n, ...)
         Inputs passed as keyword arguments (e.g. ``attention_mask`` of shape (n, L)).
+
+    Returns
+    -------
+    ModelInputs
+        What :func:`call_model` and :func:`call_functional` take in place of a tensor: indexed, sliced and moved
+        (``.to()``) along dim 0, joined by :func:`cat_inputs`, a pytree node for ``vmap`` / ``functional_call``.
     """
 
     __slots__ = ("main", "extras")

@@ -10,7 +10,7 @@ held-out one, ties counting one half), with held-out examples weighted so that t
 The decision uses the input model's AUC of D_r against held-out data (which statistic separates training from
 unseen data, and whether there is anything to measure at all) and a paired bootstrap of D_f against held-out
 before and after (the same resampled forget and held-out examples score both models). Rules, thresholds and
-their measurement: docs/notes/verdict.md.
+their measurement: docs/decisions/verdict.md.
 
 * :func:`per_example_statistics` — loss and margin of every example, one forward pass, chunk by chunk.
 * :func:`judge_forgetting` — the pure statistics core: per-example statistics in, :class:`ForgettingVerdict` out.
@@ -72,7 +72,7 @@ class PerExample:
 
 @dataclass(frozen=True)
 class VerdictRules:
-    """Thresholds of the verdict (docs/notes/verdict.md says how they were measured).
+    """Thresholds of the verdict (docs/decisions/verdict.md says how they were measured).
 
     Parameters
     ----------
@@ -262,7 +262,7 @@ def _retain_boot(retain: np.ndarray, held: np.ndarray, w: np.ndarray, rules: Ver
 
 def _decide(ci: dict, width: float, rules: VerdictRules) -> tuple[str, str]:
     """(verdict, reason) from the intervals (``b``/``a``: AUC before/after, ``c``: after − before, ``d``: change
-    of the distance to 0.5, ``r``: D_r vs held-out); the rules in the order docs/notes/verdict.md gives them."""
+    of the distance to 0.5, ``r``: D_r vs held-out); the rules in the order docs/decisions/verdict.md gives them."""
     m, before_ci, after_ci = rules.margin, ci["b"], ci["a"]
     if ci["r"][0] <= 0.5:
         return "nothing_to_measure", "the input model does not tell D_r from held-out data"

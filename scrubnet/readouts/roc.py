@@ -36,8 +36,10 @@ def auc_score(pos: np.ndarray, neg: np.ndarray) -> float:
 
     Parameters
     ----------
-    pos, neg : array (n_pos,), (n_neg,)
-        Scores of the positives and of the negatives.
+    pos : array (n_pos,)
+        Scores of the positives (members).
+    neg : array (n_neg,)
+        Scores of the negatives (non-members).
 
     Returns
     -------

@@ -68,15 +68,32 @@ RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "label_smoothing": "[0, 1)
 class TrainingRecipe:
     """The objective and optimiser the model was trained with (module docstring).
 
-    loss:       ``"cross_entropy"`` or ``"mse"``.
-    wd:         the decay coefficient; objective = mean loss + (wd/2)‖w − c‖².
-    wd_center:  c as {parameter name: tensor}; ``None`` = 0 (ordinary weight decay). Parameters absent from
-                the dict feel no decay.
-    target_scale: s of the MSE loss's target s·onehot(y) (1 unless the model was trained like LQF, 15).
-    label_smoothing: ε of the cross-entropy's target (1 − ε)·onehot(y) + ε/c (``CrossEntropyLoss(label_smoothing=ε)``,
-                the HuggingFace Trainer's ``label_smoothing_factor``).
-    lr, momentum, batch_size, epochs, freeze_bn: the SGD settings the fine-tuning baselines reuse (BatchNorm
-                layers kept in eval mode while they train when ``freeze_bn``).
+    Parameters
+    ----------
+    loss : {"cross_entropy", "mse"}
+        The per-sample loss, averaged over the samples.
+    wd : float
+        The decay coefficient; objective = mean loss + (wd/2)‖w − c‖².
+    wd_center : dict of str to Tensor or None
+        c as {parameter name: tensor of that parameter's shape}; ``None`` = 0 (ordinary weight decay).
+        Parameters absent from the dict feel no decay.
+    target_scale : float
+        s of the MSE loss's target s·onehot(y) (1 unless the model was trained like LQF, 15).
+    label_smoothing : float
+        ε of the cross-entropy's target (1 − ε)·onehot(y) + ε/c (``CrossEntropyLoss(label_smoothing=ε)``, the
+        HuggingFace Trainer's ``label_smoothing_factor``); 0 = none.
+    lr, momentum : float
+        SGD step size and momentum the fine-tuning baselines reuse.
+    batch_size, epochs : int
+        Samples per SGD batch and passes over the data the fine-tuning baselines reuse.
+    freeze_bn : bool
+        Keep BatchNorm layers in eval mode while the baselines train.
+
+    Returns
+    -------
+    TrainingRecipe
+        The recipe :meth:`ForgetContext.from_recipe <scrubnet.methods.base.ForgetContext.from_recipe>` and
+        :func:`scrubnet.forget` take.
     """
 
     loss: str = "cross_entropy"

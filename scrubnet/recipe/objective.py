@@ -18,7 +18,7 @@ The CG iterates' ½gᵀδ_k rise monotonically toward Δ, so CG stops as soon as
 second test reads the direction: implied_wd = −⟨g_data, M(w − c)⟩/‖M(w − c)‖² and its cosine; a stated wd > 0 is
 refused when the data gradient is a decay's (cosine ≥ :data:`UNDERSTATED_ALIGNMENT`) of more than
 :data:`DECAY_FACTOR` × wd. :func:`check_stationarity` refuses on either; the measurements that set the thresholds
-(converged, over- and under-stated decay, unconverged, label smoothing, AdamW) are in docs/notes/recipes.md.
+(converged, over- and under-stated decay, unconverged, label smoothing, AdamW) are in docs/decisions/recipes.md.
 
 Everything is a sum over chunks of the :class:`~scrubnet.data.stream.DataStream` divided by N_r: 1 + k passes
 over D_r (one for L_r and g, one per CG step), memory one chunk's forward and backward.
@@ -45,7 +45,7 @@ STATIONARITY_CG_TOL = 1e-2
 #: an implied decay this many times above or below recipe.wd names the decay as the mistake
 DECAY_FACTOR = 3.0
 #: refuse a stated wd > 0 when the data gradient's cosine with −(w − c) is at least this and the decay it
-#: balances exceeds DECAY_FACTOR × wd (docs/notes/recipes.md: ≥ 0.98 for an under-stated decay, ≤ 0.69 right)
+#: balances exceeds DECAY_FACTOR × wd (docs/decisions/recipes.md: ≥ 0.98 for an under-stated decay, ≤ 0.69 right)
 UNDERSTATED_ALIGNMENT = 0.9
 #: the objective's floor (nats) in the ratio, so a model at near-zero loss is judged on an absolute scale
 OBJECTIVE_FLOOR = 0.1

@@ -14,7 +14,7 @@ sealing function. What they cannot do is sign: the receipts (one per applied sub
 under the key, fields equal to the row, links equal to the chain, receipts chained) and the head (signature,
 every pinned link and digest, every receipt it names still stored). A re-sealed edit of any covered row is
 named by the field that changed. The head file is outside the database, so a database writer cannot roll it
-back; see ``docs/notes/trust.md`` for what such a writer can still do.
+back; see ``docs/decisions/trust.md`` for what such a writer can still do.
 """
 from __future__ import annotations
 

@@ -60,7 +60,33 @@ STEP_OVERHEAD_FLOP_EQUIV = 1.2e7
 
 @dataclass
 class CostEstimate:
-    """The predicted cost of one call of a method (see the module docstring for each field)."""
+    """The predicted cost of one call of a method (module docstring for how each field is counted).
+
+    Parameters
+    ----------
+    method : str
+        The registered method's name.
+    flops : float
+        FLOPs of the passes and contractions the method runs (1 multiply-add = 2 FLOPs).
+    seconds : float
+        Predicted wall time on this process and device (seconds).
+    peak_bytes : int
+        Working memory above the model and the data (bytes).
+    passes : float
+        Forward+backward passes over the data, in per-sample units.
+    details : dict of str to float or str
+        The method's own breakdown (e.g. per phase FLOPs, the solver chosen).
+    retrain_flops, retrain_seconds : float or None
+        The retraining reference's FLOPs and seconds (:meth:`against`), None until set.
+    cost_vs_retrain : float or None
+        ``seconds / retrain_seconds``, None until the reference is set.
+
+    Returns
+    -------
+    CostEstimate
+        What :func:`scrubnet.estimate` returns; :func:`check_budget` compares it with ``max_seconds`` /
+        ``max_bytes``.
+    """
 
     method: str
     flops: float

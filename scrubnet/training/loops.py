@@ -191,6 +191,27 @@ def batch_loss(logits: Tensor, y: Tensor, loss_fn: str | LossSpec = "ce", ascent
     return torch.where(ascent, -capped, ce).mean()
 
 
+def _schedule_epoch(opt: torch.optim.Optimizer, epoch: int, lr: float, lr_decay: float, weight_decay: float,
+                    weight_decay_epochs: EpochWindow | None) -> None:
+    """Set epoch ``epoch``'s step size (lr·lr_decay^epoch) and ordinary decay (0 outside its window)."""
+    if weight_decay_epochs is not None:
+        for group in opt.param_groups:
+            group["weight_decay"] = weight_decay if in_window(epoch, weight_decay_epochs) else 0.0
+    if lr_decay != 1.0:
+        for group in opt.param_groups:
+            group["lr"] = lr * lr_decay ** epoch
+
+
+def _epoch_order(n: int, samples_per_epoch: int | None, generator: torch.Generator, device, data_device
+                 ) -> tuple[Tensor, int]:
+    """One epoch's sample order (drawn on ``device``, the generator's, moved to ``data_device``) and its
+    length: a permutation of the n samples, or ``samples_per_epoch`` indices drawn with replacement."""
+    if samples_per_epoch is None:
+        return torch.randperm(n, generator=generator, device=device).to(data_device), n
+    order = torch.randint(n, (samples_per_epoch,), generator=generator, device=device)
+    return order.to(data_device), samples_per_epoch
+
+
 def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: float, batch_size: int,
              max_epochs: int, generator: torch.Generator, w0: dict[str, Tensor] | None = None, wd: float = 0.0,
              weight_decay: float = 0.0, freeze_bn: bool = False, ascent: Tensor | None = None,
@@ -251,21 +272,11 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
             break
         if epoch >= max_epochs:
             break
-        if weight_decay_epochs is not None:
-            for group in opt.param_groups:
-                group["weight_decay"] = weight_decay if in_window(epoch, weight_decay_epochs) else 0.0
-        if lr_decay != 1.0:
-            for group in opt.param_groups:
-                group["lr"] = lr * lr_decay ** epoch
+        _schedule_epoch(opt, epoch, lr, lr_decay, weight_decay, weight_decay_epochs)
         wd_now = wd if in_window(epoch, wd_epochs) else 0.0
         augment_now = augment if augment is not None and in_window(epoch, augment_epochs) else None
         _set_mode(model, freeze_bn)
-        if samples_per_epoch is None:
-            order, total = torch.randperm(n, generator=generator, device=device), n
-        else:
-            order = torch.randint(n, (samples_per_epoch,), generator=generator, device=device)
-            total = samples_per_epoch
-        order = order.to(x.device)
+        order, total = _epoch_order(n, samples_per_epoch, generator, device, x.device)
         for i in range(0, total, batch_size):
             idx = order[i:i + batch_size]
             logits = call_model(model, x[idx] if augment_now is None else augment_now(x[idx]))

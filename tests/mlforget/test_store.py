@@ -510,9 +510,11 @@ def test_a_store_of_the_previous_format_is_sealed_by_upgrade_only(chained_ckpt, 
     with pytest.raises(store.StoreError, match="scrubnet mlforget upgrade"):
         store.forget(ck, deletable(ck, 1, skip=12), data_loader=_data_loader)
     assert snapshot(ck) == before and static_of(ck)["format"] == store.FORMAT_UNSEALED
-    assert store.upgrade(ck) == {"path": str(ck), "from": store.FORMAT_UNSEALED, "format": store.FORMAT,
-                                 "upgraded": True}
+    code, out = cli_inprocess("upgrade", ck)  # the command the refusal names
+    assert code == 0 and f"upgraded {ck} from {store.FORMAT_UNSEALED} to {store.FORMAT}" in out, out
     assert "sealed as it stood" in static_of(ck)["sealed_from"]
+    code, out = cli_inprocess("upgrade", ck)
+    assert code == 0 and "already" in out and "nothing done" in out, out
     sealed = (ck / store.DB).read_bytes()
     assert store.upgrade(ck)["upgraded"] is False and (ck / store.DB).read_bytes() == sealed
     code, out = _show_problems(ck)

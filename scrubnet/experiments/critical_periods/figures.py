@@ -12,6 +12,21 @@ FIGURES = ("accuracy_vs_timing.png", "fisher_trace.png", "weight_norm.png", "tra
            "fisher_vs_accuracy.png", "fisher_per_layer.png")
 
 
+def _rows(n_rows: int, n_cols: int, width: float):
+    """A figure of ``n_rows`` × ``n_cols`` panels, one row (3.6 in high) per dataset; axes always 2-D."""
+    return subplots(n_rows, n_cols, figsize=(width, 3.6 * n_rows), squeeze=False)
+
+
+def _panels(dss, items) -> list[tuple[int, str, int, object]]:
+    """(row, dataset, col, item) of every panel of a dataset × item grid, row by row."""
+    return [(row, ds, col, it) for row, ds in enumerate(dss) for col, it in enumerate(items)]
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=100)
+
+
 def _curve(result: dict, ds: str, key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
     """(epochs, mean, std) over seeds of a run key's FIM trace."""
     rows = [r for r in result["runs"] if r["dataset"] == ds and r["key"] == key]
@@ -29,7 +44,7 @@ def _accuracy_vs_timing(result: dict, out: Path) -> None:
     cfg, dss = result["config"], result["config"]["datasets"]
     e = cfg["epochs"]
     an = result["analysis"]
-    fig, axes = subplots(len(dss), 3, figsize=(13, 3.6 * len(dss)), squeeze=False)
+    fig, axes = _rows(len(dss), 3, 13)
     for row, ds in enumerate(dss):
         acc, gain = an[ds]["test_acc"], an[ds]["gain_over_none"]
         on = sorted(cfg["onsets"])
@@ -52,32 +67,27 @@ def _accuracy_vs_timing(result: dict, out: Path) -> None:
         ax.axhline(0, color="gray", ls=":")
         ax.set(title=f"{ds}: WD only in [t0, t0+{cfg['window']})", xlabel="window onset t0 (epoch)",
                ylabel="test accuracy − no WD (points)")
-    fig.tight_layout()
-    atomic_savefig(fig, out / "accuracy_vs_timing.png", dpi=100)
+    _save(fig, out / "accuracy_vs_timing.png")
 
 
 def _fisher_trace(result: dict, out: Path) -> None:
     """FIM trace over epochs per schedule (Fig. 4.5 left / 4.7)."""
     cfg, dss = result["config"], result["config"]["datasets"]
-    fig, axes = subplots(len(dss), 2, figsize=(11, 3.6 * len(dss)), squeeze=False)
-    for row, ds in enumerate(dss):
-        for col, fam in enumerate(("interrupted", "delayed")):
-            ax = axes[row, col]
-            names = ["none", "always"] + [f"{fam}@{t}" for t in sorted(cfg["onsets"]) if t > 0]
-            for n in names:
-                t, m, _ = _curve(result, ds, _key_of(result, n))
-                ax.plot(t, m, label=n, lw=2 if n in ("none", "always") else 1)
-            ax.set(title=f"{ds}: FIM trace ({fam} WD), mean over seeds", xlabel="epoch", ylabel="tr F",
-                   yscale="log")
-            ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    atomic_savefig(fig, out / "fisher_trace.png", dpi=100)
+    fig, axes = _rows(len(dss), 2, 11)
+    for row, ds, col, fam in _panels(dss, ("interrupted", "delayed")):
+        ax = axes[row, col]
+        for n in ["none", "always"] + [f"{fam}@{t}" for t in sorted(cfg["onsets"]) if t > 0]:
+            t, m, _ = _curve(result, ds, _key_of(result, n))
+            ax.plot(t, m, label=n, lw=2 if n in ("none", "always") else 1)
+        ax.set(title=f"{ds}: FIM trace ({fam} WD), mean over seeds", xlabel="epoch", ylabel="tr F", yscale="log")
+        ax.legend(fontsize=6, ncol=2)
+    _save(fig, out / "fisher_trace.png")
 
 
 def _weight_norm(result: dict, out: Path) -> None:
     """Weight norm and effective learning rate (Fig. 4.2, 4.10)."""
     cfg, dss = result["config"], result["config"]["datasets"]
-    fig, axes = subplots(len(dss), 2, figsize=(11, 3.6 * len(dss)), squeeze=False)
+    fig, axes = _rows(len(dss), 2, 11)
     for row, ds in enumerate(dss):
         for n in ["none", "always"] + [f"interrupted@{t}" for t in sorted(cfg["onsets"]) if t > 0] + \
                  [f"delayed@{t}" for t in sorted(cfg["onsets"]) if t > 0][:2]:
@@ -89,8 +99,7 @@ def _weight_norm(result: dict, out: Path) -> None:
         axes[row, 0].set(title=f"{ds}: ‖w_t‖ (mean over seeds)", xlabel="epoch", ylabel="‖w‖")
         axes[row, 1].set(title=f"{ds}: effective lr η_t/‖w_t‖²", xlabel="epoch", yscale="log")
         axes[row, 0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    atomic_savefig(fig, out / "weight_norm.png", dpi=100)
+    _save(fig, out / "weight_norm.png")
 
 
 def _trajectory_pca(result: dict, out: Path) -> None:
@@ -110,16 +119,14 @@ def _trajectory_pca(result: dict, out: Path) -> None:
             ax.set(title=f"{ds}: training paths (seed {cfg['seeds'][0]})", xlabel=f"PC1 ({100 * ev[0]:.0f} %)",
                    ylabel=f"PC2 ({100 * ev[1]:.0f} %)" if len(ev) > 1 else "PC2")
             ax.legend(fontsize=6)
-    fig.tight_layout()
-    atomic_savefig(fig, out / "trajectory_pca.png", dpi=100)
+    _save(fig, out / "trajectory_pca.png")
 
 
 def _fisher_vs_accuracy(result: dict, out: Path) -> None:
     """FIM trace vs test accuracy (Fig. 4.5 right)."""
     cfg, dss = result["config"], result["config"]["datasets"]
-    e = cfg["epochs"]
-    an = result["analysis"]
-    fig, axes = subplots(len(dss), 2, figsize=(10, 3.6 * len(dss)), squeeze=False)
+    e, an = cfg["epochs"], result["analysis"]
+    fig, axes = _rows(len(dss), 2, 10)
     for row, ds in enumerate(dss):
         rows = [r for r in result["runs"] if r["dataset"] == ds]
         for col, k in enumerate(("peak_fisher", "final_fisher")):
@@ -131,28 +138,26 @@ def _fisher_vs_accuracy(result: dict, out: Path) -> None:
             ax.set(title=f"{ds}: {k.replace('_', ' ')}: r = {c['r']:.2f} (p = {c['p']:.2g}); "
                          f"chapter {CHAPTER_R[k][0]}", xlabel=k.replace("_", " "), ylabel="test accuracy (%)")
             ax.title.set_fontsize(8)
-    fig.tight_layout()
-    atomic_savefig(fig, out / "fisher_vs_accuracy.png", dpi=100)
+    _save(fig, out / "fisher_vs_accuracy.png")
 
 
 def _fisher_per_layer(result: dict, out: Path) -> None:
     """Layer-wise FIM trace (Fig. 4.11), WD throughout and none, first seed."""
     cfg, dss = result["config"], result["config"]["datasets"]
-    fig, axes = subplots(len(dss), 2, figsize=(11, 3.6 * len(dss)), squeeze=False)
-    for row, ds in enumerate(dss):
-        for col, n in enumerate(("always", "none")):
-            r = next(r for r in result["runs"] if r["dataset"] == ds and r["key"] == _key_of(result, n)
-                     and r["seed"] == cfg["seeds"][0])
-            for layer, vals in r["fisher"]["per_layer"].items():
-                axes[row, col].plot(r["fisher"]["times"], vals, label=layer or "(root)")
-            axes[row, col].set(title=f"{ds}: FIM trace per layer ({'WD throughout' if n == 'always' else 'no WD'})",
-                               xlabel="epoch", ylabel="tr F (layer)", yscale="log")
-            axes[row, col].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    atomic_savefig(fig, out / "fisher_per_layer.png", dpi=100)
+    fig, axes = _rows(len(dss), 2, 11)
+    for row, ds, col, n in _panels(dss, ("always", "none")):
+        r = next(r for r in result["runs"] if r["dataset"] == ds and r["key"] == _key_of(result, n)
+                 and r["seed"] == cfg["seeds"][0])
+        for layer, vals in r["fisher"]["per_layer"].items():
+            axes[row, col].plot(r["fisher"]["times"], vals, label=layer or "(root)")
+        axes[row, col].set(title=f"{ds}: FIM trace per layer ({'WD throughout' if n == 'always' else 'no WD'})",
+                           xlabel="epoch", ylabel="tr F (layer)", yscale="log")
+        axes[row, col].legend(fontsize=6, ncol=2)
+    _save(fig, out / "fisher_per_layer.png")
 
 
 def plot_all(result: dict, out: Path) -> None:
     """Every figure of :data:`FIGURES`, written into ``out``."""
-    for draw in (_accuracy_vs_timing, _fisher_trace, _weight_norm, _trajectory_pca, _fisher_vs_accuracy, _fisher_per_layer):
+    for draw in (_accuracy_vs_timing, _fisher_trace, _weight_norm, _trajectory_pca, _fisher_vs_accuracy,
+                 _fisher_per_layer):
         draw(result, out)
