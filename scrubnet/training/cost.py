@@ -80,6 +80,11 @@ class CostEstimate:
         The retraining reference's FLOPs and seconds (:meth:`against`), None until set.
     cost_vs_retrain : float or None
         ``seconds / retrain_seconds``, None until the reference is set.
+    seconds_upper : float or None
+        A true upper bound when ``seconds`` is a typical case (Newton at its defaults), else None; the refusal
+        ceilings (:func:`check_budget`, the budgeted modes) use it (:attr:`ceiling`).
+    cost_vs_retrain_upper : float or None
+        ``seconds_upper / retrain_seconds`` (set with the reference when ``seconds_upper`` is).
 
     Returns
     -------
