@@ -105,7 +105,7 @@ def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
 
 # memory-bound work per Gram entry of the dual (the Gram's float64 copy, the eigenvector products of a
 # request, the Schur complement's temporaries), in GEMM-FLOP equivalents: set, not fitted; with it the call's
-# CPU time on the default MLP at 2,000 and 4,500 rows was 1.15× and 1.4× the estimate (docs/notes/costfix.md)
+# CPU time on the default MLP at 2,000 and 4,500 rows was 1.15× and 1.4× the estimate (docs/decisions/cost-transformers.md)
 ML_GRAM_ENTRY_FLOP_EQUIV = 400.0
 
 

@@ -108,7 +108,7 @@ NEWTON_DAMPING_TRIES, NEWTON_HALVINGS = 6, 30
 BUDGET_HALVINGS = 3
 # CG iterations of a typical solve at the default tolerance (1e-5): measured 18 (MLP 40-256-256-5, N = 1,000)
 # to 50 (2-layer transformer, N = 64) in benchmarks/cost_check.py's newton-default cases; 30 puts both within
-# 2× (docs/notes/costfix.md). The typical estimate is ``seconds``, the upper bound ``seconds_upper``
+# 2× (docs/decisions/cost-transformers.md). The typical estimate is ``seconds``, the upper bound ``seconds_upper``
 NEWTON_TYPICAL_CG_ITERATIONS = 30
 
 
