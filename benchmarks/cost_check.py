@@ -141,6 +141,8 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
         est_method, opts = "ntk", {"solver": "cg", **work}
     if method == "retrain":
         opts = {"mode": "remove"}                       # at the config's epoch cap, over D_r
+    if method == "newton":                              # priced as it runs: one solve, no safeguard
+        opts = {**work, "safeguard": "none", "retain_loss_tolerance": None}
     if method in ("fisher-default", "newton-default"):
         est_method, opts = method.split("-")[0], {}
     est = estimate(model, n_r, n_f, method=est_method, num_classes=c, in_shape=shape, config=cfg, **opts)

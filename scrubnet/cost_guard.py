@@ -81,6 +81,8 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
         s = seconds_at(f, "newton")
         est.flops += f
         est.seconds += s
+        if est.seconds_upper is not None:
+            est.seconds_upper += s
         est.details[k.replace("_flops", "_seconds")] = s
     return est.against(ref), ref
 
@@ -116,6 +118,8 @@ def measured_cost(seconds: float, est: CostEstimate | None, ref: CostEstimate) -
            "cost_vs_retrain": float(seconds) / max(float(ref.seconds), 1e-12)}
     if est is not None:
         out.update(estimate_seconds=float(est.seconds), estimate_cost_vs_retrain=float(est.cost_vs_retrain))
+        if est.seconds_upper is not None:
+            out["estimate_seconds_upper"] = float(est.seconds_upper)
     return out
 
 
@@ -128,12 +132,13 @@ def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataS
     or no budget fits).
 
     The knob (Newton's ``cg_budget``, NTK's ``cg_budget``, Fisher's ``subsample``) is the largest value whose
-    estimate stays within ``target``: the estimates are affine in it, so two of them fix the slope.
+    estimate stays within ``target``: the estimates are affine in it, so two of them fix the slope. Judged on
+    the estimates' :attr:`~scrubnet.training.cost.CostEstimate.ceiling` (the upper bound where one is stated).
     ``call``: :func:`price_call`'s ``n_test`` and ``readouts``.
     """
     cls = method_class(method)
     knob = getattr(cls, "budget_knob", None)
-    if knob is None or est is None or est.cost_vs_retrain <= target:
+    if knob is None or est is None or est.ceiling_vs_retrain <= target:
         return None
     if knob in options or any(k in options for k in getattr(cls, "budget_replaces", ())):
         return None
@@ -145,14 +150,14 @@ def budgeted_options(method: str, options: dict, model: nn.Module, retain: DataS
         return None
     a, _ = price_call(method, {**options, knob: lo}, model, retain, forget, ctx, **call)
     b, _ = price_call(method, {**options, knob: 2 * lo}, model, retain, forget, ctx, **call)
-    slope = (b.seconds - a.seconds) / lo
+    slope = (b.ceiling - a.ceiling) / lo
     if not slope > 0:
         return None
-    k = min(full, lo + int((target * a.retrain_seconds - a.seconds) / slope))
+    k = min(full, lo + int((target * a.retrain_seconds - a.ceiling) / slope))
     while k >= lo:
         opts = {**options, knob: k}
         chosen, _ = price_call(method, opts, model, retain, forget, ctx, **call)
-        if chosen.cost_vs_retrain <= target:
+        if chosen.ceiling_vs_retrain <= target:
             chosen.details["budgeted"] = f"{knob}={k}"
             return opts, chosen
         k = int(k * 0.9) if k > 10 else k - 1

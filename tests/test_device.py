@@ -11,7 +11,7 @@ from scrubnet.cli import app
 from scrubnet.device import model_device, resolve_device, seeded_generator
 from scrubnet.experiments.runner import measure, prepare_seed, run_method
 from tests.conftest import tiny_config
-from tests.test_cli import TINY_TOML
+from tests.cli.test_cli import TINY_TOML
 
 DEVICES = [pytest.param("cpu"),
            pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]

@@ -30,6 +30,7 @@ from scrubnet.curvature.progress import progress_reporter
 from scrubnet.data.ids import parse_sample_ids
 from scrubnet.data.registry import DATASETS
 from scrubnet.device import resolve_device
+from scrubnet.experiments.config import read_toml
 from scrubnet.models import MODELS
 
 console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs get the full table
@@ -298,3 +299,12 @@ def progress_with_eta():
 
         with progress_reporter(report):
             yield
+
+
+def read_config_file(config: Optional[Path]) -> dict:
+    """The TOML table of a ``--config`` file ({} without one); a missing file is a user error."""
+    if config is None:
+        return {}
+    if not config.is_file():
+        raise UserError(f"configuration file not found: {config}")
+    return read_toml(config)

@@ -19,8 +19,7 @@ from typing import Optional
 import typer
 
 from scrubnet.atomic_io import prepare_output_dir
-from scrubnet.cli.common import UserError, threads_option
-from scrubnet.experiments.config import read_toml
+from scrubnet.cli.common import UserError, read_config_file, threads_option
 from scrubnet.experiments.mixdp import MixDPConfig, run_mixdp
 
 #: the files `scrubnet dp` writes into --out (``--overwrite`` deletes these and nothing else)
@@ -41,11 +40,7 @@ def _floats(text: str, what: str) -> list[float]:
 def build_dp_config(config: Optional[Path], eps: Optional[str], delta: Optional[float], sigma: Optional[float],
                     seeds: Optional[int]) -> MixDPConfig:
     """The protocol configuration: defaults, then the TOML file, then the command-line options (validated)."""
-    d: dict = {}
-    if config is not None:
-        if not config.is_file():
-            raise UserError(f"configuration file not found: {config}")
-        d = read_toml(config)
+    d = read_config_file(config)
     if eps is not None:
         d["epsilons"] = _floats(eps, "--eps")
     if delta is not None:

@@ -19,7 +19,7 @@ from scrubnet.device import resolve_device
 from scrubnet.experiments.checkpoints import load_companion, load_for_forgetting, recorded_original, save_scrubbed
 from scrubnet.experiments.report import format_readout, readout_unit
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
-from scrubnet.methods.base import available_methods, estimate, method_class, protocol_method
+from scrubnet.methods.base import available_methods, method_class, protocol_method
 from scrubnet.scrub import scrub_and_measure
 from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
 from scrubnet.data.stream import as_stream

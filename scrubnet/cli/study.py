@@ -17,8 +17,7 @@ from typing import Optional
 
 import typer
 
-from scrubnet.cli.common import UserError, require_out_dir, threads_option
-from scrubnet.experiments.config import read_toml
+from scrubnet.cli.common import UserError, read_config_file, require_out_dir, threads_option
 from scrubnet.experiments.critical_periods import FIGURES, CriticalPeriodsConfig, run_study
 
 study_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -28,11 +27,7 @@ study_app = typer.Typer(add_completion=False, no_args_is_help=True,
 def build_cp_config(config: Optional[Path], seeds: Optional[int], epochs: Optional[int],
                     datasets: Optional[str]) -> CriticalPeriodsConfig:
     """Defaults, then the TOML file, then the command-line options (validated)."""
-    d: dict = {}
-    if config is not None:
-        if not config.is_file():
-            raise UserError(f"configuration file not found: {config}")
-        d = read_toml(config)
+    d = read_config_file(config)
     if seeds is not None:
         if seeds < 1:
             raise UserError("--seeds must be at least 1")

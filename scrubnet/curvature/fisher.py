@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.fallbacks import probe_paths
 from scrubnet.curvature.kernels import LayerKernel, func_per_sample_grads, kernel_for
@@ -49,6 +48,7 @@ from scrubnet.curvature.progress import ProgressFn, current_progress
 from scrubnet.curvature.params import trainable_params
 from scrubnet.models import eval_mode
 from scrubnet.models.call import Inputs, ModelInputs, call_functional, call_model
+from scrubnet.models.flops import NONGEMM_FLOP_EQUIV, counting_work
 
 FISHER_KINDS = ("true", "mc", "empirical")
 
@@ -277,12 +277,14 @@ def _layer_stats(model: nn.Module, plan: dict, x1: Tensor, cols: int
     handles = [m.register_forward_hook(leaf_hook) for m in model.modules()
                if not list(m.children()) or m in modules]
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        # counted as the cost model counts (the transformer fast path off, non-GEMM elements at equivalents)
+        with torch.no_grad(), counting_work() as counted:
             call_model(model, x1[:1])
     finally:
         for h in handles:
             h.remove()
-    fwd = float(counter.get_total_flops())
+    gemm, elements = counted()
+    fwd = gemm + NONGEMM_FLOP_EQUIV * elements
     cap_total, per_layer, per_gram, sq_flops, ghost_numel = 0, 0, 0, 0.0, 0
     for mod, (ins, outs) in captured.items():
         out_numel = int(math.prod(outs))

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device, seeded_generator
-from scrubnet.methods.base import ForgetContext
+from scrubnet.methods.base import ForgetContext, ForgettingMethod
 from scrubnet.models import freeze_batchnorm
 from scrubnet.models.call import ModelInputs, call_model, cat_inputs
 
@@ -62,6 +62,15 @@ def sgd_options(lr: float) -> dict[str, Option]:
     return {"epochs": Option(int, ">= 1", default=10), "lr": Option(float, "> 0", default=lr),
             "momentum": Option(float, "[0, 1)", default=0.9), "weight_decay": Option(float, ">= 0", default=5e-4),
             "batch_size": Option(int | None, ">= 1", default=None)}
+
+
+class SGDFieldMethod(ForgettingMethod):
+    """The traits shared by the field's methods that fine-tune with SGD (:func:`sgd_options`): they stream
+    D_r, make one pass per epoch and run only when named. Not registered: a base, not a method."""
+
+    streams = True
+    passes = "epochs"
+    in_default_run = False
 
 
 def set_sgd(method, epochs: int, lr: float, momentum: float, weight_decay: float, batch_size: int | None) -> None:

@@ -12,7 +12,7 @@ by every method that needs the same thing. An entry is keyed by :class:`Artifact
 * ``options``  canonical JSON of every option that changes the artifact (sorted keys, floats by ``repr``).
 
 Two requests share an entry only if all four agree; :func:`artifact_key` is the only constructor used by the
-package, and ``tests/test_artifacts.py`` checks that options which change an artifact change its key.
+package, and ``tests/methods/test_artifacts.py`` checks that options which change an artifact change its key.
 """
 from __future__ import annotations
 

@@ -298,24 +298,9 @@ class Finetune(ForgettingMethod):
         return ScrubResult(_finetune_stream(model, retain, ctx, epochs=self.epochs, lr=self.lr))
 
 
-@register("neggrad")
-class NegGrad(ForgettingMethod):
-    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c)).
-
-    Streams D_r (an indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory).
-
-    Parameters
-    ----------
-    epochs : int or None
-        Passes over D (default: the recipe's).
-    lr : float or None
-        SGD step size (default: the recipe's).
-
-    Returns
-    -------
-    ScrubResult
-        ``scrub`` returns the fine-tuned model (eval mode); ``info`` is empty.
-    """
+class _FinetuneOnAllOfD(ForgettingMethod):
+    """What NegGrad and Random labels share: fine-tuning on all of D (D_r streamed, D_f altered), its options
+    and its cost. Not registered: a base, not a method."""
 
     streams = True
     epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
@@ -329,6 +314,27 @@ class NegGrad(ForgettingMethod):
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
         self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
+
+
+@register("neggrad")
+class NegGrad(_FinetuneOnAllOfD):
+    """Fine-tune on D with the D_f loss negated and capped at chance (−min(CE_i, log c)).
+
+    Streams D_r (an indexable ``Dataset``: batches drawn as from the in-memory D; D_f is read into memory).
+
+    Parameters
+    ----------
+    epochs : int or None
+        Passes over all of D, D_f included (default: the recipe's).
+    lr : float or None
+        SGD step size (default: the recipe's).
+
+    Returns
+    -------
+    ScrubResult
+        The model after the negated-loss fine-tuning (eval mode); no ``info`` keys.
+    """
+
 
     def scrub(self, model, retain, forget, ctx):
         x_f, y_f = forget.tensors()
@@ -344,7 +350,7 @@ class NegGrad(ForgettingMethod):
 
 
 @register("randomlabels")
-class RandomLabels(ForgettingMethod):
+class RandomLabels(_FinetuneOnAllOfD):
     """Fine-tune on D with each D_f label resampled uniformly over the c classes (seeded).
 
     Streams D_r as :class:`NegGrad` does.
@@ -361,18 +367,6 @@ class RandomLabels(ForgettingMethod):
         of D_f labels the resampling changed (in [0, 1]).
     """
 
-    streams = True
-    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
-    options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
-
-    @classmethod
-    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, epochs: int | None = None, lr=None):
-        """``epochs`` epochs (default :data:`PROTOCOL_BASELINE_EPOCHS`) on all of D."""
-        ep = int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs)
-        return train_cost(model, x1, n_retain + n_forget, ep, config.batch_size)
-
-    def __init__(self, epochs: int | None = None, lr: float | None = None):
-        self.epochs, self.lr = (None if epochs is None else int(epochs)), lr
 
     def scrub(self, model, retain, forget, ctx):
         x_f, y_f = forget.tensors()

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, check_positive, float_inputs, forget_in_memory, guarded_epochs, set_sgd,
-                                     sgd_options, sgd_start, step, tensor_batches, train_cost, train_mode)
-from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.methods._field import (Option, SGDFieldMethod, check_positive, float_inputs, forget_in_memory,
+                                     guarded_epochs, set_sgd, sgd_options, sgd_start, step, tensor_batches,
+                                     train_cost, train_mode)
+from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
@@ -68,7 +69,7 @@ def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, ba
 
 
 @register("boundary-shrink")
-class BoundaryShrink(ForgettingMethod):
+class BoundaryShrink(SGDFieldMethod):
     """Boundary Shrink (module docstring): class forgetting only; uses D_f alone.
 
     Parameters
@@ -92,9 +93,7 @@ class BoundaryShrink(ForgettingMethod):
 
     needs_retain = False
     class_only = True
-    streams = True
     passes = "0"
-    in_default_run = False
     options = {"eps": Option(float, "> 0", default=0.1), **sgd_options(lr=0.01)}
 
     def __init__(self, eps: float = 0.1, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,

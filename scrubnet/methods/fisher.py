@@ -249,6 +249,17 @@ DEFAULT_LOSS_BUDGET = 0.05
 BUDGET_SLACK, BUDGET_RETRIES = 2.0, 6
 
 
+def check_noise_scale(alpha: float | None, retain_loss_budget: float | None) -> None:
+    """Refuse a noise scale given twice or out of range: ``alpha`` > 0 or ``retain_loss_budget`` > 0 (nats), not
+    both (``ValueError`` naming the option)."""
+    if alpha is not None and not float(alpha) > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    if alpha is not None and retain_loss_budget is not None:
+        raise ValueError("give alpha or retain_loss_budget, not both")
+    if retain_loss_budget is not None and not float(retain_loss_budget) > 0:
+        raise ValueError(f"retain_loss_budget must be > 0, got {retain_loss_budget}")
+
+
 @register("fisher")
 class FisherForgetting(ForgettingMethod):
     """Fisher forgetting: w + √(α·v(F)) ε with the authors' options (module docstring).
@@ -333,12 +344,7 @@ class FisherForgetting(ForgettingMethod):
         if subsample is not None and int(subsample) < SUBSAMPLE_PARTS:
             raise ValueError(f"subsample must be ≥ {SUBSAMPLE_PARTS}, got {subsample}")
         self.subsample = None if subsample is None else int(subsample)
-        if alpha is not None and not float(alpha) > 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
-        if alpha is not None and retain_loss_budget is not None:
-            raise ValueError("give alpha or retain_loss_budget, not both")
-        if retain_loss_budget is not None and not float(retain_loss_budget) > 0:
-            raise ValueError(f"retain_loss_budget must be > 0, got {retain_loss_budget}")
+        check_noise_scale(alpha, retain_loss_budget)
         if form not in FORMS:
             raise ValueError(f"unknown form {form!r}; choose one of {', '.join(FORMS)}")
         if kind not in FISHER_KINDS:

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, guarded_epochs, set_sgd, sgd_options, sgd_start, step, stream_batches,
-                                     train_cost, train_mode)
-from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.methods._field import (Option, SGDFieldMethod, guarded_epochs, set_sgd, sgd_options, sgd_start, step,
+                                     stream_batches, train_cost, train_mode)
+from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models.call import call_model
 
 
@@ -47,7 +47,7 @@ def l1_norm(model: nn.Module) -> Tensor:
 
 
 @register("l1-sparse")
-class L1Sparse(ForgettingMethod):
+class L1Sparse(SGDFieldMethod):
     """ℓ1-sparse fine-tuning on D_r (module docstring). Streams D_r.
 
     Parameters
@@ -68,9 +68,6 @@ class L1Sparse(ForgettingMethod):
         When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
-    streams = True
-    passes = "epochs"
-    in_default_run = False
     options = {"gamma": Option(float, ">= 0", default=5e-5), **sgd_options(lr=0.01)}
 
     def __init__(self, gamma: float = 5e-5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,

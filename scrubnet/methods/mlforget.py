@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from scrubnet.curvature.ntk_gram import ntk_gram_flops
 from scrubnet.data import Split
 from scrubnet.device import model_device
 from scrubnet.methods.artifacts import mlforget_key
@@ -44,6 +45,7 @@ from scrubnet.mlforget.model import (MLConfig, MLState, forget_request, ml_modul
                                      retrain_user_weights)
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.solve import SolverConfig
+from scrubnet.training.cost import CostEstimate, forward_flops, gemm_seconds, seconds_at, train_cost, trainable_numel
 
 _SOLVER_KEYS = {"solver", "cg_tol", "cg_max_iter", "precond", "precond_rank", "dual_max_rows", "weight_tol",
                 "primal_max_rows", "primal_ratio", "budget_nats"}
@@ -101,11 +103,67 @@ def _ml_artifacts(ctx: ForgetContext, cfg: MLConfig) -> dict:
     return art
 
 
+# memory-bound work per Gram entry of the dual (the Gram's float64 copy, the eigenvector products of a
+# request, the Schur complement's temporaries), in GEMM-FLOP equivalents: set, not fitted; with it the call's
+# CPU time on the default MLP at 2,000 and 4,500 rows was 1.15× and 1.4× the estimate (docs/decisions/cost-transformers.md)
+ML_GRAM_ENTRY_FLOP_EQUIV = 400.0
+
+
+def mlforget_cost(model, x1, n_retain: int, n_forget: int, num_classes: int, config, cfg: MLConfig) -> CostEstimate:
+    """The build of the mixed-linear model and one forgetting request of ``n_forget`` samples, dual solver.
+
+    Build: the core fine-tuning (CE on ``core_fraction`` of D, at the config's epoch cap: an upper bound),
+    the Gram of the user data's Jacobian rows (:func:`~scrubnet.curvature.ntk_gram.ntk_gram_flops`: the
+    Jacobian pass and the layer-wise contractions; R = N_u·c rows) and its float64 eigendecomposition
+    (≈ 9·R³). Request: the Jacobian rows of D_f, the Schur
+    complement of the removed rows through the eigenbasis (≈ 4·R²·R_f), the new weights (one VJP over the
+    user data), and the residual certificate (a JVP and two VJPs over the user data).
+
+    Returns
+    -------
+    CostEstimate
+        ``seconds`` = build + request (one call builds the model); ``details["build_seconds"]`` and
+        ``details["request_seconds"]`` apart, and, against a reference, ``details["request_vs_retrain"]``.
+    """
+    n_all = n_retain + n_forget
+    n_core = int(cfg.core_fraction * n_all)
+    n_user = n_all if cfg.user_data == "all" else n_all - n_core
+    c = int(num_classes)
+    rows, rows_f = n_user * c, n_forget * c
+    solver = cfg.solver.exact_solver(rows)
+    if solver != "dual":
+        raise ValueError(f"mlforget: no cost estimate for the {solver!r} solver yet (N·c = {rows} rows > "
+                         f"dual_max_rows = {cfg.solver.dual_max_rows}); the dual path is priced")
+    p = trainable_numel(model)
+    if cfg.linearize is not None:
+        p = sum(q.numel() for name, q in model.named_parameters()
+                if q.requires_grad and any(name.startswith(pre) for pre in cfg.linearize))
+    fwd = forward_flops(model, x1)
+    core = train_cost(model, x1, n_core, int(config.max_epochs), int(config.batch_size)) if n_core else None
+    gram, eig = ntk_gram_flops(model, x1, n_user)["total"], 9.0 * float(rows) ** 3
+    build_flops = gram + eig + (core.flops if core else 0.0)
+    build = (seconds_at(gram + eig, "ntk") + gemm_seconds(ML_GRAM_ENTRY_FLOP_EQUIV * rows ** 2)
+             + (core.seconds if core else 0.0))
+    req_vjp = n_forget * fwd * (1.0 + 2.0 * c) + 3.0 * n_user * 3.0 * fwd
+    schur = 4.0 * rows ** 2 * max(rows_f, 1)
+    request = seconds_at(req_vjp, "newton") + seconds_at(schur, "ntk") + gemm_seconds(ML_GRAM_ENTRY_FLOP_EQUIV * rows ** 2)
+    peak = 8 * rows ** 2 * 3 + 4 * rows * p
+    return CostEstimate("mlforget", build_flops + req_vjp + schur, build + request, int(peak),
+                        float(n_core and config.max_epochs) + (1.0 + 2.0 * c) + 3.0,
+                        {"solver": solver, "gram_rows": rows, "core_samples": n_core, "build_seconds": build,
+                         "request_seconds": request, "request_flops": req_vjp + schur})
+
+
 class _MLBase(ForgettingMethod):
     own_retrain_family = True
     audit_scrub_cost = "expensive"  # trains its own mixed-linear model for every scrub
     def __init__(self, **options):
         self.cfg = ml_config_from_options(options)
+
+    @classmethod
+    def cost(cls, model, x1, n_retain, n_forget, num_classes, config, **options) -> CostEstimate:
+        """The ML model's build and one request (:func:`mlforget_cost`)."""
+        return mlforget_cost(model, x1, n_retain, n_forget, num_classes, config, ml_config_from_options(options))
 
 
 @register("mlforget")

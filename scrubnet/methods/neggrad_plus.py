@@ -9,9 +9,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 import torch.nn.functional as F
 
-from scrubnet.methods._field import (Option, forget_in_memory, guarded_epochs, set_sgd, sgd_options, sgd_start, step,
-                                     stream_batches, tensor_batches, train_cost, train_mode)
-from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.methods._field import (Option, SGDFieldMethod, forget_in_memory, guarded_epochs, set_sgd, sgd_options,
+                                     sgd_start, step, stream_batches, tensor_batches, train_cost, train_mode)
+from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models.call import call_model
 
 
@@ -51,7 +51,7 @@ class _Cycle:
 
 
 @register("neggrad-plus")
-class NegGradPlus(ForgettingMethod):
+class NegGradPlus(SGDFieldMethod):
     """NegGrad+ (module docstring).
 
     Parameters
@@ -72,9 +72,6 @@ class NegGradPlus(ForgettingMethod):
         steps taken. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
-    streams = True
-    passes = "epochs"
-    in_default_run = False
     options = {"beta": Option(float, "(0, 1)", default=0.5), **sgd_options(lr=0.01)}
 
     def __init__(self, beta: float = 0.5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,

@@ -106,6 +106,66 @@ def _retain_fit(model: nn.Module, flat: Tensor, retain, batch_size: int) -> tupl
 NEWTON_DAMPING_TRIES, NEWTON_HALVINGS = 6, 30
 #: the budgeted mode's halvings (line search and data check)
 BUDGET_HALVINGS = 3
+# CG iterations of a typical solve at the default tolerance (1e-5): measured 18 (MLP 40-256-256-5, N = 1,000)
+# to 50 (2-layer transformer, N = 64) in benchmarks/cost_check.py's newton-default cases; 30 puts both within
+# 2× (docs/decisions/cost-transformers.md). The typical estimate is ``seconds``, the upper bound ``seconds_upper``
+NEWTON_TYPICAL_CG_ITERATIONS = 30
+
+
+def _damped_solve(hvp_at, grad: Tensor, w: Tensor, objective, obj_before: float, *, damping: float, tol: float,
+                  max_iter: int, lm: bool, max_damping_tries: int) -> dict:
+    """The Newton direction δ = (H + μI)⁻¹g by CG, with μ raised Levenberg–Marquardt style (``lm``) until the
+    ratio ρ of actual to predicted decrease is ≥ ¼ (:func:`retain_newton_step`); the last solve's figures."""
+    mu, tries, cg_total = float(damping), 0, 0
+    while True:
+        delta, info = conjugate_gradient(hvp_at(mu), grad, tol=tol, max_iter=max_iter)
+        cg_total += info.iterations
+        if tries == 0:  # the step at the initial damping: what the safeguard shortened, if it did
+            first_norm = float(torch.linalg.vector_norm(delta))
+        slope = float(grad @ delta)                              # gᵀδ: decrease rate along −δ at t = 0
+        curvature = slope - mu * float(delta @ delta)            # δᵀHδ from (H + μI)δ ≈ g
+        obj_full = objective(w - delta)
+        predicted = slope - 0.5 * curvature                      # m(0) − m(δ)
+        rho = (obj_before - obj_full) / predicted if predicted > 0 else float("-inf")
+        if not lm or rho >= 0.25 or tries >= max_damping_tries:
+            break
+        tries += 1
+        mu = max(10.0 * mu, curvature / max(float(delta @ delta), 1e-300))
+    return {"delta": delta, "info": info, "slope": slope, "curvature": curvature, "obj_full": obj_full,
+            "mu": mu, "tries": tries, "cg_total": cg_total, "first_norm": first_norm}
+
+
+def _armijo_search(objective, w: Tensor, delta: Tensor, obj_before: float, obj_full: float, slope: float,
+                   armijo: float, max_halvings: int) -> tuple[float, float, int]:
+    """(t, L_r(w − tδ), trials): the longest t = 1, ½, ¼, … with Armijo's decrease; t = 0 when none has it."""
+    t, obj_after, trials = 1.0, obj_full, 1
+    accepted = slope > 0 and obj_full <= obj_before - armijo * slope
+    while not accepted and trials <= max_halvings and slope > 0:
+        t *= 0.5
+        obj_after = objective(w - t * delta)
+        trials += 1
+        accepted = obj_after <= obj_before - armijo * t * slope
+    if not accepted:  # no decrease found along δ: keep w (L_r unchanged)
+        t, obj_after = 0.0, obj_before
+    return t, obj_after, trials
+
+
+def _data_check(model, retain, w: Tensor, delta: Tensor, t: float, obj_after: float, obj_before: float, objective,
+                batch_size: int, loss_tolerance: float, error_tolerance: float, max_halvings: int
+                ) -> tuple[float, float, int]:
+    """(t, objective, halvings): the data part judged on its own — the total objective can fall while the fit to
+    D_r collapses (a pull toward w_0 that dominates L_r); t is halved until the retain CE and error stay within
+    the tolerances (t = 0 after ``max_halvings``)."""
+    data_rejections = 0
+    err0, ce0 = _retain_fit(model, w, retain, batch_size)
+    while t > 0:
+        err1, ce1 = _retain_fit(model, w - t * delta, retain, batch_size)
+        if ce1 - ce0 <= loss_tolerance and err1 - err0 <= error_tolerance:
+            break
+        data_rejections += 1
+        t = t * 0.5 if data_rejections <= max_halvings else 0.0
+        obj_after = objective(w - t * delta) if t > 0 else obj_before
+    return t, obj_after, data_rejections
 
 
 def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None, wd: float,
@@ -116,34 +176,21 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
                        error_tolerance: float = 0.02) -> tuple[nn.Module, SolveInfo, dict[str, float]]:
     """Safeguarded h(w) = w − t·(G_r + (wd·M + μ)·I)⁻¹ ∇L_r(w) on ``retain`` = (x, y), by CG.
 
-    M is the pull mask (1 on parameters present in ``w0``), μ ≥ ``damping`` the Levenberg–Marquardt
-    damping and t ∈ (0, 1] the accepted step length; ∇L_r includes the pull wd·M·(w − w_0).
+    M is the pull mask (1 on parameters present in ``w0``), μ ≥ ``damping`` the Levenberg–Marquardt damping and
+    t ∈ (0, 1] the accepted step length; ∇L_r includes the pull wd·M·(w − w_0). The Gauss–Newton model
+    m(δ) = L_r(w) − gᵀδ + ½ δᵀHδ (H = G_r + wd·M) is only a model of L_r (on a BatchNorm CNN its minimiser
+    measured L_r 1.02 → 1.93), so the step is accepted only when L_r decreases (Newton safeguard in
+    docs/decisions/fisher-newton.md): ``safeguard="lm"`` (default) raises μ ← max(10μ, δᵀHδ/‖δ‖²) and re-solves
+    until ρ = actual / predicted decrease ≥ ¼ (:func:`_damped_solve`, at most ``max_damping_tries``), then
+    backtracks; ``"backtrack"`` halves t along the undamped δ until Armijo's decrease (``armijo``;
+    :func:`_armijo_search`); ``"none"`` takes the plain step. With no decrease in ``max_halvings`` halvings the
+    weights stay (t = 0). ``data_check`` also halves t until the retain CE rises by at most ``loss_tolerance``
+    nats and the error by at most ``error_tolerance`` (:func:`_data_check`).
 
-    The Gauss–Newton model m(δ) = L_r(w) − gᵀδ + ½ δᵀHδ (H = G_r + wd·M, δ = the CG solution) is only a
-    model of L_r: on networks with BatchNorm and ReLU its minimiser can land where L_r is much larger (a
-    2-D CNN on the digits measured L_r 1.02 → 1.93, retain error 0 → 64 %). So the step is only accepted
-    when L_r decreases (Newton safeguard in docs/decisions/index.md):
-
-    * ``safeguard="lm"`` (default): Levenberg–Marquardt. Accept δ(μ) when the ratio ρ = (actual decrease) /
-      (decrease predicted by m) is ≥ ¼; otherwise set μ ← max(10μ, δᵀHδ/‖δ‖²) (the curvature along the
-      rejected step) and re-solve, at most ``max_damping_tries`` times; then backtrack along the last δ.
-      When the undamped step already has ρ ≥ ¼ it is taken unchanged (μ = ``damping``, t = 1).
-    * ``safeguard="backtrack"``: Armijo backtracking along the undamped δ, t = 1, ½, ¼, … until
-      L_r(w − tδ) ≤ L_r(w) − ``armijo``·t·gᵀδ (gᵀδ > 0: H + μI is positive definite, so δ is a descent
-      direction). One forward pass over the retain set per trial, no extra CG solve; cheaper than "lm"
-      but a shortened Newton direction is a worse step than a damped one when the model fails.
-    * ``safeguard="none"``: the plain step (t = 1), whatever L_r does.
-
-    If no trial decreases L_r (``max_halvings`` halvings), the weights are left unchanged (t = 0), so L_r
-    never increases. With ``data_check`` the data part is judged on its own as well: the accepted step is
-    halved until the retain cross-entropy rises by at most ``loss_tolerance`` nats and the retain error by at
-    most ``error_tolerance`` (t = 0 when no halving passes; ``data_rejections`` counts the halvings). δᵀHδ comes for free from the CG residual: (H + μI)δ ≈ g ⇒ δᵀHδ ≈ gᵀδ − μ‖δ‖².
-
-    Returns (a new model at h(w), the last CG :class:`SolveInfo`, diagnostics: grad_norm, step_norm (of the
-    accepted t·δ), full_step_norm (‖δ‖), undamped_step_norm (‖δ‖ of the first solve, at the initial damping),
-    objective_before/objective_after (L_r), objective_full_step (L_r at
-    w − δ of the last solve), step_length t, damping μ, damping_tries, line_search_trials, rho (at the
-    accepted point), cg_iterations_total). ``model`` is not modified.
+    Returns (a new model at h(w), the last CG :class:`SolveInfo`, diagnostics: grad_norm, step_norm (‖t·δ‖),
+    full_step_norm (‖δ‖), undamped_step_norm (‖δ‖ of the first solve), objective_before / objective_after /
+    objective_full_step (L_r), step_length t, damping μ, damping_tries, line_search_trials, rho (at the
+    accepted point), cg_iterations_total, data_rejections). ``model`` is not modified.
     """
     if wd < 0 or damping < 0:
         raise ValueError(f"wd and damping must be ≥ 0, got wd={wd}, damping={damping}")
@@ -171,47 +218,20 @@ def retain_newton_step(model: nn.Module, retain, *, w0: dict[str, Tensor] | None
         return _retain_objective(model, flat, retain, loss=loss, wd=wd, mask=mask, anchor=anchor,
                                  batch_size=batch_size)
 
-    mu, tries, cg_total = float(damping), 0, 0
-    while True:
-        def hvp(v: Tensor, mu=mu) -> Tensor:
-            return ggn_matvec(v) + wd * mask * v + mu * v
+    def hvp_at(mu: float):
+        return lambda v: ggn_matvec(v) + wd * mask * v + mu * v
 
-        delta, info = conjugate_gradient(hvp, grad, tol=tol, max_iter=max_iter)
-        cg_total += info.iterations
-        if tries == 0:  # the step at the initial damping: what the safeguard shortened, if it did
-            first_norm = float(torch.linalg.vector_norm(delta))
-        slope = float(grad @ delta)                              # gᵀδ: decrease rate along −δ at t = 0
-        curvature = slope - mu * float(delta @ delta)            # δᵀHδ from (H + μI)δ ≈ g
-        obj_full = objective(w - delta)
-        predicted = slope - 0.5 * curvature                      # m(0) − m(δ)
-        rho = (obj_before - obj_full) / predicted if predicted > 0 else float("-inf")
-        if safeguard != "lm" or rho >= 0.25 or tries >= max_damping_tries:
-            break
-        tries += 1
-        mu = max(10.0 * mu, curvature / max(float(delta @ delta), 1e-300))
-
+    s = _damped_solve(hvp_at, grad, w, objective, obj_before, damping=damping, tol=tol, max_iter=max_iter,
+                      lm=safeguard == "lm", max_damping_tries=max_damping_tries)
+    delta, info, slope, curvature, obj_full = s["delta"], s["info"], s["slope"], s["curvature"], s["obj_full"]
     t, obj_after, trials = 1.0, obj_full, 1
     if safeguard != "none":
-        accepted = slope > 0 and obj_full <= obj_before - armijo * slope
-        while not accepted and trials <= max_halvings and slope > 0:
-            t *= 0.5
-            obj_after = objective(w - t * delta)
-            trials += 1
-            accepted = obj_after <= obj_before - armijo * t * slope
-        if not accepted:  # no decrease found along δ: keep w (L_r unchanged)
-            t, obj_after = 0.0, obj_before
+        t, obj_after, trials = _armijo_search(objective, w, delta, obj_before, obj_full, slope, armijo, max_halvings)
     data_rejections = 0
     if data_check and t > 0:
-        # the data part judged on its own: the total objective can fall while the fit to D_r collapses (a pull
-        # toward w_0 that dominates L_r); halve t until retain CE and error stay within the tolerances
-        err0, ce0 = _retain_fit(model, w, retain, batch_size)
-        while t > 0:
-            err1, ce1 = _retain_fit(model, w - t * delta, retain, batch_size)
-            if ce1 - ce0 <= loss_tolerance and err1 - err0 <= error_tolerance:
-                break
-            data_rejections += 1
-            t = t * 0.5 if data_rejections <= max_halvings else 0.0
-            obj_after = objective(w - t * delta) if t > 0 else obj_before
+        t, obj_after, data_rejections = _data_check(model, retain, w, delta, t, obj_after, obj_before, objective,
+                                                    batch_size, loss_tolerance, error_tolerance, max_halvings)
+    mu, tries, cg_total, first_norm = s["mu"], s["tries"], s["cg_total"], s["first_norm"]
     w_new = w - t * delta
     rho_t = ((obj_before - obj_after) / (t * slope - 0.5 * t * t * curvature)
              if t > 0 and t * slope - 0.5 * t * t * curvature > 0 else float("nan"))
@@ -319,7 +339,10 @@ class NewtonScrub(ForgettingMethod):
         :func:`~scrubnet.curvature.fallbacks.cost_multipliers`) and one evaluation of the objective; the "lm"
         safeguard solves at most 1 + ``max_damping_tries`` (7) times; the line search and the data safeguard
         add at most 31 and 63 forward passes; plus the Fisher diagonal when ``alpha`` > 0 (noise).
-        ``details["seconds_one_solve"]`` is the cost when the first solve is accepted. Budgeted
+        ``details["seconds_one_solve"]`` is the cost when the first solve is accepted. That bound is
+        ``seconds_upper`` (the refusal ceilings use it); ``seconds`` is the typical case: one solve of
+        min(``max_iter``, :data:`NEWTON_TYPICAL_CG_ITERATIONS`) iterations (CG at the default tolerance stops
+        early: 18–50 iterations measured), its objective and the data check's forwards. Budgeted
         (``cg_budget``): one solve of at most ``cg_budget`` iterations, backtracking with at most
         :data:`BUDGET_HALVINGS` halvings."""
         halvings = NEWTON_HALVINGS
@@ -335,6 +358,11 @@ class NewtonScrub(ForgettingMethod):
         if safeguard != "none":  # objective per solve, line-search halvings, data-check halvings
             forwards = solves + halvings + (2 * halvings + 3 if retain_loss_tolerance is not None else 0)
         evals = forwards * n_retain * fwd
+        # the typical case: one solve of min(max_iter, NEWTON_TYPICAL_CG_ITERATIONS) iterations, its objective,
+        # the data check's before/after forwards and one accepted step
+        typ_iter = min(max_iter, NEWTON_TYPICAL_CG_ITERATIONS)
+        typ_fwd = (2.0 + (2.0 if retain_loss_tolerance is not None else 0.0)) if safeguard != "none" else 0.0
+        typical = seconds_at(grad + n_retain * fb * (1.0 + jvp) * typ_iter + typ_fwd * n_retain * fwd, "newton")
         peak = 10 * 8 * trainable_numel(model) + min(batch_size, n_retain) * 3 * 4 * activation_numel_per_sample(model, x1)
         passes = 1.0 + (1.0 + jvp) * max_iter * solves + forwards / 3.0
         seconds = seconds_at(flops + evals, "newton")
@@ -344,12 +372,13 @@ class NewtonScrub(ForgettingMethod):
             flops += fis.flops
             seconds += fis.seconds
             one += fis.seconds
+            typical += fis.seconds
             passes += fis.passes
             peak = max(peak, fis.peak_bytes)
-        return CostEstimate("newton", flops + evals, seconds, int(peak), passes,
+        return CostEstimate("newton", flops + evals, min(typical, seconds), int(peak), passes,
                             {"max_iter": max_iter, "solves": solves, "cg_budgeted": float(cg_budget is not None),
-                             "jvp_multiplier": jvp,
-                             "seconds_one_solve": one})
+                             "jvp_multiplier": jvp, "typical_cg_iterations": typ_iter,
+                             "seconds_one_solve": one}, seconds_upper=seconds)
 
     def __init__(self, damping: float = 0.0, tol: float = 1e-5, max_iter: int = 300, batch_size: int = 512,
                  alpha: float = 0.0, safeguard: str = "lm", retain_loss_tolerance: float | None = 0.05,

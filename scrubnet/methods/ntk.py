@@ -67,7 +67,8 @@ from scrubnet.models.loss import LossSpec
 from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_flops, gemm_seconds, seconds_at,
                                     trainable_numel)
 from scrubnet.data.stream import as_stream
-from scrubnet.methods.fisher import DEFAULT_LOSS_BUDGET, alpha_for_budget, fisher_noise, stream_fisher
+from scrubnet.methods.fisher import (DEFAULT_LOSS_BUDGET, alpha_for_budget, check_noise_scale, fisher_noise,
+                                     stream_fisher)
 from scrubnet.models.call import call_model, cat_inputs
 
 LINEARIZE_AT = ("trained", "w0")
@@ -476,12 +477,7 @@ class NTKFisherScrub(NTKScrub):
     def __init__(self, alpha: float | None = None, form: str = "code", retain_loss_budget: float | None = None,
                  **ntk_options):
         super().__init__(**ntk_options)
-        if alpha is not None and not float(alpha) > 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
-        if alpha is not None and retain_loss_budget is not None:
-            raise ValueError("give alpha or retain_loss_budget, not both")
-        if retain_loss_budget is not None and not float(retain_loss_budget) > 0:
-            raise ValueError(f"retain_loss_budget must be > 0, got {retain_loss_budget}")
+        check_noise_scale(alpha, retain_loss_budget)
         if form not in ("code", "paper"):
             raise ValueError(f"form must be 'code' or 'paper', got {form!r}")
         self.alpha, self.form = (None if alpha is None else float(alpha)), form

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, forget_in_memory, guarded_epochs, mixed_batches, set_sgd, sgd_options,
-                                     sgd_start, step, train_cost, train_mode)
-from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
+from scrubnet.methods._field import (Option, SGDFieldMethod, forget_in_memory, guarded_epochs, mixed_batches,
+                                     set_sgd, sgd_options, sgd_start, step, train_cost, train_mode)
+from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
@@ -80,7 +80,7 @@ def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor
 
 
 @register("salun")
-class SalUn(ForgettingMethod):
+class SalUn(SGDFieldMethod):
     """SalUn (module docstring). Streams D_r (an indexable source: its batches mix D_r and D_f).
 
     Parameters
@@ -102,9 +102,6 @@ class SalUn(ForgettingMethod):
         changed). When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
-    streams = True
-    passes = "epochs"
-    in_default_run = False
     options = {"fraction": Option(float, "(0, 1]", default=0.5), **sgd_options(lr=0.1)}
 
     def __init__(self, fraction: float = 0.5, epochs: int = 10, lr: float = 0.1, momentum: float = 0.9,

@@ -156,8 +156,8 @@ class ForgettingVerdict:
     n_heldout: int
     n_retain: int
     n_heldout_effective: float
-    rules: VerdictRules = field(default_factory=VerdictRules)
     summary: str = ""
+    rules: VerdictRules = field(default_factory=VerdictRules)
 
     @property
     def failed(self) -> bool:

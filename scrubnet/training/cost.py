@@ -29,14 +29,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from scrubnet.curvature.fisher import DEFAULT_BUDGET_BYTES as FISHER_BUDGET, plan_fisher
 from scrubnet.curvature.ntk import activation_numel_per_sample
 from scrubnet.models import eval_mode
-from scrubnet.models.call import call_model
+from scrubnet.models.flops import NONGEMM_FLOP_EQUIV, count_work
 
 # achieved FLOP rate / float32 GEMM rate, one thread, fitted by least squared log-ratio on the cases of
 # benchmarks/cost_check.py ("Cost model" in docs/decisions/index.md): "train" = SGD steps (forward + backward +
@@ -46,7 +44,7 @@ EFFICIENCY = {"fisher": 0.7, "ntk": 0.31, "train": 0.58, "newton": 0.57}
 # memory-bound elementwise work (BatchNorm, ReLU, sums, forward and backward) per activation element touched,
 # in GEMM-FLOP equivalents: fitted with the Fisher efficiency on five ResNet-18 sizes (decisions.md). The
 # batched-columns path (all K columns per backward, small nets) fits 775–850 on the first call in a fresh
-# process (what tests/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
+# process (what tests/methods/test_cost.py and a CLI user measure; page faults of its K-fold larger tensors included),
 # so one constant serves both paths; after a first call the batched path runs at ≈ 550.
 ELEMENTWISE_FLOP_EQUIV = 800.0
 # the same for networks without convolutions (no unfolding, no BatchNorm over positions): measured on the
@@ -82,6 +80,11 @@ class CostEstimate:
         The retraining reference's FLOPs and seconds (:meth:`against`), None until set.
     cost_vs_retrain : float or None
         ``seconds / retrain_seconds``, None until the reference is set.
+    seconds_upper : float or None
+        A true upper bound when ``seconds`` is a typical case (Newton at its defaults), else None; the refusal
+        ceilings (:func:`check_budget`, the budgeted modes) use it (:attr:`ceiling`).
+    cost_vs_retrain_upper : float or None
+        ``seconds_upper / retrain_seconds`` (set with the reference when ``seconds_upper`` is).
 
     Returns
     -------
@@ -101,6 +104,20 @@ class CostEstimate:
     retrain_flops: float | None = None
     retrain_seconds: float | None = None
     cost_vs_retrain: float | None = None
+    # a method whose ``seconds`` is a typical case (Newton at its defaults: CG stops early) keeps its true upper
+    # bound here; the refusal ceilings (:func:`check_budget`, budgeted modes) use the bound (:attr:`ceiling`)
+    seconds_upper: float | None = None
+    cost_vs_retrain_upper: float | None = None
+
+    @property
+    def ceiling(self) -> float:
+        """The seconds a refusal is decided on: ``seconds_upper`` when the method states one, else ``seconds``."""
+        return self.seconds if self.seconds_upper is None else self.seconds_upper
+
+    @property
+    def ceiling_vs_retrain(self) -> float | None:
+        """:attr:`ceiling` / ``retrain_seconds`` (None without a reference)."""
+        return self.cost_vs_retrain if self.cost_vs_retrain_upper is None else self.cost_vs_retrain_upper
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,11 +127,16 @@ class CostEstimate:
         seconds / retrain_seconds; returns self."""
         self.retrain_flops, self.retrain_seconds = float(reference.flops), float(reference.seconds)
         self.cost_vs_retrain = self.seconds / max(self.retrain_seconds, 1e-12)
+        if self.seconds_upper is not None:
+            self.cost_vs_retrain_upper = self.seconds_upper / max(self.retrain_seconds, 1e-12)
+        if "request_seconds" in self.details:   # a method with a one-time build prices its request apart
+            self.details["request_vs_retrain"] = self.details["request_seconds"] / max(self.retrain_seconds, 1e-12)
         return self
 
     def summary(self) -> str:
         line = (f"{self.method}: {self.flops / 1e12:.3g} TFLOP ≈ {format_seconds(self.seconds)} on this machine "
-                f"(one thread), peak ≈ {format_bytes(self.peak_bytes)}, {self.passes:.4g} passes over the data")
+                + (f" (at most {format_seconds(self.seconds_upper)})" if self.seconds_upper is not None else "")
+                + f" (one thread), peak ≈ {format_bytes(self.peak_bytes)}, {self.passes:.4g} passes over the data")
         if self.cost_vs_retrain is not None:
             line += (f"; retraining ≈ {format_seconds(self.retrain_seconds)}, so {self.cost_vs_retrain:.3g}× "
                      "retraining")
@@ -172,23 +194,27 @@ def matmul_rate(device: torch.device | str = "cpu", size: int = 1024, reps: int 
     return _RATE[key]
 
 
+def forward_work(model: nn.Module, x1: Tensor, backward: bool = False) -> tuple[float, float]:
+    """One sample's (GEMM FLOPs, non-GEMM elements) in eval mode, forward only or a training step
+    (:func:`scrubnet.models.flops.count_work`)."""
+    with eval_mode(model):
+        return count_work(model, x1, backward=backward)
+
+
 def forward_flops(model: nn.Module, x1: Tensor) -> float:
-    """FLOPs of one sample's forward pass (matmuls and convolutions), eval mode."""
-    with eval_mode(model), torch.no_grad(), FlopCounterMode(display=False) as counter:
-        call_model(model, x1[:1])
-    return float(counter.get_total_flops())
+    """FLOPs of one sample's forward pass, eval mode: matmuls, convolutions and attention products, plus the
+    non-GEMM elements (softmax, LayerNorm, GELU/SiLU) at :data:`NONGEMM_FLOP_EQUIV` GEMM-FLOP equivalents each
+    (zero on nets without them: MLPs, convolutional nets)."""
+    gemm, elements = forward_work(model, x1)
+    return gemm + NONGEMM_FLOP_EQUIV * elements
 
 
 def train_step_flops(model: nn.Module, x1: Tensor) -> float:
     """FLOPs of one sample's training step: the forward, and the backward of its cross-entropy to every
-    trainable parameter (matmuls and convolutions; the input's gradient is not computed, as in training),
-    eval mode; the model's ``.grad`` and buffers are left untouched."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    with eval_mode(model), torch.enable_grad(), FlopCounterMode(display=False) as counter:
-        out = call_model(model, x1[:1])
-        target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
-        torch.autograd.grad(F.cross_entropy(out, target), params, allow_unused=True)
-    return float(counter.get_total_flops())
+    trainable parameter (the input's gradient is not computed, as in training), eval mode, counted as
+    :func:`forward_flops` counts (non-GEMM elements at their equivalents); ``.grad`` and buffers untouched."""
+    gemm, elements = forward_work(model, x1, backward=True)
+    return gemm + NONGEMM_FLOP_EQUIV * elements
 
 
 _DEVICE: list[torch.device] = [torch.device("cpu")]   # the device of the model being estimated
@@ -219,17 +245,18 @@ def check_budget(est: CostEstimate, *, max_seconds: float | None = None, max_byt
                  max_cost_vs_retrain: float | None = None) -> None:
     """Raise :class:`BudgetExceeded` (with the estimate) when ``est`` is over any budget: ``max_seconds``
     (s), ``max_bytes`` (peak working memory) or ``max_cost_vs_retrain`` (a multiple of the retraining
-    estimate, :attr:`CostEstimate.cost_vs_retrain`)."""
+    estimate). Time is judged on :attr:`CostEstimate.ceiling` (the upper bound where the estimate states one)
+    and :attr:`CostEstimate.ceiling_vs_retrain`."""
     if max_cost_vs_retrain is not None:
         if not max_cost_vs_retrain > 0:
             raise ValueError(f"max_cost_vs_retrain must be > 0, got {max_cost_vs_retrain}")
         if est.cost_vs_retrain is None:
             raise ValueError("the estimate carries no retraining reference (estimate(..., recipe=...))")
-        if est.cost_vs_retrain > max_cost_vs_retrain:
-            raise BudgetExceeded(f"refused before any work: estimated {est.cost_vs_retrain:.3g}× retraining > the "
+        if est.ceiling_vs_retrain > max_cost_vs_retrain:
+            raise BudgetExceeded(f"refused before any work: estimated {est.ceiling_vs_retrain:.3g}× retraining > the "
                                  f"{max_cost_vs_retrain:g}× allowed ({est.summary()})")
-    if max_seconds is not None and est.seconds > max_seconds:
-        raise BudgetExceeded(f"refused before any work: estimated {format_seconds(est.seconds)} > the "
+    if max_seconds is not None and est.ceiling > max_seconds:
+        raise BudgetExceeded(f"refused before any work: estimated {format_seconds(est.ceiling)} > the "
                              f"{format_seconds(max_seconds)} allowed ({est.summary()})")
     if max_bytes is not None and est.peak_bytes > max_bytes:
         raise BudgetExceeded(f"refused before any work: estimated peak memory {format_bytes(est.peak_bytes)} > the "

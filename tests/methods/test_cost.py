@@ -17,7 +17,7 @@ from scrubnet.methods.base import estimate
 from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops
 from scrubnet.models import build_model
 from tests.conftest import protocol_ctx
-from tests.test_cli import train_tiny_checkpoint
+from tests.cli.test_cli import train_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -15,7 +15,7 @@ from scrubnet.methods.base import estimate, method_class, retrain_estimate
 from scrubnet.models import build_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training.cost import BudgetExceeded
-from tests.test_cli import train_tiny_checkpoint
+from tests.cli.test_cli import train_tiny_checkpoint
 
 runner = CliRunner()
 

@@ -18,7 +18,7 @@ from scrubnet.methods import base
 from scrubnet.methods.base import ForgettingMethod, Option, ScrubResult, available_methods, get_method, register
 from scrubnet.training.cost import CostEstimate
 from tests.conftest import tiny_config
-from tests.test_cli import runner, train_tiny_checkpoint
+from tests.cli.test_cli import runner, train_tiny_checkpoint
 
 NAME = "shrink-test"
 

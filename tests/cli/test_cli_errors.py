@@ -19,7 +19,7 @@ from scrubnet.cli import app
 from scrubnet.models.user import build_user_model
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # a forward that works without gradients (the input check on two samples) and crashes as soon as the
 # scrub differentiates through it: an exception from inside the computation, not a bad input

@@ -17,7 +17,7 @@ from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.methods import get_method
 from scrubnet.models import build_model
 from tests.conftest import protocol_ctx
-from tests.test_cli import TINY_TOML
+from tests.cli.test_cli import TINY_TOML
 
 runner = CliRunner()
 

@@ -16,7 +16,7 @@ from scrubnet.methods import get_method
 from scrubnet.training import TrainConfig
 from tests.conftest import protocol_ctx
 from tests import dense_refs
-from tests.test_cli import TINY_TOML
+from tests.cli.test_cli import TINY_TOML
 
 
 def _runs(per_seed: dict[str, list[float]]) -> list[dict]:

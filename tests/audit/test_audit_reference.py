@@ -9,7 +9,7 @@ import pytest
 from scrubnet.audit.reference import lira_reference, ulira_game_reference
 from scrubnet.audit.stats import KLOM_MODES, bucket_points, epsilon_score, example_epsilons, klom
 
-FIX = Path(__file__).parent / "fixtures" / "audit-references"
+FIX = Path(__file__).parents[1] / "fixtures" / "audit-references"
 
 
 def _load(name):

@@ -29,7 +29,7 @@ import torch
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import run_experiment
 
-FIXTURE = Path(__file__).parent / "fixtures" / "default_seed0.json"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "default_seed0.json"
 METHODS = ["original", "retrain", "finetune", "neggrad", "fisher"]
 #: readouts compared (the rest are timings and solver diagnostics)
 READOUTS = ("error_retain", "error_forget", "error_test", "loss_retain", "loss_forget", "loss_test", "mia_forget",
@@ -88,7 +88,7 @@ PINNED_ENV = {"MKL_CBWR": "COMPATIBLE", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS
 def readouts_in_pinned_child() -> dict:
     """:func:`readouts_seed0` in a child process whose MKL is pinned to its compatible code path (the
     variable is read when MKL loads, so it cannot be set in this process)."""
-    env = {**os.environ, **PINNED_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    env = {**os.environ, **PINNED_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "PYTHONWARNINGS": "ignore"}
     env.pop("SCRUBNET_TINY", None)
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--print"], env=env, capture_output=True,
