@@ -216,7 +216,8 @@ def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[P
         raise UserError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))
 
 
-def upgrade(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT):
+def upgrade(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
+            threads: int = threads_option(THREADS_HELP)):
     """Bring a checkpoint of an earlier format to the current one (migrate a ledger checkpoint, seal an unsealed
     store); reading a checkpoint never does this. A current checkpoint is left untouched."""
     out = store_upgrade(_checkpoint(checkpoint, checkpoint_opt))

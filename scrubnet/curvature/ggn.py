@@ -21,7 +21,6 @@ from scrubnet.curvature.fallbacks import jvp_with_pullback, probe_paths
 from scrubnet.curvature.params import flatten, trainable_params, unflatten
 from scrubnet.models import eval_mode
 from scrubnet.models.call import Inputs, call_functional, call_model
-from scrubnet.models.loss import LOSS_KINDS as LOSSES
 from scrubnet.models.loss import LossSpec, as_loss
 
 

@@ -17,7 +17,6 @@ never runs on another base model. The base model's file is only read, never writ
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
@@ -27,21 +26,13 @@ from scrubnet.data.user import load_user_data
 from scrubnet.mlforget.finetune import UserWeights, state_dict_sha256, tangent_network, user_weight_names
 from scrubnet.models.linearized import LinearizedModel
 from scrubnet.models.lora import LoRA
+from scrubnet.integrity import file_sha256
 from scrubnet.models.user import HF_PREFIX, build_user_model, load_user_weights, read_state_dict
 
 #: the ``arch`` of a forgettable fine-tune's checkpoint (rebuilt from its ``finetune`` record, not the zoo)
 FINETUNE_ARCH = "forgettable-finetune"
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 (hex) of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def parse_user_weights(spec: str) -> UserWeights:
