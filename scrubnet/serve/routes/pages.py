@@ -58,7 +58,9 @@ fetch("/v1/log", {headers: {"Authorization": "Bearer " + token}}).then(r => r.js
     tr.className = "row-" + s.status;
     cell(tr, s.id); cell(tr, s.status); cell(tr, s.submitted_utc); cell(tr, s.finished_utc || "");
     cell(tr, s.n_ids);
-    cell(tr, s.sigma_applied === null || s.sigma_applied === undefined ? "default" : s.sigma_applied);
+    // a row that applied nothing (refused, duplicate, queued) has no σ to show
+    cell(tr, s.status !== "applied" ? "—"
+             : (s.sigma_applied === null || s.sigma_applied === undefined ? "default" : s.sigma_applied));
     cell(tr, s.remaining_information_bound_nats === null || s.remaining_information_bound_nats === undefined
          ? "—" : s.remaining_information_bound_nats.toExponential(2));
     cell(tr, s.request_id === null ? "" : s.request_id);
