@@ -136,6 +136,12 @@ def _priced_scrub(scrubber: ForgettingMethod, method_options: dict, model: nn.Mo
     out.cost = measured_cost(time.process_time() - t0, est, ref)
     if budgeted is not None:
         out.cost["budgeted"] = est.details["budgeted"]
+    ratio = out.cost["cost_vs_retrain"]
+    if ratio > 1.0 and scrubber.forgets and method != "retrain":   # the clock overruled the estimate: say it
+        said = "" if est is None else f" (estimated {out.cost['estimate_cost_vs_retrain']:.2g}×)"
+        out.warnings.append(f"cost more than retraining: {out.cost['seconds']:.3g} CPU-s measured against "
+                            f"{out.cost['retrain_seconds_estimate']:.3g} s estimated to retrain with the recipe, "
+                            f"{ratio:.2g}× one retraining{said}")
     return out
 
 

@@ -521,6 +521,7 @@ def _primal_step(state: MLState, x_all: Tensor, y_all: Tensor, remaining: Tensor
     lin, h = state.space(x_all)
     w_prime, d = fac.fit(lin, h, y_all, torch.isin(fac.ids, remaining), dtype=torch.float64)
     extra = {"primal_rows": d["primal_rows"], "primal_block": d["primal_block"], "removed_rows": d["removed_rows"],
+             "primal_downdate": d["primal_downdate"],
              "solve_s": d["solve_s"], "weight_error_bound": d["weight_error_bound"],
              "float64_error_bound": d["float64_error_bound"], "factor_build_s": t1 - t0 if rebuilt else 0.0,
              "factor_rebuilt": rebuilt or "no",

@@ -21,6 +21,8 @@ identity gives
 so with Z = Vᵀ Φ_Fᵀ (p × m), D = diag(1/(Λ + λ_R)), y = D Vᵀ B_R: w* = −V (y + D Z S⁻¹ Zᵀ y), S = I − Zᵀ D Z
 (m × m, SPD because A_R + λ_R I is). Cost: p²m + pm² + m³ per request, no pass over the retained data
 (the removed samples' rows only). S's eigenvalues are ≥ λ_R/(λ_R + ‖Φ_F‖²): well conditioned by the ridge.
+m grows with every sequential request; once m ≥ p the direct form — A_R = V Λ Vᵀ − Φ_FᵀΦ_F, a p×p Cholesky
+of A_R + λ_R I, p²m + p³ — is cheaper, and the request takes it (``PrimalFactor.fit(downdate=...)``).
 
 **Per output block.** When the linearised part is a single ``nn.Linear`` applied last (the head), J_i =
 I_c ⊗ φ_iᵀ with φ_i = [h_i; 1] (features of the frozen prefix, :mod:`scrubnet.mlforget.prefix`), so A =
@@ -154,12 +156,18 @@ class PrimalFactor:
         return int(self.eigvecs.shape[0])
 
     def fit(self, model: LinearizedModel, x: Tensor, y: Tensor, keep: Tensor, chunk: int = 256,
-            dtype: torch.dtype | None = None) -> tuple[Tensor, dict]:
-        """w*(ids[keep]) by the Woodbury downdate (module docstring): (w in ``dtype``, default the model's, info
-        with ``relative_residual``, ``removed_rows``, ``primal_rows``, ``solve_s``, ``weight_error_bound`` =
-        ‖residual‖/λ_R ≥ ‖w₆₄ − w*‖ because λ_min(A_R + λ_R I) ≥ λ_R, ``float64_error_bound`` = the float64
-        rounding of that residual, :func:`~scrubnet.mlforget.certify.solve_rounding_bound` with k = n_U + 3q +
-        m + 4: accumulation, eigendecomposition and residual). ``x, y`` = all samples (solve space)."""
+            dtype: torch.dtype | None = None, downdate: str = "auto") -> tuple[Tensor, dict]:
+        """w*(ids[keep]) by a downdate of the factor: (w in ``dtype``, default the model's, info
+        with ``relative_residual``, ``removed_rows``, ``primal_rows``, ``primal_downdate``, ``solve_s``,
+        ``weight_error_bound`` = ‖residual‖/λ_R ≥ ‖w₆₄ − w*‖ because λ_min(A_R + λ_R I) ≥ λ_R,
+        ``float64_error_bound`` = the float64 rounding of that residual,
+        :func:`~scrubnet.mlforget.certify.solve_rounding_bound` with k = n_U + 3q + m + 4: accumulation,
+        eigendecomposition and residual). ``x, y`` = all samples (solve space).
+
+        ``downdate``: 'woodbury' (module docstring; an m×m Cholesky, m = removed rows: O(q²m + m³)), 'direct'
+        (A_R = V Λ Vᵀ − Φ_FᵀΦ_F, then a q×q Cholesky: O(q²m + q³)) or 'auto' — Woodbury while m < q. Sequential
+        requests remove rows cumulatively, so after a few requests m passes q and the direct form is the cheap
+        one (the same w* up to rounding; the residual below checks either)."""
         t0 = time.perf_counter()
         n_r = int(keep.sum())
         if n_r == 0:
@@ -175,14 +183,24 @@ class PrimalFactor:
             phi_f = torch.cat([p for p, _ in rows])
             r_f = torch.cat([r for _, r in rows])
             b_r -= phi_f.T @ r_f
-        y_e = d * (v.T @ b_r)                                   # D Vᵀ B_R, (q, k)
-        if removed.numel():
-            z = v.T @ phi_f.T                                   # (q, m)
-            s = torch.eye(z.shape[1], dtype=z.dtype, device=z.device) - z.T @ (d * z)
-            s = 0.5 * (s + s.T)
-            t = torch.cholesky_solve(z.T @ y_e, torch.linalg.cholesky(s))
-            y_e = y_e + d * (z @ t)
-        w = -(v @ y_e)
+        if downdate not in ("auto", "woodbury", "direct"):
+            raise ValueError(f"downdate must be 'auto', 'woodbury' or 'direct', got {downdate!r}")
+        m = int(phi_f.shape[0]) if removed.numel() else 0
+        direct = m > 0 and (downdate == "direct" or (downdate == "auto" and m >= self.rows))
+        if direct:
+            a_r = v @ (ev.unsqueeze(1) * v.T) - phi_f.T @ phi_f
+            a_r = 0.5 * (a_r + a_r.T)
+            a_r.diagonal().add_(lam_r)
+            w = -torch.cholesky_solve(b_r, torch.linalg.cholesky(a_r))
+        else:
+            y_e = d * (v.T @ b_r)                               # D Vᵀ B_R, (q, k)
+            if m:
+                z = v.T @ phi_f.T                               # (q, m)
+                s = torch.eye(z.shape[1], dtype=z.dtype, device=z.device) - z.T @ (d * z)
+                s = 0.5 * (s + s.T)
+                t = torch.cholesky_solve(z.T @ y_e, torch.linalg.cholesky(s))
+                y_e = y_e + d * (z @ t)
+            w = -(v @ y_e)
         # residual of the primal system on R: (A_U − Φ_FᵀΦ_F + λ_R I) w + B_R
         res = v @ (ev.unsqueeze(1) * (v.T @ w)) + lam_r * w + b_r
         if removed.numel():
@@ -193,6 +211,7 @@ class PrimalFactor:
         info = {"relative_residual": rel, "removed_rows": int(removed.numel()) * (1 if self.block else
                                                                                    self.num_classes),
                 "primal_rows": self.rows, "primal_block": self.block, "solve_s": time.perf_counter() - t0,
+                "primal_downdate": "direct" if direct else "woodbury",
                 "weight_error_bound": res_norm / lam_r,
                 "float64_error_bound": solve_rounding_bound(
                     len(self.ids) * (1 if self.block else self.num_classes) + 3 * self.rows + int(removed.numel())

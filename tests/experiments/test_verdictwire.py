@@ -99,16 +99,21 @@ def test_forget_with_test_data_fails_a_scrub_that_did_not_forget(world, keep):
     _, r = scrubnet.forget(w["model"], w["retain"], w["forget"], method=keep, num_classes=C, test=w["held"],
                            on_not_forgotten="warn")
     assert r.ok and r.reasons == [] and r.forgetting.verdict == "did_not_forget"
-    assert len(r.warnings) == 1 and "did_not_forget" in r.warnings[0]
+    assert len(_said(r)) == 1 and "did_not_forget" in _said(r)[0]
+
+
+def _said(r):
+    """The result's warnings other than the measured cost (a tiny model's fixed costs exceed its retraining)."""
+    return [w for w in r.warnings if not w.startswith("cost more than retraining")]
 
 
 def test_forget_verdict_only_with_test_data_and_only_fails_forgetting_methods(world, keep):
     w = world
     _, r = scrubnet.forget(w["model"], w["retain"], w["forget"], method=keep, num_classes=C)
-    assert r.ok and r.forgetting is None and r.warnings == []  # no held-out data: nothing to judge with
+    assert r.ok and r.forgetting is None and _said(r) == []  # no held-out data: nothing to judge with
     # the original anchor is not a forgetting method: the same verdict does not fail it
     _, r = scrubnet.forget(w["model"], w["retain"], w["forget"], method="original", num_classes=C, test=w["held"])
-    assert r.ok and r.forgetting.verdict == "did_not_forget" and r.warnings == []
+    assert r.ok and r.forgetting.verdict == "did_not_forget" and _said(r) == []
     with pytest.raises(ValueError, match="on_not_forgotten"):
         scrubnet.forget(w["model"], w["retain"], w["forget"], method=keep, num_classes=C, test=w["held"],
                         on_not_forgotten="ignore")
@@ -187,11 +192,11 @@ def test_newton_near_noop_is_measured_and_warned(world):
     frac = rep["newton_step_norm"] / rep["newton_undamped_step_norm"]
     assert rep["newton_step_fraction"] == pytest.approx(frac) and rep["newton_damping_tries"] >= 1
     assert frac < 0.1 and rep["newton_near_noop"] == 1.0 and rep["newton_step_length"] == 1.0
-    assert r.ok and len(r.warnings) == 1 and "near no-op" in r.warnings[0]  # ok, but said
+    assert r.ok and len(_said(r)) == 1 and "near no-op" in _said(r)[0]  # ok, but said
     # the plain step (no safeguard) is the undamped step itself: fraction 1, nothing to warn
     _, r = scrubnet.forget(w["model"], w["retain"], w["forget"], safeguard="none", **args)
     assert r.report["newton_step_fraction"] == pytest.approx(1.0) and r.report["newton_near_noop"] == 0.0
-    assert r.warnings == []
+    assert _said(r) == []
 
 
 def test_report_warns_of_an_original_above_zero_training_error():

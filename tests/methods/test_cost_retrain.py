@@ -190,3 +190,19 @@ def test_fisher_budgeted_by_subsample_through_forget_reports_its_variance():
     k = int(res.cost["budgeted"].split("=")[1])
     assert res.cost["budgeted"].startswith("subsample=") and 8 <= k < 400
     assert res.report["fisher_subsample"] == k and res.report["fisher_trace_rel_se"] > 0
+
+
+def test_a_call_that_cost_more_than_retraining_says_so_in_its_warnings():
+    """A one-epoch recipe on 60 samples retrains in microseconds by the estimate; a curvature call's fixed costs
+    (probes, first functorch calls) are far above it: the measured ratio exceeds 1 and the result says so. A
+    hundred-epoch recipe on the same call prices retraining above what the call costs: no such warning."""
+    m = build_model("mlp", (10,), 3, seed=0, hidden=8)
+    x, y = _data(64)
+    for epochs, above in ((1, True), (100_000, False)):
+        _, res = scrubnet.forget(m, (x[:60], y[:60]), (x[60:], y[60:]), method="fisher", force=True, alpha=1e-6,
+                                 recipe=TrainingRecipe(epochs=epochs, batch_size=64), on_failure="return")
+        said = [w for w in res.warnings if w.startswith("cost more than retraining")]
+        assert (res.cost["cost_vs_retrain"] > 1.0) is above, res.cost
+        assert bool(said) is above, res.warnings
+        if above:
+            assert f"{res.cost['cost_vs_retrain']:.2g}× one retraining" in said[0]

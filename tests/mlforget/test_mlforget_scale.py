@@ -120,9 +120,11 @@ def test_request_from_the_users_network_equals_retraining_the_linearised_part(li
     w_all = dense_retrain(state, x, y, torch.ones(48, dtype=torch.bool))
     assert torch.allclose(state.model.delta_flat(), w_all, rtol=0, atol=1e-10 * float(w_all.abs().max()))
     forgotten = torch.zeros(48, dtype=torch.bool)
-    for req in ([3, 17, 30], [5, 40]):
+    downdates = []
+    for req in ([3, 17, 30], [5, 40], [1, 2, 8, 9]):
         out = forget_request(state, x, y, req, sigma=0.0)
         assert out.info.solver == expect
+        downdates.append(out.info.extra.get("primal_downdate"))
         forgotten[req] = True
         w_star = dense_retrain(state, x, y, ~forgotten)
         err = float((out.w_before_noise - w_star).abs().max())
@@ -131,6 +133,8 @@ def test_request_from_the_users_network_equals_retraining_the_linearised_part(li
         assert cert["weight_error_bound"] >= float(torch.linalg.vector_norm(out.w_before_noise - w_star)) - 1e-12
     # the retraining yardstick agrees too
     assert torch.allclose(retrain_user_weights(state, x, y), w_star, rtol=0, atol=1e-10 * float(w_star.abs().max()))
+    if linearize is None:   # head block q = 7: the removed rows (3, 5, then 9) pass q at the third request
+        assert downdates == ["woodbury", "woodbury", "direct"]
 
 
 @pytest.mark.parametrize("solver", ["dual", "cg"])
