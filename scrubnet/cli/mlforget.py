@@ -120,6 +120,15 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
              solver: str = typer.Option("auto", help="auto | primal | cg (dual: tensor inputs only)"),
              dtype: str = typer.Option("float64", help="float64 (exact deletions) | float32"),
              seed: int = typer.Option(0, help="seed of the LoRA factors A and the requests' noise"),
+             core_ids: Optional[str] = typer.Option(None, "--core-ids", help="samples that will never be deleted "
+                                                    "('0,1 2' or '[0, 1, 2]'): the user weights are first "
+                                                    "fine-tuned the ordinary way on them and the model is "
+                                                    "linearised there (closes most of the accuracy gap); "
+                                                    "requests naming them are refused"),
+             core_ids_file: Optional[Path] = typer.Option(None, "--core-ids-file",
+                                                          help="a file of core sample ids (formats of --ids)"),
+             core_lr: float = typer.Option(1e-2, help="learning rate of the core fine-tuning (Adam, CE)"),
+             core_epochs: int = typer.Option(40, help="epochs of the core fine-tuning"),
              threads: int = threads_option(THREADS_HELP),
              device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
@@ -130,6 +139,10 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     require_writable(out)
     if dtype not in DTYPES or not (mu > 0 and target_scale > 0 and sigma >= 0):
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}; --mu and --target-scale > 0, --sigma ≥ 0")
+    if not (core_lr > 0 and core_epochs >= 1):
+        raise UserError("--core-lr must be > 0 and --core-epochs ≥ 1")
+    core = None if core_ids is None and core_ids_file is None else \
+        read_ids(core_ids, core_ids_file, "--core-ids or --core-ids-file")
     spec = parse_user_weights(user_weights)
     base = base_record(model, default_weights(model, weights), parse_options(model_option, "--model-option"),
                        dtype)
@@ -139,11 +152,15 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     with torch.no_grad():
         c = int(call_model(net, x[:1]).shape[1])
     ud.check_labels(c)
+    if core is not None and (min(core) < 0 or max(core) >= len(ud.y) or len(set(core)) >= len(ud.y)):
+        raise UserError(f"--core-ids must name 1 to {len(ud.y) - 1} distinct samples in [0, {len(ud.y)})")
     state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu, target_scale=target_scale,
-                                 sigma=sigma, solver=solver, seed=seed)
+                                 sigma=sigma, solver=solver, seed=seed, core_ids=core,
+                                 core_train={"lr": core_lr, "epochs": core_epochs})
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
              data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data)})
-    typer.echo(f"wrote {out}: {len(state.user_ids)} user samples (all deletable), {state.model.num_linearized} "
+    kept = f"{len(state.core_ids)} never deletable (core)" if len(state.core_ids) else "all deletable"
+    typer.echo(f"wrote {out}: {len(state.user_ids)} user samples ({kept}), {state.model.num_linearized} "
                f"user weights, {state.train_info.get('train_solver', '?')} solver; base model "
                f"{base['model']} (state_dict sha256 {state.base_sha256[:12]}, unchanged)")
 

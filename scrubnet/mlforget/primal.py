@@ -44,7 +44,7 @@ from torch import Tensor
 from scrubnet.mlforget.certify import solve_rounding_bound
 from scrubnet.mlforget.rows import per_sample_jacobian
 from scrubnet.models.linearized import LinearizedModel
-from scrubnet.models.call import call_functional, floating_to
+from scrubnet.models.call import call_functional, floating_to, input_parts
 
 
 def sample_rows(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, target_scale: float,
@@ -111,6 +111,10 @@ class PrimalFactor:
     block: bool
     seconds: dict = field(default_factory=dict)
     source: str = "built"
+    # in memory only: the removed samples' rows (constant: Jacobians at the base point and base residuals), so a
+    # sequential request computes the rows of its own samples only; valid for one data object
+    _rows_of: dict = field(default_factory=dict, repr=False, compare=False)
+    _rows_data: object = field(default=None, repr=False, compare=False)
 
     TENSOR_NAMES = ("ids", "eigvecs", "eigvals", "rhs")
 
@@ -155,6 +159,24 @@ class PrimalFactor:
     def rows(self) -> int:
         return int(self.eigvecs.shape[0])
 
+    def removed_rows(self, model: LinearizedModel, x: Tensor, y: Tensor, removed: Tensor, chunk: int = 256
+                     ) -> tuple[Tensor, Tensor]:
+        """(Φ_F, r_F) of the samples ``removed`` (sample-major, as :func:`sample_rows`), computing only the rows
+        not already held for this data object ``x``."""
+        key = (x, tuple(getattr(t, "_version", 0) for t in input_parts(x)))   # the object, not edited since
+        if self._rows_data is None or self._rows_data[0] is not x or self._rows_data[1] != key[1]:
+            self._rows_of, self._rows_data = {}, key
+        new = [i for i in removed.tolist() if i not in self._rows_of]
+        if new:
+            idx = torch.tensor(new, dtype=torch.long, device=removed.device)
+            rows = list(sample_rows(model, x[idx], y[idx], self.num_classes, self.target_scale, self.block, chunk))
+            phi, r = torch.cat([p for p, _ in rows]), torch.cat([q for _, q in rows])
+            per = 1 if self.block else self.num_classes
+            for j, i in enumerate(new):
+                self._rows_of[i] = (phi[j * per:(j + 1) * per], r[j * per:(j + 1) * per])
+        ids = removed.tolist()
+        return (torch.cat([self._rows_of[i][0] for i in ids]), torch.cat([self._rows_of[i][1] for i in ids]))
+
     def fit(self, model: LinearizedModel, x: Tensor, y: Tensor, keep: Tensor, chunk: int = 256,
             dtype: torch.dtype | None = None, downdate: str = "auto") -> tuple[Tensor, dict]:
         """w*(ids[keep]) by a downdate of the factor: (w in ``dtype``, default the model's, info
@@ -178,10 +200,7 @@ class PrimalFactor:
         removed = self.ids[~keep]
         b_r = self.rhs.clone()
         if removed.numel():
-            rows = list(sample_rows(model, x[removed], y[removed], self.num_classes, self.target_scale,
-                                    self.block, chunk))
-            phi_f = torch.cat([p for p, _ in rows])
-            r_f = torch.cat([r for _, r in rows])
+            phi_f, r_f = self.removed_rows(model, x, y, removed, chunk)
             b_r -= phi_f.T @ r_f
         if downdate not in ("auto", "woodbury", "direct"):
             raise ValueError(f"downdate must be 'auto', 'woodbury' or 'direct', got {downdate!r}")

@@ -137,3 +137,30 @@ def test_changed_base_model_is_refused(base, tmp_path):
     code, out = cli("mlforget", "finetune", "--model", f"hf:{own}", "--data", npz, "--user-weights",
                     "lora:nosuch:r2", "--out", tmp_path / "ck2")
     assert code == 2 and "error:" in out and not (tmp_path / "ck2").exists(), out
+
+
+def test_finetune_with_a_core_set_linearises_there_and_refuses_core_ids(base, tmp_path):
+    """`--core-ids`: the first 10 samples are never deleted; the checkpoint holds the core-fine-tuned point, and a
+    request equals fine-tuning forgettably from scratch on D_r with the same core (positions 0–9 unchanged)."""
+    bert_dir, npz, b = base
+    ck = tmp_path / "ml-core"
+    code, out = cli("mlforget", "finetune", "--model", f"hf:{bert_dir}", "--data", npz, "--user-weights",
+                    "lora:query,value:r2:a2:save=classifier", "--mu", MU, "--sigma", 0, "--core-ids",
+                    ",".join(map(str, range(10))), "--core-epochs", 5, "--out", ck)
+    assert code == 0 and "10 never deletable (core)" in out, out
+    static = store.load(ck)[1]
+    assert static["core_ids"] == list(range(10)) and static["finetune"]["user_weights"]["core"]["core_samples"] == 10
+    code, out = cli("mlforget", "forget", "--checkpoint", ck, "--ids", "4,12")
+    assert code == 2 and "core data" in out, out
+    code, out = cli("mlforget", "forget", "--checkpoint", ck, "--ids", "12,31")
+    assert code == 0, out
+    keep = torch.tensor([i for i in range(N) if i not in (12, 31)])
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(bert_dir, local_files_only=True)
+    x = ModelInputs(b["input_ids"][keep], {"attention_mask": b["attention_mask"][keep]})
+    ref = forgettable_finetune(model.double().eval(), x, b["labels"][keep], 3, user_weights=lora_spec(), mu=MU,
+                               sigma=0.0, core_ids=range(10), core_train={"lr": 1e-2, "epochs": 5})
+    w, r = store.load(ck)[0].model.delta_flat(), ref.model.delta_flat().double()
+    assert float((w - r).norm() / r.norm()) <= 1e-8
+    # the linearisation point is the core-fine-tuned network, not the pretrained one
+    plain = reference(bert_dir, b, keep)
+    assert w.shape != plain.shape or float((w - plain).norm() / plain.norm()) > 1e-3
