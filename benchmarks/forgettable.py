@@ -2,10 +2,11 @@
 
 Two pretrained networks — a small transformer encoder (a HuggingFace BertForSequenceClassification from a
 config) and a ResNet-style CNN — are pretrained (all weights, cross-entropy) on a core task and fine-tuned on a
-user task with 10 classes: ordinarily (Adam on CE, the same user weights, the learning rate picked on a
-validation set), forgettably (:func:`scrubnet.mlforget.finetune.forgettable_finetune`) linearised at the point
-that the never-deleted core (``--core-fraction`` of the user samples, default 10 %) fine-tunes to, forgettably
-linearised at the pretrained point, and forgettably on the head only. Then 10 sequential deletion requests of
+user task with 10 classes (validation 2,000 samples, test 5,000): ordinarily (Adam on CE, the same user weights,
+the learning rate picked on validation), forgettably (:func:`scrubnet.mlforget.finetune.forgettable_finetune`)
+linearised at the point that the never-deleted core (``--core-fraction`` of the user samples, default 10 %)
+fine-tunes to (µ and the core's learning rate picked on validation), forgettably linearised at the pretrained
+point, and forgettably on the head only (both at the chosen µ). Then 10 sequential deletion requests of
 1 % of the samples each (never core samples); after each, the exact retraining on D_r (same objective, from
 scratch) is timed and compared.
 
@@ -91,9 +92,9 @@ def models(n, small):
                      attention_probs_dropout_prob=0.0)
     bert = pretrain(BertForSequenceClassification(cfg).double(), *tokens(3000 if small else 20000, "core", 1),
                     3 if small else 8)
-    return [("cnn", cnn, ["fc", "proj"], images(n, user_p, 2), images(1000, user_p, 4), images(1000, user_p, 3)),
+    return [("cnn", cnn, ["fc", "proj"], images(n, user_p, 2), images(2000, user_p, 4), images(5000, user_p, 3)),
             ("transformer", bert, LoRA(["query", "value"], rank=2, modules_to_save=["classifier"]),
-             tokens(n, "user", 2), tokens(1000, "user", 4), tokens(1000, "user", 3))]
+             tokens(n, "user", 2), tokens(2000, "user", 4), tokens(5000, "user", 3))]
 
 
 def tuned_ordinary(net, uw, x, y, xv, yv, lrs, epochs):
@@ -108,23 +109,37 @@ def tuned_ordinary(net, uw, x, y, xv, yv, lrs, epochs):
     return best[2], best[1]
 
 
-def run(name, net, uw, train, val, test, mu, k, core_fraction, epochs):
+def tuned_forgettable(net, uw, x, y, xv, yv, n_core, core_lrs, epochs, mus):
+    """The forgettable model, its core learning rate and µ picked on validation as the yardstick's lr is."""
+    best = None
+    for core_lr in core_lrs if n_core else (None,):
+        for mu in mus:
+            st = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0,
+                                      core_ids=range(n_core) if n_core else None,
+                                      core_train={"lr": core_lr, "epochs": 2 * epochs})
+            acc = accuracy(st.model, xv, yv)
+            print(f"  forgettable core_lr={core_lr} mu={mu:g}: validation error {1 - acc:.4f}", flush=True)
+            if best is None or acc > best[0]:
+                best = (acc, st, core_lr, mu)
+    return best[1], best[2], best[3]
+
+
+def run(name, net, uw, train, val, test, mus, k, core_fraction, epochs):
     (x, y), (xv, yv), (xt, yt) = train, val, test
-    ordinary, lr = tuned_ordinary(net, uw, x, y, xv, yv, (1e-3, 3e-3, 1e-2, 3e-2, 1e-1), epochs)
+    ordinary, lr = tuned_ordinary(net, uw, x, y, xv, yv, (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1), epochs)
     err_o = 1 - accuracy(ordinary, xt, yt)
-    head = forgettable_finetune(net, x, y, C, user_weights="head", mu=mu)
-    pre = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0)
     n_core = int(round(core_fraction * len(y)))
     t0 = time.perf_counter()
     # the first n_core samples are the never-deleted core: the model is linearised where they fine-tune it
-    state = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0,
-                                 core_ids=range(n_core) if n_core else None,
-                                 core_train={"lr": lr, "epochs": 2 * epochs})
-    train_s = time.perf_counter() - t0
+    state, core_lr, mu = tuned_forgettable(net, uw, x, y, xv, yv, n_core, (lr, lr / 3), epochs, mus)
+    tune_s = time.perf_counter() - t0
+    head = forgettable_finetune(net, x, y, C, user_weights="head", mu=mu)
+    pre = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0)
     err_f = 1 - accuracy(state.model, xt, yt)
     err_p, err_h = 1 - accuracy(pre.model, xt, yt), 1 - accuracy(head.model, xt, yt)
     print(f"[{name}] N={len(y)} core={n_core} user_weights={state.model.num_linearized} ordinary_lr={lr:g} "
-          f"train_s={train_s:.2f}")
+          f"core_lr={core_lr} mu={mu:g} train_s={state.train_info.get('train_seconds', float('nan')):.2f} "
+          f"(tuning {tune_s:.0f} s)")
     print(f"[{name}] test_error_ordinary: {err_o:.4f}\n[{name}] test_error_forgettable: {err_f:.4f}\n"
           f"[{name}] test_error_forgettable_pretrained_point: {err_p:.4f}\n"
           f"[{name}] test_error_head_only: {err_h:.4f}\n[{name}] accuracy_gap_points: {100 * (err_f - err_o):.2f}")
@@ -148,7 +163,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="N = 400 user samples per model")
     ap.add_argument("--n", type=int, default=None, help="user samples per model (default 10,000; --small 400)")
-    ap.add_argument("--mu", type=float, default=1e-4)
+    ap.add_argument("--mu", default="1e-4,1e-5,1e-6,1e-7", help="µ values tried (picked on validation)")
     ap.add_argument("--core-fraction", type=float, default=0.1,
                     help="share of the user samples that are never deleted (the point of linearisation)")
     ap.add_argument("--epochs", type=int, default=None, help="ordinary fine-tuning epochs (default 10; --small 20)")
@@ -158,7 +173,7 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     for name, net, uw, train, val, test in models(n, a.small):
         if a.only in (None, name):
-            run(name, net, uw, train, val, test, a.mu, max(1, n // 100), a.core_fraction,
+            run(name, net, uw, train, val, test, [float(v) for v in a.mu.split(",")], max(1, n // 100), a.core_fraction,
                 a.epochs or (20 if a.small else 10))
 
 

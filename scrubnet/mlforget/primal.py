@@ -115,6 +115,9 @@ class PrimalFactor:
     # sequential request computes the rows of its own samples only; valid for one data object
     _rows_of: dict = field(default_factory=dict, repr=False, compare=False)
     _rows_data: object = field(default=None, repr=False, compare=False)
+    # in memory only: A_U = V Λ Vᵀ, and Φ_FᵀΦ_F of a removed set (sequential requests only add to it)
+    _a_u: Tensor | None = field(default=None, repr=False, compare=False)
+    _removed_gram: tuple | None = field(default=None, repr=False, compare=False)
 
     TENSOR_NAMES = ("ids", "eigvecs", "eigvals", "rhs")
 
@@ -159,13 +162,32 @@ class PrimalFactor:
     def rows(self) -> int:
         return int(self.eigvecs.shape[0])
 
+    def _downdated(self, phi_f: Tensor, removed: Tensor) -> Tensor:
+        """A_R = A_U − Φ_FᵀΦ_F (symmetrised), adding to the Gram of the previous request's removed set only the
+        rows of the samples removed since (``phi_f`` holds every removed sample's rows, in ``removed`` order)."""
+        if self._a_u is None:
+            self._a_u = self.eigvecs @ (self.eigvals.unsqueeze(1) * self.eigvecs.T)
+        ids = removed.tolist()
+        have, gram = self._removed_gram if self._removed_gram is not None else (frozenset(), None)
+        if gram is None or not have <= set(ids) or self._rows_data is None:
+            have, gram = frozenset(), torch.zeros_like(self._a_u)
+        per = 1 if self.block else self.num_classes
+        new = torch.tensor([j for j, i in enumerate(ids) if i not in have], dtype=torch.long)
+        if new.numel():
+            rows = (new.unsqueeze(1) * per + torch.arange(per)).reshape(-1).to(phi_f.device)
+            part = phi_f[rows]
+            gram = gram + part.T @ part
+        self._removed_gram = (frozenset(ids), gram)
+        a_r = self._a_u - gram
+        return 0.5 * (a_r + a_r.T)
+
     def removed_rows(self, model: LinearizedModel, x: Tensor, y: Tensor, removed: Tensor, chunk: int = 256
                      ) -> tuple[Tensor, Tensor]:
         """(Φ_F, r_F) of the samples ``removed`` (sample-major, as :func:`sample_rows`), computing only the rows
         not already held for this data object ``x``."""
         key = (x, tuple(getattr(t, "_version", 0) for t in input_parts(x)))   # the object, not edited since
         if self._rows_data is None or self._rows_data[0] is not x or self._rows_data[1] != key[1]:
-            self._rows_of, self._rows_data = {}, key
+            self._rows_of, self._rows_data, self._removed_gram = {}, key, None
         new = [i for i in removed.tolist() if i not in self._rows_of]
         if new:
             idx = torch.tensor(new, dtype=torch.long, device=removed.device)
@@ -207,8 +229,7 @@ class PrimalFactor:
         m = int(phi_f.shape[0]) if removed.numel() else 0
         direct = m > 0 and (downdate == "direct" or (downdate == "auto" and m >= self.rows))
         if direct:
-            a_r = v @ (ev.unsqueeze(1) * v.T) - phi_f.T @ phi_f
-            a_r = 0.5 * (a_r + a_r.T)
+            a_r = self._downdated(phi_f, removed)
             a_r.diagonal().add_(lam_r)
             w = -torch.cholesky_solve(b_r, torch.linalg.cholesky(a_r))
         else:
