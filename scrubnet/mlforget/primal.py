@@ -115,7 +115,7 @@ class PrimalFactor:
     # sequential request computes the rows of its own samples only; valid for one data object
     _rows_of: dict = field(default_factory=dict, repr=False, compare=False)
     _rows_data: object = field(default=None, repr=False, compare=False)
-    # in memory only: A_U = V Λ Vᵀ, and Φ_FᵀΦ_F of a removed set (sequential requests only add to it)
+    # in memory only: A_U = V Λ Vᵀ, and (set, Φ_FᵀΦ_F, Φ_Fᵀr_F) of a removed set (sequential requests add to it)
     _a_u: Tensor | None = field(default=None, repr=False, compare=False)
     _removed_gram: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -162,32 +162,43 @@ class PrimalFactor:
     def rows(self) -> int:
         return int(self.eigvecs.shape[0])
 
-    def _downdated(self, phi_f: Tensor, removed: Tensor) -> Tensor:
-        """A_R = A_U − Φ_FᵀΦ_F (symmetrised), adding to the Gram of the previous request's removed set only the
-        rows of the samples removed since (``phi_f`` holds every removed sample's rows, in ``removed`` order)."""
-        if self._a_u is None:
-            self._a_u = self.eigvecs @ (self.eigvals.unsqueeze(1) * self.eigvecs.T)
+    def _data_key(self, x) -> tuple:
+        return (x, tuple(getattr(t, "_version", 0) for t in input_parts(x)))   # the object, not edited since
+
+    def _same_data(self, x) -> bool:
+        key = self._data_key(x)
+        if self._rows_data is None or self._rows_data[0] is not x or self._rows_data[1] != key[1]:
+            self._rows_of, self._rows_data, self._removed_gram = {}, key, None
+            return False
+        return True
+
+    def removed_sums(self, model: LinearizedModel, x, y: Tensor, removed: Tensor, chunk: int = 256
+                     ) -> tuple[Tensor, Tensor]:
+        """(Φ_FᵀΦ_F (q, q), Φ_Fᵀr_F (q, k)) of the samples ``removed``. Sequential requests only add samples to
+        the removed set, so the sums of the previous call are kept (in memory) and only the rows of the samples
+        removed since are computed; any other set starts from zero."""
+        self._same_data(x)
         ids = removed.tolist()
-        have, gram = self._removed_gram if self._removed_gram is not None else (frozenset(), None)
-        if gram is None or not have <= set(ids) or self._rows_data is None:
-            have, gram = frozenset(), torch.zeros_like(self._a_u)
-        per = 1 if self.block else self.num_classes
-        new = torch.tensor([j for j, i in enumerate(ids) if i not in have], dtype=torch.long)
-        if new.numel():
-            rows = (new.unsqueeze(1) * per + torch.arange(per)).reshape(-1).to(phi_f.device)
-            part = phi_f[rows]
-            gram = gram + part.T @ part
-        self._removed_gram = (frozenset(ids), gram)
-        a_r = self._a_u - gram
-        return 0.5 * (a_r + a_r.T)
+        have, gram, rsum = self._removed_gram or (frozenset(), None, None)
+        if gram is None or not have <= set(ids):
+            have = frozenset()
+            gram = torch.zeros(self.rows, self.rows, dtype=torch.float64, device=self.eigvecs.device)
+            rsum = torch.zeros_like(self.rhs)
+        new = [i for i in ids if i not in have]
+        if new:
+            idx = torch.tensor(new, dtype=torch.long, device=removed.device)
+            gram, rsum = gram.clone(), rsum.clone()
+            for phi, r in sample_rows(model, x[idx], y[idx], self.num_classes, self.target_scale, self.block, chunk):
+                gram.addmm_(phi.T, phi)
+                rsum.addmm_(phi.T, r)
+        self._removed_gram = (frozenset(ids), gram, rsum)
+        return gram, rsum
 
     def removed_rows(self, model: LinearizedModel, x: Tensor, y: Tensor, removed: Tensor, chunk: int = 256
                      ) -> tuple[Tensor, Tensor]:
         """(Φ_F, r_F) of the samples ``removed`` (sample-major, as :func:`sample_rows`), computing only the rows
         not already held for this data object ``x``."""
-        key = (x, tuple(getattr(t, "_version", 0) for t in input_parts(x)))   # the object, not edited since
-        if self._rows_data is None or self._rows_data[0] is not x or self._rows_data[1] != key[1]:
-            self._rows_of, self._rows_data, self._removed_gram = {}, key, None
+        self._same_data(x)
         new = [i for i in removed.tolist() if i not in self._rows_of]
         if new:
             idx = torch.tensor(new, dtype=torch.long, device=removed.device)
@@ -220,19 +231,25 @@ class PrimalFactor:
         v, ev = self.eigvecs, self.eigvals
         d = (1.0 / (ev + lam_r)).unsqueeze(1)
         removed = self.ids[~keep]
-        b_r = self.rhs.clone()
-        if removed.numel():
-            phi_f, r_f = self.removed_rows(model, x, y, removed, chunk)
-            b_r -= phi_f.T @ r_f
         if downdate not in ("auto", "woodbury", "direct"):
             raise ValueError(f"downdate must be 'auto', 'woodbury' or 'direct', got {downdate!r}")
-        m = int(phi_f.shape[0]) if removed.numel() else 0
+        m = int(removed.numel()) * (1 if self.block else self.num_classes)
         direct = m > 0 and (downdate == "direct" or (downdate == "auto" and m >= self.rows))
-        if direct:
-            a_r = self._downdated(phi_f, removed)
+        if direct:   # A_R + λ_R I = A_U − Φ_FᵀΦ_F + λ_R I, formed and factored (q × q)
+            if self._a_u is None:
+                self._a_u = v @ (ev.unsqueeze(1) * v.T)
+            gram, rsum = self.removed_sums(model, x, y, removed, chunk)
+            b_r = self.rhs - rsum
+            a_r = self._a_u - gram
+            a_r = 0.5 * (a_r + a_r.T)
             a_r.diagonal().add_(lam_r)
             w = -torch.cholesky_solve(b_r, torch.linalg.cholesky(a_r))
+            res = a_r @ w + b_r                                 # residual of the primal system on R
         else:
+            b_r = self.rhs.clone()
+            if m:
+                phi_f, r_f = self.removed_rows(model, x, y, removed, chunk)
+                b_r -= phi_f.T @ r_f
             y_e = d * (v.T @ b_r)                               # D Vᵀ B_R, (q, k)
             if m:
                 z = v.T @ phi_f.T                               # (q, m)
@@ -241,10 +258,10 @@ class PrimalFactor:
                 t = torch.cholesky_solve(z.T @ y_e, torch.linalg.cholesky(s))
                 y_e = y_e + d * (z @ t)
             w = -(v @ y_e)
-        # residual of the primal system on R: (A_U − Φ_FᵀΦ_F + λ_R I) w + B_R
-        res = v @ (ev.unsqueeze(1) * (v.T @ w)) + lam_r * w + b_r
-        if removed.numel():
-            res -= phi_f.T @ (phi_f @ w)
+            # residual of the primal system on R: (A_U − Φ_FᵀΦ_F + λ_R I) w + B_R
+            res = v @ (ev.unsqueeze(1) * (v.T @ w)) + lam_r * w + b_r
+            if m:
+                res -= phi_f.T @ (phi_f @ w)
         res_norm = float(torch.linalg.vector_norm(res))
         rel = res_norm / float(torch.linalg.vector_norm(b_r).clamp_min(1e-300))
         # the objective is the primal system / n_R: ‖w − w*‖ ≤ ‖res‖/λ_min(A_R + λ_R I) ≤ ‖res‖/λ_R
