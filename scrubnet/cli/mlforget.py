@@ -114,7 +114,8 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                               "lora:T1,T2:rR[:aALPHA][:save=M1,M2] (LoRA B on the nn.Linear "
                                               "modules T1, T2; the modules M also user weights)"),
              model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
-             mu: float = typer.Option(0.05, help="µ of the ridge (µ/2)‖w_u‖²"),
+             mu: str = typer.Option("0.05", help="µ of the ridge (µ/2)‖w_u‖², or 'auto': picked on 10 % of the "
+                                    "deletable samples held out (the best µ falls with N; 0.05 is ML-Forgetting's)"),
              target_scale: float = typer.Option(5.0, help="s of the s·one-hot regression target"),
              sigma: float = typer.Option(1e-4, help="default noise std of the deletion requests"),
              solver: str = typer.Option("auto", help="auto | primal | cg (dual: tensor inputs only)"),
@@ -137,7 +138,11 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     if out.exists():
         raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
     require_writable(out)
-    if dtype not in DTYPES or not (mu > 0 and target_scale > 0 and sigma >= 0):
+    try:
+        mu_value = mu if mu == "auto" else float(mu)
+    except ValueError:
+        raise UserError(f"--mu must be a number > 0 or 'auto', got {mu!r}") from None
+    if dtype not in DTYPES or not ((mu_value == "auto" or mu_value > 0) and target_scale > 0 and sigma >= 0):
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}; --mu and --target-scale > 0, --sigma ≥ 0")
     if not (core_lr > 0 and core_epochs >= 1):
         raise UserError("--core-lr must be > 0 and --core-epochs ≥ 1")
@@ -154,12 +159,16 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     ud.check_labels(c)
     if core is not None and (min(core) < 0 or max(core) >= len(ud.y) or len(set(core)) >= len(ud.y)):
         raise UserError(f"--core-ids must name 1 to {len(ud.y) - 1} distinct samples in [0, {len(ud.y)})")
-    state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu, target_scale=target_scale,
+    state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu_value, target_scale=target_scale,
                                  sigma=sigma, solver=solver, seed=seed, core_ids=core,
                                  core_train={"lr": core_lr, "epochs": core_epochs})
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
              data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data)})
     kept = f"{len(state.core_ids)} never deletable (core)" if len(state.core_ids) else "all deletable"
+    if "mu_search" in state.train_info:
+        found = state.train_info["mu_search"]
+        typer.echo(f"mu auto: {found['chosen']:g} (held-out error by mu: "
+                   + ", ".join(f"{k} {v:.3f}" for k, v in found["errors"].items()) + ")")
     typer.echo(f"wrote {out}: {len(state.user_ids)} user samples ({kept}), {state.model.num_linearized} "
                f"user weights, {state.train_info.get('train_solver', '?')} solver; base model "
                f"{base['model']} (state_dict sha256 {state.base_sha256[:12]}, unchanged)")

@@ -230,8 +230,10 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     user_weights : LoRA, list of str, or "head"
     target_scale : float
         s of the s·one-hot regression target.
-    mu : float
-        µ of the ridge (µ/2)‖w_u‖² (mean-normalised loss).
+    mu : float or "auto"
+        µ of the ridge (µ/2)‖w_u‖² (mean-normalised loss). ``"auto"``: picked on held-out samples by
+        :func:`select_mu` (the choice and the errors in ``state.train_info["mu_search"]``); the default 0.05
+        is ML-Forgetting's and far too strong for fine-tuning many samples (docs/decisions/forgettable.md).
     sigma : float
         Default noise std of deletion requests (``config.sigma``).
     solver : str
@@ -267,6 +269,12 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     net, names, spec = user_weight_names(start, user_weights)
     if core_info is not None:
         spec["core"] = core_info
+    search = None
+    if isinstance(mu, str):
+        if mu != "auto" or config is not None:
+            raise ValueError(f"mu must be a number > 0 or 'auto' (without config=), got {mu!r}")
+        mu, search = select_mu(net, names, data_x, y, c, core, target_scale=target_scale, solver=solver,
+                               seed=seed)
     cfg = _solver_config(config, names, isinstance(data_x, ModelInputs), mu=mu, target_scale=target_scale,
                          sigma=sigma, solver=SolverConfig(solver=solver))
     lin = tangent_network(net, names)
@@ -275,9 +283,54 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     state.space(data_x)
     train_exact_factored(state, data_x, y, torch.Generator().manual_seed(7919 * int(seed) + 11))
     state.train_info["user_weights"] = int(lin.num_linearized)
+    if search is not None:
+        state.train_info["mu_search"] = search
     if state_dict_sha256(model) != sha:  # the copies above must have left it alone
         raise RuntimeError("the pretrained model changed during fine-tuning")
     return state
+
+
+#: µ values tried by ``mu="auto"`` (the objective is a mean, so the ridge is Nµ: the best µ falls with N)
+MU_GRID = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+#: validation errors this close to the best count as ties, and the largest µ among them is taken
+MU_TIE = 0.005
+
+
+def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classes: int, core: Tensor, *,
+              target_scale: float = 5.0, solver: str = "auto", seed: int = 0, grid=MU_GRID,
+              held_out: float = 0.1) -> tuple[float, dict]:
+    """µ for ``forgettable_finetune(mu="auto")``: held-out error of the forgettable model over ``grid``.
+
+    A seeded ``held_out`` share of the deletable samples (never core samples) is set aside; the mixed-linear
+    model (the network ``net``, linearised in ``names``) is fitted exactly on the rest for each µ, and the
+    largest µ whose held-out error is within :data:`MU_TIE` of the best is returned — a larger ridge is better
+    conditioned (requests stay exact to more digits) and smaller differences are noise.
+
+    Returns
+    -------
+    (µ, {"held_out": n, "errors": {str(µ): error}, "chosen": µ})
+    """
+    deletable = torch.tensor([i for i in range(len(y)) if i not in set(core.tolist())], dtype=torch.long)
+    n_val = int(round(held_out * len(deletable)))
+    if n_val < 20:
+        raise ValueError(f"mu='auto' holds out {held_out:.0%} of the deletable samples and needs at least 20 "
+                         f"there; {len(deletable)} deletable samples are too few: give mu")
+    g = torch.Generator().manual_seed(7919 * int(seed) + 5)
+    val = deletable[torch.randperm(len(deletable), generator=g)[:n_val]]
+    fit = torch.tensor(sorted(set(range(len(y))) - set(val.tolist())), dtype=torch.long)
+    errors = {}
+    for mu in sorted(grid, reverse=True):
+        cfg = _solver_config(None, names, isinstance(x, ModelInputs), mu=mu, target_scale=target_scale,
+                             sigma=0.0, solver=SolverConfig(solver=solver))
+        st = MLState(tangent_network(net, names), torch.zeros(0, dtype=torch.long), torch.arange(len(fit)),
+                     torch.zeros(0, dtype=torch.long), cfg, num_classes, int(seed))
+        xf = x[fit]
+        st.space(xf)
+        train_exact_factored(st, xf, y[fit], torch.Generator().manual_seed(7919 * int(seed) + 11))
+        errors[mu] = 1.0 - accuracy(st.model, x[val], y[val])
+    best = min(errors.values())
+    chosen = max(mu for mu, e in errors.items() if e <= best + MU_TIE)
+    return chosen, {"held_out": n_val, "errors": {f"{k:g}": v for k, v in errors.items()}, "chosen": chosen}
 
 
 @torch.no_grad()

@@ -326,3 +326,37 @@ def test_core_point_lora_merges_and_adds_a_fresh_adapter():
     x, y = split_batch(batch)
     out = forget_request(state, x, y, [5, 11])
     assert rel(out.w_before_noise, retrain_user_weights(state, x, y)) <= 1e-8
+
+
+def test_mu_auto_picks_the_largest_mu_within_a_tie_of_the_best_held_out_error():
+    """mu='auto': each µ of the grid is fitted on 90 % of the deletable samples and scored on the rest (never a
+    core sample); the held-out errors are re-computed here by hand, the choice follows the rule, and the final
+    model equals fine-tuning with that µ given."""
+    from scrubnet.mlforget.finetune import MU_GRID, MU_TIE
+    net = pretrained_cnn()
+    g = torch.Generator().manual_seed(2)
+    n = 240
+    y = torch.randint(0, 3, (n,), generator=g)
+    x = torch.randn(n, 1, 6, 6, generator=g, dtype=torch.float64) + 0.8 * y.double().view(-1, 1, 1, 1)
+    state = forgettable_finetune(net, x, y, user_weights=["fc"], mu="auto", core_ids=[0, 1, 2, 3, 4],
+                                 core_train={"epochs": 2})
+    found = state.train_info["mu_search"]
+    errors = {float(k): v for k, v in found["errors"].items()}
+    assert set(errors) == set(MU_GRID) and found["held_out"] == round(0.1 * (n - 5))
+    best = min(errors.values())
+    assert found["chosen"] == max(m for m, e in errors.items() if e <= best + MU_TIE) == state.config.mu
+    given = forgettable_finetune(net, x, y, user_weights=["fc"], mu=found["chosen"], core_ids=[0, 1, 2, 3, 4],
+                                 core_train={"epochs": 2})
+    assert torch.equal(given.model.delta_flat(), state.model.delta_flat())
+    # the held-out error of one µ by hand: the same split, a fit on the rest, the error on the held-out part
+    deletable = torch.arange(5, n)
+    val = deletable[torch.randperm(len(deletable), generator=torch.Generator().manual_seed(5))[:found["held_out"]]]
+    fit = torch.tensor(sorted(set(range(n)) - set(val.tolist())))
+    mu = found["chosen"]
+    part = forgettable_finetune(net, x[fit], y[fit], 3, user_weights=["fc"], mu=mu,
+                                core_ids=[0, 1, 2, 3, 4], core_train={"epochs": 2})
+    assert accuracy(part.model, x[val], y[val]) == pytest.approx(1 - errors[mu], abs=1e-12)
+    with pytest.raises(ValueError, match="too few"):
+        forgettable_finetune(net, x[:100], y[:100], user_weights=["fc"], mu="auto")
+    with pytest.raises(ValueError, match="'auto'"):
+        forgettable_finetune(net, x, y, user_weights=["fc"], mu="best")

@@ -164,3 +164,22 @@ def test_finetune_with_a_core_set_linearises_there_and_refuses_core_ids(base, tm
     # the linearisation point is the core-fine-tuned network, not the pretrained one
     plain = reference(bert_dir, b, keep)
     assert w.shape != plain.shape or float((w - plain).norm() / plain.norm()) > 1e-3
+
+
+def test_finetune_mu_auto_and_bad_mu_from_the_command_line(base, tmp_path):
+    bert_dir, npz, b = base
+    args = ["mlforget", "finetune", "--model", f"hf:{bert_dir}", "--data", npz, "--user-weights", "head"]
+    code, out = cli(*args, "--mu", "often", "--out", tmp_path / "a")
+    assert code == 2 and "error:" in out and "'auto'" in out and not (tmp_path / "a").exists(), out
+    code, out = cli(*args, "--mu", "auto", "--out", tmp_path / "b")   # 40 samples: 4 held out, too few
+    assert code == 2 and "error:" in out and "too few" in out and not (tmp_path / "b").exists(), out
+    many = tmp_path / "many.npz"
+    big = token_batch(240, length=8, seed=3)
+    np.savez(many, x_train=big["input_ids"].numpy(), train_attention_mask=big["attention_mask"].numpy(),
+             y_train=big["labels"].numpy())
+    code, out = cli("mlforget", "finetune", "--model", f"hf:{bert_dir}", "--data", many, "--user-weights", "head",
+                    "--mu", "auto", "--out", tmp_path / "c")
+    assert code == 0 and "mu auto: " in out, out
+    static = store.load(tmp_path / "c")[1]
+    chosen = float(out.split("mu auto: ")[1].split()[0])
+    assert static["ml_config"]["mu"] == pytest.approx(chosen, rel=1e-6)
