@@ -458,7 +458,7 @@ class Audit:
     def _deepunlearn_accuracy(self, m: str) -> float | None:
         """Mean over examples of DeepUnlearn's per-example accuracy (p > 0.5) on all splits (no shadow/target
         split), for methods run on every forget set (the game needs one model per (s, f))."""
-        S, n = self.plan.splits, self.data.n
+        S = self.plan.splits
         F = 1 if anchor_role(m) == "original" else self._pairs(m)
         phi = np.array([[self.phi_d(f"original/{s}" if anchor_role(m) == "original" else self._in_id(m, s, f), m)
                          for f in range(F)] for s in range(S)])

@@ -262,7 +262,7 @@ def _schedule_flops(plan: _GramPlan, n: int, chunk: int, pass_flops: float, budg
     (``pass_flops`` per sample captured), per-row gradients of "rows" layers built at each capture, and the
     rebuilds of "raw" layers' per-row gradients, counted by walking the block loops of
     :func:`_symmetric_gram` and :meth:`_GramPlan.contract`."""
-    eng, c = plan.engine, plan.c
+    c = plan.c
     sizes = [min(n, s + chunk) - s for s in range(0, n, chunk)]
     k = len(sizes)
     # snake: the held chunk h meets every chunk not done yet; the last one streamed is held next
