@@ -206,3 +206,27 @@ def test_a_call_that_cost_more_than_retraining_says_so_in_its_warnings():
         assert bool(said) is above, res.warnings
         if above:
             assert f"{res.cost['cost_vs_retrain']:.2g}× one retraining" in said[0]
+
+
+def test_budgeted_fisher_measures_its_alpha_search_on_a_sample_that_reads_like_all_of_d_r():
+    """subsample=16 on N_r = 3,000: the α search's losses on 2,000 seeded samples (priced so), and the retain-loss
+    rise it measured there is the rise on all of D_r to within 0.01 nats (a paired difference of means)."""
+    from scrubnet.data.stream import as_stream
+    from scrubnet.methods.fisher import LOSS_SAMPLE_MIN, _stream_mean_loss, loss_sample_size
+    from scrubnet.training.cost import forward_flops
+    torch.manual_seed(0)
+    m = build_model("mlp", (10,), 3, seed=0, hidden=16)
+    x, y = _data(3000)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(30):
+        opt.zero_grad()
+        nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    assert loss_sample_size(3000, 16) == LOSS_SAMPLE_MIN and loss_sample_size(3000, None) == 3000
+    est = estimate(m, 3000, 0, method="fisher", x_probe=x[:1], subsample=16)
+    assert est.details["alpha_search_flops"] == pytest.approx(8 * LOSS_SAMPLE_MIN * forward_flops(m, x[:1]))
+    ctx = ForgetContext.from_recipe(m, TrainingRecipe(), num_classes=3)
+    res = get_method("fisher", subsample=16).scrub(m, as_stream((x, y)), as_stream((x[:5], y[:5])), ctx)
+    assert res.info["retain_loss_samples"] == LOSS_SAMPLE_MIN
+    rise_all = _stream_mean_loss(res.model, as_stream((x, y))) - _stream_mean_loss(m, as_stream((x, y)))
+    assert abs(res.info["retain_loss_increase"] - rise_all) < 0.01, (res.info["retain_loss_increase"], rise_all)
