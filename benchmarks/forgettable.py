@@ -27,6 +27,7 @@ from torch import nn
 
 from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, ordinary_finetune
 from scrubnet.mlforget.model import forget_request, retrain_user_weights
+from scrubnet.mlforget.primal import primal_cost
 from scrubnet.models.call import ModelInputs
 from scrubnet.models.lora import LoRA
 
@@ -146,20 +147,28 @@ def run(name, net, uw, train, val, test, mus, k, core_fraction, epochs):
     print(f"[{name}] test_error_ordinary: {err_o:.4f}\n[{name}] test_error_forgettable: {err_f:.4f}\n"
           f"[{name}] test_error_forgettable_pretrained_point: {err_p:.4f}\n"
           f"[{name}] test_error_head_only: {err_h:.4f}\n[{name}] accuracy_gap_points: {100 * (err_f - err_o):.2f}")
+    block = bool(state.primal is not None and state.primal.block)
+    est = primal_cost(state.model, x[:32], y[:32], C, state.config.target_scale, block, len(y) - k, k)
     deletable = torch.arange(n_core, len(y))
     order = deletable[torch.randperm(len(deletable), generator=torch.Generator().manual_seed(5))]
+    cpu = []
     for r in range(10):
         ids = order[r * k:(r + 1) * k].tolist()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         forget_request(state, x, y, ids, sigma=0.0)
-        req_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        req_s, req_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         w_hat = retrain_user_weights(state, x, y)
         ret_s = time.perf_counter() - t0
+        cpu.append((req_cpu, time.process_time() - c0))
         w = state.model.delta_flat().detach()
         diff = float((w - w_hat).abs().max() / w_hat.abs().max())
         print(f"[{name}] request {r + 1}: forgot {k}, exact_max_rel_diff: {diff:.2e} request_s {req_s:.3f} "
               f"retrain_s {ret_s:.3f} request_speedup: {ret_s / req_s:.1f}", flush=True)
+    req_cpu, ret_cpu = (sorted(v)[len(v) // 2] for v in zip(*cpu))
+    print(f"[{name}] cost model (CPU s): request estimated {est.details['request_seconds']:.4f} / measured "
+          f"{req_cpu:.4f} (median), build estimated {est.details['build_seconds']:.3f} / measured {ret_cpu:.3f} "
+          f"(the retrain on D_r, median)")
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from scrubnet.mlforget.certify import solve_rounding_bound
+from scrubnet.training.cost import CostEstimate, gemm_seconds
 from scrubnet.mlforget.rows import per_sample_jacobian
 from scrubnet.models.linearized import LinearizedModel
 from scrubnet.models.call import call_functional, floating_to, input_parts
@@ -295,3 +296,51 @@ def primal_fit(model: LinearizedModel, x: Tensor, y: Tensor, num_classes: int, m
     info = {"solver": "primal", "primal_rows": q, "gram_s": t1 - t0, "factor_s": time.perf_counter() - t1,
             "relative_residual": res, "iterations": 0}
     return weights_from_block(model, w, block).to(model.delta[0].dtype), info
+
+
+#: float64 GEMMs (the primal's Gram, eigendecomposition and solves) run at about half the float32 rate the cost
+#: model's GEMM probe measures
+FLOAT64_SLOWDOWN = 2.0
+
+
+def primal_cost(model: LinearizedModel, x_probe, y_probe: Tensor, num_classes: int, target_scale: float,
+                block: bool, n: int, n_request: int) -> CostEstimate:
+    """Training a forgettable model in the primal and one sequential request of ``n_request`` samples, in CPU
+    seconds, the Jacobian rows priced by measuring them.
+
+    How long one sample's rows take depends on how deep the backward passes must go (the earliest user
+    weight), on the hook or per-sample path the network allows and on its framework's overheads, so the rows
+    of ``x_probe`` (8–64 samples; after one warm-up call) are timed and the time scaled to N and k. The matrix
+    work is priced at the GEMM rate: the Gram ΦᵀΦ and Φᵀr (2·N·c'·q·(q + 1), c' = c rows per sample, 1 for
+    the head block), its eigendecomposition (≈ 9q³), and per request the removed rows' Gram (2·k·c'·q²), A_R
+    and a Cholesky solve (q³/3 + 6q²), in float64 at :data:`FLOAT64_SLOWDOWN`.
+
+    Parameters
+    ----------
+    model : LinearizedModel
+        The linearised network (its ``num_linearized`` user weights; the head block when ``block``).
+    x_probe, y_probe : inputs and labels of a few samples
+    num_classes, target_scale, block : as the primal factor
+    n, n_request : int
+        Samples N trained on; k removed by one request.
+
+    Returns
+    -------
+    CostEstimate
+        ``seconds`` = build + request; ``details``: ``build_seconds``, ``request_seconds``,
+        ``rows_seconds_per_sample`` (measured), ``request_flops``.
+    """
+    q = primal_size(model, block)
+    rows_per = 1 if block else int(num_classes)
+    list(sample_rows(model, x_probe[:2], y_probe[:2], num_classes, target_scale, block))   # warm-up
+    t0 = time.process_time()
+    list(sample_rows(model, x_probe, y_probe, num_classes, target_scale, block))
+    per_sample = (time.process_time() - t0) / max(len(y_probe), 1)
+    gram, eig = 2.0 * n * rows_per * q * (q + 1.0), 9.0 * float(q) ** 3
+    downdate = 2.0 * n_request * rows_per * float(q) ** 2 + float(q) ** 3 / 3.0 + 6.0 * float(q) ** 2
+    build = n * per_sample + FLOAT64_SLOWDOWN * gemm_seconds(gram + eig)
+    request = n_request * per_sample + FLOAT64_SLOWDOWN * gemm_seconds(downdate)
+    peak = 8 * (3 * q * q + 256 * rows_per * q)
+    return CostEstimate("forgettable-primal", gram + eig + downdate, build + request, int(peak), 0.0,
+                        {"build_seconds": build, "request_seconds": request, "rows_seconds_per_sample": per_sample,
+                         "request_flops": downdate})

@@ -1,0 +1,33 @@
+"""The primal's cost estimate (training and one request of a forgettable model): its FLOP count as documented,
+the rows priced by measuring them, the request's cost independent of N."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scrubnet.mlforget.finetune import tangent_network
+from scrubnet.mlforget.primal import FLOAT64_SLOWDOWN, primal_cost
+from scrubnet.training.cost import gemm_seconds
+from tests.mlforget.test_forgettable import pretrained_cnn
+
+
+@pytest.mark.parametrize("names,block", [(["fc.weight", "fc.bias"], True), (["conv2.weight", "fc.weight"], False)])
+def test_primal_cost_counts_the_gram_the_eigendecomposition_and_the_request(names, block):
+    net = pretrained_cnn()
+    lin = tangent_network(net, names)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 1, 6, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (16,), generator=g)
+    q = 17 if block else sum(p.numel() for n, p in net.named_parameters() if n in names)
+    per = 1 if block else 3
+    small = primal_cost(lin, x, y, 3, 5.0, block, 1000, 10)
+    big = primal_cost(lin, x, y, 3, 5.0, block, 4000, 10)
+    gram = lambda n: 2.0 * n * per * q * (q + 1.0) + 9.0 * q ** 3          # noqa: E731
+    down = 2.0 * 10 * per * q ** 2 + q ** 3 / 3.0 + 6.0 * q ** 2
+    assert small.flops == pytest.approx(gram(1000) + down) and big.flops == pytest.approx(gram(4000) + down)
+    assert small.details["request_flops"] == big.details["request_flops"] == pytest.approx(down)
+    for est in (small, big):
+        ps = est.details["rows_seconds_per_sample"]
+        assert ps > 0
+        assert est.details["request_seconds"] == pytest.approx(10 * ps + FLOAT64_SLOWDOWN * gemm_seconds(down))
+    assert big.details["build_seconds"] > small.details["build_seconds"]
