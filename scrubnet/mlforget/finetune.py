@@ -306,6 +306,23 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
     largest µ whose held-out error is within :data:`MU_TIE` of the best is returned — a larger ridge is better
     conditioned (requests stay exact to more digits) and smaller differences are noise.
 
+    Parameters
+    ----------
+    net : nn.Module
+        The network to linearise (adapters applied; at the core point when there is a core).
+    names : list of str
+        The user-weight parameter names.
+    x, y : inputs (N, ...) and labels (N,)
+    num_classes : int
+    core : Tensor (k,), int64
+        Core positions: never held out.
+    target_scale, solver, seed
+        As :func:`forgettable_finetune`.
+    grid : sequence of float
+        The µ values tried.
+    held_out : float
+        Share of the deletable samples held out (at least 20 samples).
+
     Returns
     -------
     (µ, {"held_out": n, "errors": {str(µ): error}, "chosen": µ})
