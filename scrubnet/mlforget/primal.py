@@ -304,13 +304,14 @@ FLOAT64_SLOWDOWN = 2.0
 
 
 def primal_cost(model: LinearizedModel, x_probe, y_probe: Tensor, num_classes: int, target_scale: float,
-                block: bool, n: int, n_request: int) -> CostEstimate:
+                block: bool, n: int, n_request: int, chunk: int = 256) -> CostEstimate:
     """Training a forgettable model in the primal and one sequential request of ``n_request`` samples, in CPU
     seconds, the Jacobian rows priced by measuring them.
 
     How long one sample's rows take depends on how deep the backward passes must go (the earliest user
     weight), on the hook or per-sample path the network allows and on its framework's overheads, so the rows
-    of ``x_probe`` (8–64 samples; after one warm-up call) are timed and the time scaled to N and k. The matrix
+    are timed on ``x_probe`` (up to one chunk, ideally a full one) and on an eighth of it, after a warm-up: a
+    chunk of m samples costs a + b·m, and N samples cost ⌈N/chunk⌉·a + N·b. The matrix
     work is priced at the GEMM rate: the Gram ΦᵀΦ and Φᵀr (2·N·c'·q·(q + 1), c' = c rows per sample, 1 for
     the head block), its eigendecomposition (≈ 9q³), and per request the removed rows' Gram (2·k·c'·q²), A_R
     and a Cholesky solve (q³/3 + 6q²), in float64 at :data:`FLOAT64_SLOWDOWN`.
@@ -323,24 +324,39 @@ def primal_cost(model: LinearizedModel, x_probe, y_probe: Tensor, num_classes: i
     num_classes, target_scale, block : as the primal factor
     n, n_request : int
         Samples N trained on; k removed by one request.
+    chunk : int
+        The rows' chunk size (:func:`sample_rows`).
 
     Returns
     -------
     CostEstimate
         ``seconds`` = build + request; ``details``: ``build_seconds``, ``request_seconds``,
-        ``rows_seconds_per_sample`` (measured), ``request_flops``.
+        ``rows_seconds_per_sample`` and ``rows_seconds_per_chunk`` (measured), ``request_flops``.
     """
     q = primal_size(model, block)
     rows_per = 1 if block else int(num_classes)
-    list(sample_rows(model, x_probe[:2], y_probe[:2], num_classes, target_scale, block))   # warm-up
-    t0 = time.process_time()
-    list(sample_rows(model, x_probe, y_probe, num_classes, target_scale, block))
-    per_sample = (time.process_time() - t0) / max(len(y_probe), 1)
+    big = min(len(y_probe), chunk)
+    small = max(1, big // 8)
+
+    def timed(m: int) -> float:
+        t0 = time.process_time()
+        list(sample_rows(model, x_probe[:m], y_probe[:m], num_classes, target_scale, block, chunk))
+        return time.process_time() - t0
+
+    timed(small)                                                    # warm-up
+    t_small, t_big = timed(small), timed(big)
+    # one chunk of m samples costs a + b·m: a per chunk (the passes' fixed costs), b per sample
+    per_sample = max(t_big - t_small, 0.0) / max(big - small, 1) if big > small else t_big / big
+    per_chunk = max(t_big - per_sample * big, 0.0)
+
+    def rows_seconds(m: int) -> float:
+        return -(-m // chunk) * per_chunk + m * per_sample
+
     gram, eig = 2.0 * n * rows_per * q * (q + 1.0), 9.0 * float(q) ** 3
     downdate = 2.0 * n_request * rows_per * float(q) ** 2 + float(q) ** 3 / 3.0 + 6.0 * float(q) ** 2
-    build = n * per_sample + FLOAT64_SLOWDOWN * gemm_seconds(gram + eig)
-    request = n_request * per_sample + FLOAT64_SLOWDOWN * gemm_seconds(downdate)
+    build = rows_seconds(n) + FLOAT64_SLOWDOWN * gemm_seconds(gram + eig)
+    request = rows_seconds(n_request) + FLOAT64_SLOWDOWN * gemm_seconds(downdate)
     peak = 8 * (3 * q * q + 256 * rows_per * q)
     return CostEstimate("forgettable-primal", gram + eig + downdate, build + request, int(peak), 0.0,
                         {"build_seconds": build, "request_seconds": request, "rows_seconds_per_sample": per_sample,
-                         "request_flops": downdate})
+                         "rows_seconds_per_chunk": per_chunk, "request_flops": downdate})

@@ -27,7 +27,7 @@ def test_primal_cost_counts_the_gram_the_eigendecomposition_and_the_request(name
     assert small.flops == pytest.approx(gram(1000) + down) and big.flops == pytest.approx(gram(4000) + down)
     assert small.details["request_flops"] == big.details["request_flops"] == pytest.approx(down)
     for est in (small, big):
-        ps = est.details["rows_seconds_per_sample"]
-        assert ps > 0
-        assert est.details["request_seconds"] == pytest.approx(10 * ps + FLOAT64_SLOWDOWN * gemm_seconds(down))
+        ps, pc = est.details["rows_seconds_per_sample"], est.details["rows_seconds_per_chunk"]
+        assert ps >= 0 and pc >= 0 and ps + pc > 0
+        assert est.details["request_seconds"] == pytest.approx(pc + 10 * ps + FLOAT64_SLOWDOWN * gemm_seconds(down))
     assert big.details["build_seconds"] > small.details["build_seconds"]
