@@ -310,7 +310,8 @@ def primal_cost(model: LinearizedModel, x_probe, y_probe: Tensor, num_classes: i
 
     How long one sample's rows take depends on how deep the backward passes must go (the earliest user
     weight), on the hook or per-sample path the network allows and on its framework's overheads, so the rows
-    are timed on ``x_probe`` (up to one chunk, ideally a full one) and on an eighth of it, after a warm-up: a
+    are timed on ``x_probe`` (up to one chunk, ideally a full one) and on an eighth of it, after a warm-up on
+    the full probe: a
     chunk of m samples costs a + b·m, and N samples cost ⌈N/chunk⌉·a + N·b. The matrix
     work is priced at the GEMM rate: the Gram ΦᵀΦ and Φᵀr (2·N·c'·q·(q + 1), c' = c rows per sample, 1 for
     the head block), its eigendecomposition (≈ 9q³), and per request the removed rows' Gram (2·k·c'·q²), A_R
@@ -343,7 +344,7 @@ def primal_cost(model: LinearizedModel, x_probe, y_probe: Tensor, num_classes: i
         list(sample_rows(model, x_probe[:m], y_probe[:m], num_classes, target_scale, block, chunk))
         return time.process_time() - t0
 
-    timed(small)                                                    # warm-up
+    timed(big)                                                      # warm-up (first-call allocations)
     t_small, t_big = timed(small), timed(big)
     # one chunk of m samples costs a + b·m: a per chunk (the passes' fixed costs), b per sample
     per_sample = max(t_big - t_small, 0.0) / max(big - small, 1) if big > small else t_big / big
