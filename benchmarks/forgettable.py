@@ -148,7 +148,8 @@ def run(name, net, uw, train, val, test, mus, k, core_fraction, epochs):
           f"[{name}] test_error_forgettable_pretrained_point: {err_p:.4f}\n"
           f"[{name}] test_error_head_only: {err_h:.4f}\n[{name}] accuracy_gap_points: {100 * (err_f - err_o):.2f}")
     block = bool(state.primal is not None and state.primal.block)
-    est = primal_cost(state.model, x[:256], y[:256], C, state.config.target_scale, block, len(y) - k, k)
+    lin, h = state.space(x)   # the solve space: the suffix after a frozen prefix and its cached features
+    est = primal_cost(lin, h[:256], y[:256], C, state.config.target_scale, block, len(y) - k, k)
     deletable = torch.arange(n_core, len(y))
     order = deletable[torch.randperm(len(deletable), generator=torch.Generator().manual_seed(5))]
     cpu = []

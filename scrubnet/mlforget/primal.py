@@ -320,8 +320,9 @@ def primal_cost(model: LinearizedModel, x_probe, y_probe: Tensor, num_classes: i
     Parameters
     ----------
     model : LinearizedModel
-        The linearised network (its ``num_linearized`` user weights; the head block when ``block``).
-    x_probe, y_probe : inputs and labels of a few samples
+        The model the rows are computed on: the solve space (``MLState.space``: the linearised suffix after a
+        frozen prefix, whose features are computed once and cached, else the whole linearised network).
+    x_probe, y_probe : inputs of that space (features after a prefix) and labels of a few samples
     num_classes, target_scale, block : as the primal factor
     n, n_request : int
         Samples N trained on; k removed by one request.
