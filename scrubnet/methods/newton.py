@@ -52,7 +52,8 @@ from scrubnet.curvature.params import get_flat, set_flat, trainable_params
 from scrubnet.curvature.solvers import SolveInfo, conjugate_gradient
 from scrubnet.curvature.ntk import activation_numel_per_sample
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
-from scrubnet.training.cost import CostEstimate, fisher_diagonal_cost, forward_flops, seconds_at, trainable_numel
+from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_flops, product_factor, seconds_at,
+                                   trainable_numel)
 from scrubnet.methods.fisher import sample_gaussian_weights, stream_fisher
 from scrubnet.data.stream import DataStream
 from scrubnet.models.loss import LossSpec, as_loss
@@ -362,11 +363,12 @@ class NewtonScrub(ForgettingMethod):
         # the data check's before/after forwards and one accepted step
         typ_iter = min(max_iter, NEWTON_TYPICAL_CG_ITERATIONS)
         typ_fwd = (2.0 + (2.0 if retain_loss_tolerance is not None else 0.0)) if safeguard != "none" else 0.0
-        typical = seconds_at(grad + n_retain * fb * (1.0 + jvp) * typ_iter + typ_fwd * n_retain * fwd, "newton")
+        bn = product_factor(model)
+        typical = bn * seconds_at(grad + n_retain * fb * (1.0 + jvp) * typ_iter + typ_fwd * n_retain * fwd, "newton")
         peak = 10 * 8 * trainable_numel(model) + min(batch_size, n_retain) * 3 * 4 * activation_numel_per_sample(model, x1)
         passes = 1.0 + (1.0 + jvp) * max_iter * solves + forwards / 3.0
-        seconds = seconds_at(flops + evals, "newton")
-        one = seconds_at(grad + per_solve + (n_retain * fwd if safeguard != "none" else 0.0), "newton")
+        seconds = bn * seconds_at(flops + evals, "newton")
+        one = bn * seconds_at(grad + per_solve + (n_retain * fwd if safeguard != "none" else 0.0), "newton")
         if alpha > 0:
             fis = fisher_diagonal_cost(model, x1, n_retain)
             flops += fis.flops

@@ -226,6 +226,19 @@ def estimating_on(device: torch.device | str) -> None:
     _DEVICE[0] = torch.device(device)
 
 
+#: product passes (the JVPs and VJPs of Newton's and the NTK's CG) on a network with BatchNorm also run its
+#: normalisation, ReLU and residual adds in every pass, memory-bound work the FLOP count leaves out; the factor
+#: on their seconds was fitted on benchmarks/cost_check.py's ResNet Newton and NTK-CG cases (1.72–2.58× their
+#: estimates without it, the MLP's 1.20–1.59×; docs/decisions/cost-transformers.md)
+BATCHNORM_PRODUCT_FACTOR = 1.5
+
+
+def product_factor(model: nn.Module) -> float:
+    """:data:`BATCHNORM_PRODUCT_FACTOR` for a network with BatchNorm layers, else 1."""
+    bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return BATCHNORM_PRODUCT_FACTOR if bn else 1.0
+
+
 def seconds_at(flops: float, kind: str) -> float:
     """Seconds for ``flops`` at the measured GEMM rate times the efficiency of ``kind`` (:data:`EFFICIENCY`)."""
     return flops / (matmul_rate(_DEVICE[0]) * EFFICIENCY[kind])
