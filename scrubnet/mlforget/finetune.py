@@ -302,7 +302,8 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
     """µ for ``forgettable_finetune(mu="auto")``: held-out error of the forgettable model over ``grid``.
 
     A seeded ``held_out`` share of the deletable samples (never core samples) is set aside; the mixed-linear
-    model (the network ``net``, linearised in ``names``) is fitted exactly on the rest for each µ, and the
+    model (the network ``net``, linearised in ``names``) is fitted exactly on the rest for each µ (in the
+    primal, one factor and a solve per µ; otherwise a fit per µ), and the
     largest µ whose held-out error is within :data:`MU_TIE` of the best is returned — a larger ridge is better
     conditioned (requests stay exact to more digits) and smaller differences are noise.
 
@@ -327,7 +328,8 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
     -------
     (µ, {"held_out": n, "errors": {str(µ): error}, "chosen": µ})
     """
-    deletable = torch.tensor([i for i in range(len(y)) if i not in set(core.tolist())], dtype=torch.long)
+    core_set = set(core.tolist())
+    deletable = torch.tensor([i for i in range(len(y)) if i not in core_set], dtype=torch.long)
     n_val = int(round(held_out * len(deletable)))
     if n_val < 20:
         raise ValueError(f"mu='auto' holds out {held_out:.0%} of the deletable samples and needs at least 20 "
@@ -335,15 +337,20 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
     g = torch.Generator().manual_seed(7919 * int(seed) + 5)
     val = deletable[torch.randperm(len(deletable), generator=g)[:n_val]]
     fit = torch.tensor(sorted(set(range(len(y))) - set(val.tolist())), dtype=torch.long)
-    errors = {}
+    errors, st, xf = {}, None, x[fit]
     for mu in sorted(grid, reverse=True):
-        cfg = _solver_config(None, names, isinstance(x, ModelInputs), mu=mu, target_scale=target_scale,
-                             sigma=0.0, solver=SolverConfig(solver=solver))
-        st = MLState(tangent_network(net, names), torch.zeros(0, dtype=torch.long), torch.arange(len(fit)),
-                     torch.zeros(0, dtype=torch.long), cfg, num_classes, int(seed))
-        xf = x[fit]
-        st.space(xf)
-        train_exact_factored(st, xf, y[fit], torch.Generator().manual_seed(7919 * int(seed) + 11))
+        if st is not None and st.primal is not None:
+            # the primal's eigendecomposition serves every ridge: a solve per µ, no new rows or Gram
+            lin, h = st.space(xf)
+            w, _ = dataclasses.replace(st.primal, mu=mu).fit(lin, h, y[fit], torch.ones(len(fit), dtype=torch.bool))
+            st.model.set_delta_flat(w)
+        else:
+            cfg = _solver_config(None, names, isinstance(x, ModelInputs), mu=mu, target_scale=target_scale,
+                                 sigma=0.0, solver=SolverConfig(solver=solver))
+            st = MLState(tangent_network(net, names), torch.zeros(0, dtype=torch.long), torch.arange(len(fit)),
+                         torch.zeros(0, dtype=torch.long), cfg, num_classes, int(seed))
+            st.space(xf)
+            train_exact_factored(st, xf, y[fit], torch.Generator().manual_seed(7919 * int(seed) + 11))
         errors[mu] = 1.0 - accuracy(st.model, x[val], y[val])
     best = min(errors.values())
     chosen = max(mu for mu, e in errors.items() if e <= best + MU_TIE)

@@ -112,11 +112,9 @@ class PrimalFactor:
     block: bool
     seconds: dict = field(default_factory=dict)
     source: str = "built"
-    # in memory only: the removed samples' rows (constant: Jacobians at the base point and base residuals), so a
-    # sequential request computes the rows of its own samples only; valid for one data object
-    _rows_of: dict = field(default_factory=dict, repr=False, compare=False)
+    # in memory only: A_U = V Λ Vᵀ, and (set, Φ_FᵀΦ_F, Φ_Fᵀr_F) of a removed set (sequential requests add to it;
+    # the rows are constant — Jacobians at the base point, base residuals — for one data object, _rows_data)
     _rows_data: object = field(default=None, repr=False, compare=False)
-    # in memory only: A_U = V Λ Vᵀ, and (set, Φ_FᵀΦ_F, Φ_Fᵀr_F) of a removed set (sequential requests add to it)
     _a_u: Tensor | None = field(default=None, repr=False, compare=False)
     _removed_gram: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -163,15 +161,11 @@ class PrimalFactor:
     def rows(self) -> int:
         return int(self.eigvecs.shape[0])
 
-    def _data_key(self, x) -> tuple:
-        return (x, tuple(getattr(t, "_version", 0) for t in input_parts(x)))   # the object, not edited since
-
-    def _same_data(self, x) -> bool:
-        key = self._data_key(x)
-        if self._rows_data is None or self._rows_data[0] is not x or self._rows_data[1] != key[1]:
-            self._rows_of, self._rows_data, self._removed_gram = {}, key, None
-            return False
-        return True
+    def _same_data(self, x) -> None:
+        """Forget the kept sums unless ``x`` is the object they were computed on, not edited since."""
+        versions = tuple(getattr(t, "_version", 0) for t in input_parts(x))
+        if self._rows_data is None or self._rows_data[0] is not x or self._rows_data[1] != versions:
+            self._rows_data, self._removed_gram = (x, versions), None
 
     def removed_sums(self, model: LinearizedModel, x, y: Tensor, removed: Tensor, chunk: int = 256
                      ) -> tuple[Tensor, Tensor]:
@@ -197,19 +191,10 @@ class PrimalFactor:
 
     def removed_rows(self, model: LinearizedModel, x: Tensor, y: Tensor, removed: Tensor, chunk: int = 256
                      ) -> tuple[Tensor, Tensor]:
-        """(Φ_F, r_F) of the samples ``removed`` (sample-major, as :func:`sample_rows`), computing only the rows
-        not already held for this data object ``x``."""
-        self._same_data(x)
-        new = [i for i in removed.tolist() if i not in self._rows_of]
-        if new:
-            idx = torch.tensor(new, dtype=torch.long, device=removed.device)
-            rows = list(sample_rows(model, x[idx], y[idx], self.num_classes, self.target_scale, self.block, chunk))
-            phi, r = torch.cat([p for p, _ in rows]), torch.cat([q for _, q in rows])
-            per = 1 if self.block else self.num_classes
-            for j, i in enumerate(new):
-                self._rows_of[i] = (phi[j * per:(j + 1) * per], r[j * per:(j + 1) * per])
-        ids = removed.tolist()
-        return (torch.cat([self._rows_of[i][0] for i in ids]), torch.cat([self._rows_of[i][1] for i in ids]))
+        """(Φ_F, r_F) of the samples ``removed`` (sample-major, as :func:`sample_rows`)."""
+        rows = list(sample_rows(model, x[removed], y[removed], self.num_classes, self.target_scale, self.block,
+                                chunk))
+        return torch.cat([p for p, _ in rows]), torch.cat([r for _, r in rows])
 
     def fit(self, model: LinearizedModel, x: Tensor, y: Tensor, keep: Tensor, chunk: int = 256,
             dtype: torch.dtype | None = None, downdate: str = "auto") -> tuple[Tensor, dict]:

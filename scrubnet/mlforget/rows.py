@@ -68,7 +68,7 @@ def per_sample_jacobian(net: nn.Module, params: dict[str, Tensor], buffers: dict
             if key not in agree:   # the slow twin on two samples decides once per network
                 probe = x[:2]
                 fast = _hook_rows(net, params, buffers, layers, names, probe, num_classes)
-                slow = _rows(f, w, probe, len(probe), names, num_classes, loop=True)
+                slow = _loop_rows(f, w, probe, len(probe), names, num_classes)
                 scale = float(slow.abs().max()) or 1.0
                 agree[key] = fast.shape == slow.shape and float((fast - slow).abs().max()) <= _AGREE_RTOL * scale
             if agree[key]:
@@ -124,8 +124,9 @@ def _hook_rows(net: nn.Module, params: dict[str, Tensor], buffers: dict[str, Ten
         g = torch.stack([torch.zeros_like(z) if grads[k][j] is None else grads[k][j] for k in range(num_classes)])
         a = inputs[name][calls.get(name, 0)]
         calls[name] = calls.get(name, 0) + 1
+        grads_of = kernel_for(mod).per_sample_grads(mod, a, g)               # {"weight"/"bias": (B, c, numel)}
         for pname, full in mine.items():
-            r = kernel_for(mod).per_sample_grads(mod, a, g)[pname]          # (B, c, numel)
+            r = grads_of[pname]
             per_param[full] = per_param[full] + r if full in per_param else r   # summed over calls (sharing)
     missing = [n for n in names if n not in per_param]
     if missing:   # a layer whose hook never fired: the probe against the per-sample rows will refuse it
@@ -134,17 +135,19 @@ def _hook_rows(net: nn.Module, params: dict[str, Tensor], buffers: dict[str, Ten
     return torch.cat([per_param[n].reshape(b, num_classes, -1) for n in names], 2).detach()
 
 
-def _rows(f, w: dict[str, Tensor], x: Inputs, b: int, names: list[str], num_classes: int,
-          loop: bool = False) -> Tensor:
-    """Paths 2–3 of the module docstring (``loop``: path 3 directly)."""
+def _rows(f, w: dict[str, Tensor], x: Inputs, b: int, names: list[str], num_classes: int) -> Tensor:
+    """Paths 2–3 of the module docstring."""
     try:
-        if loop:
-            raise RuntimeError("vmap: not asked for")
         jac = vmap(jacrev(f), in_dims=(None, 0))(w, x)
     except RuntimeError as e:
         if "vmap" not in str(e):
             raise
         # data-dependent control flow in the forward (module docstring): one sample at a time
-        per = [jacrev(f)(w, x[i]) for i in range(b)]
-        jac = {n: torch.stack([r[n] for r in per]) for n in names}
+        return _loop_rows(f, w, x, b, names, num_classes)
     return torch.cat([jac[n].reshape(b, num_classes, -1) for n in names], 2)
+
+
+def _loop_rows(f, w: dict[str, Tensor], x: Inputs, b: int, names: list[str], num_classes: int) -> Tensor:
+    """Path 3: one ``jacrev`` per sample (the slow twin of the other paths)."""
+    per = [jacrev(f)(w, x[i]) for i in range(b)]
+    return torch.cat([torch.stack([r[n] for r in per]).reshape(b, num_classes, -1) for n in names], 2)
