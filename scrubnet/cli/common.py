@@ -14,10 +14,10 @@ import functools
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
-import click
 import torch
 import typer
 from rich.console import Console
@@ -46,7 +46,7 @@ class UserError(ValueError):
 #: exceptions that are the user's input (or the machine's state), never a bug: one line, exit 2. The project's
 #: input errors are ValueErrors (CheckpointError, SplitError, UserModelError, BudgetExceeded, …); a scrub that
 #: did not do what it claims (ScrubFailed) is reported as a refusal too
-USER_ERRORS = (ValueError, KeyError, OSError, ScrubFailed, click.BadParameter)
+USER_ERRORS = (ValueError, KeyError, OSError, ScrubFailed, typer.BadParameter)
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -58,7 +58,7 @@ def fail(msg: str, code: int = 2) -> None:
 def _message(e: BaseException) -> str:
     if isinstance(e, KeyError):
         return str(e.args[0]) if e.args else "KeyError"
-    if isinstance(e, click.BadParameter):
+    if isinstance(e, typer.BadParameter):
         return e.format_message()
     return str(e) or type(e).__name__
 
@@ -80,7 +80,8 @@ def report_error(e: BaseException) -> int:
     """
     if isinstance(e, USER_ERRORS):
         fail(_message(e))
-    if isinstance(e, (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit)) \
+    # typer vendors its own click: its public exception names are the ones raised
+    if isinstance(e, (typer.Exit, typer.TyperException, typer.Abort, KeyboardInterrupt, SystemExit)) \
             or not isinstance(e, Exception):
         raise e
     if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
@@ -92,13 +93,37 @@ def report_error(e: BaseException) -> int:
     return 1
 
 
+#: set to 1 to see the warnings and progress bars of torch, transformers and peft (hidden by default)
+LIBRARY_OUTPUT_ENV = "SCRUBNET_LIBRARY_OUTPUT"
+#: the modules whose warnings a command hides: a user reads scrubnet's own warnings, which say what matters
+_LIBRARY_MODULES = r"(torch|transformers|peft|huggingface_hub|sklearn|ray)(\..*)?$"
+
+
+@contextlib.contextmanager
+def library_output_quieted():
+    """Keep the libraries' warnings and progress bars off the user's screen while a command runs, unless
+    ``SCRUBNET_LIBRARY_OUTPUT=1`` (or ``SCRUBNET_DEBUG=1``) asks for them. scrubnet's own warnings still show."""
+    if any(os.environ.get(k, "") not in ("", "0") for k in (LIBRARY_OUTPUT_ENV, DEBUG_ENV)):
+        yield
+        return
+    # read by transformers and huggingface_hub when they are first imported (they are imported lazily)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=_LIBRARY_MODULES)
+        yield
+
+
 def handle_errors(fn: Callable) -> Callable:
-    """Wrap a command so that every error ends as described in this module's docstring."""
+    """Wrap a command so that every error ends as described in this module's docstring, and the libraries'
+    warnings stay off the screen (:func:`library_output_quieted`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with library_output_quieted():
+                return fn(*args, **kwargs)
         except typer.Exit:
             raise
         except Exception as e:  # noqa: BLE001 - classified by report_error

@@ -66,7 +66,7 @@ def _refuse_own_retrain_family(method: str, own: bool) -> None:
 
 
 def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[float], memory: Optional[str],
-                  max_cost_vs_retrain: Optional[float] = None):
+                  max_cost_vs_retrain: Optional[float] = None, json_out: Optional[Path] = None):
     """The cost estimate as a ``before_scrub`` hook: printed for --dry-run beside the retraining estimate, with
     the recipe check's verdict (then True: stop), checked against the budgets (a refusal raises); False when
     nothing asks for it. The hook takes (model, D_r, D_f, ctx) with D_r, D_f as (x, y) tensors."""
@@ -95,6 +95,9 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
             est = est if budgeted is None else budgeted[1]
         if dry_run:
             _print_estimate(est, ref, recipe_refusal(method, net, as_stream(retain), ctx))
+            if json_out is not None:
+                atomic_write_json(json_out, est.as_dict())
+                console.print(f"wrote {json_out}", highlight=False)
             return True
         check_budget(est, max_seconds=max_seconds, max_bytes=max_bytes, max_cost_vs_retrain=max_cost_vs_retrain)
         return False
@@ -111,14 +114,12 @@ def _print_estimate(est, ref, refusal: Optional[str]) -> None:
     t.add_row("peak memory", format_bytes(est.peak_bytes), format_bytes(ref.peak_bytes))
     t.add_row("passes over D_r", f"{est.passes:.4g}", f"{ref.passes:.4g}")
     console.print(t)
-    console.print(f"estimate: {est.summary()}", highlight=False, soft_wrap=True)
     console.print(f"cost_vs_retrain: {est.cost_vs_retrain:.3g}", highlight=False)
     if est.details.get("budgeted"):
         console.print(f"budgeted mode (the full method costs more than retraining): {est.details['budgeted']}",
                       highlight=False)
     if refusal is not None:
         console.print(f"would be refused by the recipe check: {refusal}", highlight=False, soft_wrap=True)
-    console.print_json(json.dumps(est.as_dict()))
 
 
 def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint scrubnet trained (.safetensors with "
@@ -126,7 +127,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
            forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D; for --data, in x_train)"),
            method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
                m for m in available_methods() if not method_class(m).own_retrain_family)),
-           out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
+           out: Optional[Path] = typer.Option(None, "--out", help="where to write the scrubbed checkpoint (not "
+                                              "needed with --dry-run)"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
            overwrite: bool = typer.Option(False, help="replace an existing --out file"),
@@ -139,6 +141,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                   "model far from a minimum of the recipe's objective"),
            threads: int = threads_option(), device: str = DEVICE_OPTION,
            dry_run: bool = typer.Option(False, "--dry-run", help="print the cost estimate and do nothing else"),
+           json_out: Optional[Path] = typer.Option(None, "--json", help="with --dry-run: also write the estimate "
+                                                   "as JSON to this file"),
            max_seconds: Optional[float] = typer.Option(None, help="refuse (exit 2) when the estimated time on this "
                                                         "machine exceeds it"),
            memory: Optional[str] = typer.Option(None, help="refuse (exit 2) when the estimated peak memory exceeds "
@@ -158,11 +162,18 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     now look like data the model never saw? A forgetting method ending at did_not_forget or moved_wrong_way
     fails unless --warn-not-forgotten."""
     own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
-    refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
+    if json_out is not None and not dry_run:
+        raise UserError(f"--json {json_out} applies to --dry-run only")
+    if out is None and not dry_run:
+        raise UserError("--out is required (where to write the scrubbed checkpoint), except with --dry-run")
+    if out is not None:
+        refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
+    if json_out is not None:
+        require_writable(json_out)
     _refuse_own_retrain_family(method, own)
     opts = parse_options(option)
     protocol = getattr(method_class(method), "protocol_options", {}) if not own else {}
-    budget = _budget_check(method, {**protocol, **opts}, dry_run, max_seconds, memory, max_cost_vs_retrain)
+    budget = _budget_check(method, {**protocol, **opts}, dry_run, max_seconds, memory, max_cost_vs_retrain, json_out)
     on_not_forgotten = "warn" if warn_not_forgotten else "fail"
     if own:
         with progress_with_eta():

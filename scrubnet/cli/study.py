@@ -17,7 +17,8 @@ from typing import Optional
 
 import typer
 
-from scrubnet.cli.common import UserError, read_config_file, require_out_dir, threads_option
+from scrubnet.atomic_io import prepare_output_dir
+from scrubnet.cli.common import UserError, read_config_file, threads_option
 from scrubnet.experiments.critical_periods import FIGURES, CriticalPeriodsConfig, run_study
 
 study_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -50,12 +51,16 @@ def critical_periods(out: Path = typer.Option(..., "--out", help="output directo
                                                             "both)"),
                      config: Optional[Path] = typer.Option(None, help="TOML file with any CriticalPeriodsConfig "
                                                            "field"),
+                     overwrite: bool = typer.Option(False, help="replace the files of an earlier study in --out"),
                      threads: int = threads_option("torch CPU threads (1: reproducible across machines)"),
                      quiet: bool = typer.Option(False, help="no per-run progress lines")):
     """Critical periods of regularisation: weight decay interrupted / delayed / in a sliding window, with the
-    Fisher-trace, weight-norm and effective-lr curves → results.json, report.md, figures."""
+    Fisher-trace, weight-norm and effective-lr curves → results.json, report.md, figures.
+
+    --out must be new or empty; with --overwrite an earlier study's files there are deleted first."""
     cfg = build_cp_config(config, seeds, epochs, datasets)
-    require_out_dir(out)  # before any work, as dp and audit do
+    # before any work, as dp and audit do: an earlier study's files are never mixed with new ones
+    prepare_output_dir(out, overwrite, FIGURES + ("report.md", "results.json"))
     result = run_study(cfg, out, log=None if quiet else (lambda m: print(m, file=sys.stderr)))
     for ds in cfg.datasets:
         c = result["analysis"][ds]["correlations"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class _NullProgress:
@@ -26,5 +26,6 @@ def make_progress(enabled: bool = True, console=None):
         return
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as p:
+                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
+                  transient=False) as p:
         yield p

@@ -24,8 +24,10 @@ BOOLEAN = {"mia_degenerate", "mia_efficacy_degenerate"}
 
 def readout_unit(r: str) -> str:
     """The unit a human-facing table or figure shows readout ``r`` in (the machine-readable files keep
-    fractions, nats, epochs): ``%`` for errors and the attack, ``yes/no`` for flags, else the stored unit."""
-    if r in PERCENT:
+    fractions, nats, epochs): ``%`` for errors and the attack, ``yes/no`` for flags, else the stored unit.
+    A ``reference_`` readout (the same readout of the reference model) has the readout's unit."""
+    r = r.removeprefix("reference_")
+    if r in PERCENT or r.startswith("error_"):
         return "%"
     if r in BOOLEAN:
         return "yes/no"
@@ -44,7 +46,7 @@ def format_readout(r: str, v) -> str:
         return "yes" if v and v == v else "no"
     if not isinstance(v, (int, float)):
         return str(v)
-    if r in PERCENT:
+    if readout_unit(r) == "%":
         return f"{100 * v:.1f}"
     if v != 0 and (abs(v) >= 1000 or abs(v) < 1e-2):
         return f"{v:.4g}"
@@ -52,12 +54,14 @@ def format_readout(r: str, v) -> str:
 
 
 def _fmt(r: str, s: dict) -> str:
+    """``mean ± std`` in the readout's unit; the mean alone, marked, when one seed leaves no spread to show."""
     m, sd = s["mean"], s["std"]
+    one = s.get("n") == 1
     if r in PERCENT:
-        return f"{100 * m:.1f} ± {100 * sd:.1f}"
+        return f"{100 * m:.1f}" + (" (1 seed)" if one else f" ± {100 * sd:.1f}")
     if abs(m) >= 1000 or (m != 0 and abs(m) < 1e-2):
-        return f"{m:.3g} ± {sd:.2g}"
-    return f"{m:.3f} ± {sd:.3f}"
+        return f"{m:.3g}" + (" (1 seed)" if one else f" ± {sd:.2g}")
+    return f"{m:.3f}" + (" (1 seed)" if one else f" ± {sd:.3f}")
 
 
 #: the readouts that measure forgetting (on D_f); those on D_r and D_test measure what must stay unchanged
@@ -250,7 +254,7 @@ def render_report(results: dict) -> str:
              f"Dataset `{cfg['data']['dataset']}`, model `{cfg['model']}`, seeds {seeds}, retrain mode "
              f"`{cfg.get('retrain_mode')}`; |D_r| = {res.get('n_retain')}, |D_f| = {res.get('n_forget')}, "
              f"|D_test| = {res.get('n_test')}, |core| = {res.get('n_core')}.", "",
-             "Mean ± std over seeds. Errors and the membership attack in %, losses in nats, re-learn time in "
+             "Mean ± std (ddof 0) over seeds; with one seed, the value alone. Errors and the membership attack in %, losses in nats, re-learn time in "
              "epochs of 500 samples, L1 = mean ‖softmax − softmax_retrain‖₁. **retrain** is the target: a "
              "method has forgotten when its readouts fall inside the retrain band.", ""]
     warnings = report_warnings(results)

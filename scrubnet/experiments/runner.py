@@ -254,12 +254,13 @@ def entropies(model: nn.Module, split: Split) -> dict[str, list[float]]:
 
 
 def summarise(runs: list[dict]) -> dict[str, dict[str, float]]:
-    """mean and std (ddof=0) over seeds of every readout present in all runs."""
+    """mean, std (ddof=0) and the number of seeds ``n`` of every readout present in all runs (with one seed
+    there is no spread to show: the report prints the value alone, never ``± 0``)."""
     keys = [k for k in runs[0]["readouts"] if all(k in r["readouts"] for r in runs)]
     out = {}
     for k in keys:
         vals = np.array([r["readouts"][k] for r in runs], dtype=float)
-        out[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals))}
+        out[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "n": len(vals)}
     return out
 
 

@@ -27,7 +27,7 @@ from scrubnet.mlforget.finetune import UserWeights, state_dict_sha256, tangent_n
 from scrubnet.models.linearized import LinearizedModel
 from scrubnet.models.lora import LoRA
 from scrubnet.integrity import file_sha256
-from scrubnet.models.user import HF_PREFIX, build_user_model, load_user_weights, read_state_dict
+from scrubnet.models.user import HF_PREFIX, build_user_model, check_hf_directory, load_user_weights, read_state_dict
 
 #: the ``arch`` of a forgettable fine-tune's checkpoint (rebuilt from its ``finetune`` record, not the zoo)
 FINETUNE_ARCH = "forgettable-finetune"
@@ -124,7 +124,7 @@ def default_weights(model_spec: str, weights: str | Path | None) -> Path:
     if weights is not None:
         return Path(weights)
     if model_spec.startswith(HF_PREFIX):
-        return Path(model_spec[len(HF_PREFIX):]) / "model.safetensors"
+        return check_hf_directory(model_spec[len(HF_PREFIX):]) / "model.safetensors"
     raise ValueError("--weights is needed with a factory --model (hf:DIR defaults to DIR/model.safetensors)")
 
 

@@ -66,17 +66,28 @@ def split_factory_spec(spec: str) -> tuple[str, str]:
 HF_PREFIX = "hf:"
 
 
-def load_hf_model(directory: str | Path, options: dict[str, Any] | None = None) -> nn.Module:
-    """``AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True, **options)``,
-    in eval mode; ``UserModelError`` naming the cause (no transformers, no such directory, a bad config)."""
+def check_hf_directory(directory: str | Path) -> Path:
+    """``directory`` as a path, checked to be a HuggingFace model directory that can be loaded here: it exists,
+    holds a ``config.json``, and ``transformers`` is installed; ``UserModelError`` naming the cause otherwise
+    (checked before any other input, so a bad ``hf:DIR`` is never reported as a missing weights file)."""
     path = Path(directory)
+    if not path.is_dir():
+        raise UserModelError(f"--model hf:{directory}: no such directory")
     if not (path / "config.json").is_file():
         raise UserModelError(f"--model hf:{directory}: not a HuggingFace model directory (no config.json)")
     try:
-        from transformers import AutoModelForSequenceClassification
+        import transformers  # noqa: F401 - only whether it is installed
     except ImportError as e:
         raise UserModelError(f"--model hf:{directory} needs the transformers package (pip install "
                              f"'scrubnet[hf]'): {e}") from None
+    return path
+
+
+def load_hf_model(directory: str | Path, options: dict[str, Any] | None = None) -> nn.Module:
+    """``AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True, **options)``,
+    in eval mode; ``UserModelError`` naming the cause (no transformers, no such directory, a bad config)."""
+    path = check_hf_directory(directory)
+    from transformers import AutoModelForSequenceClassification
     try:
         model = AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
                                                                    **(options or {}))

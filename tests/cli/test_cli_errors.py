@@ -136,6 +136,21 @@ def test_study_refuses_an_unwritable_out_before_any_work(tmp_path, monkeypatch):
         _one_user_error(runner.invoke(app, ["study", "critical-periods", "--seeds", "1", "--out", str(out)]), needle)
 
 
+def test_study_refuses_a_non_empty_out_before_any_work(tmp_path, monkeypatch):
+    import scrubnet.cli.study as study
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the study started over an earlier run's files")
+
+    monkeypatch.setattr(study, "run_study", must_not_run)
+    out = tmp_path / "cp"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    _one_user_error(runner.invoke(app, ["study", "critical-periods", "--seeds", "1", "--out", str(out)]),
+                    "is not empty")
+    assert (out / "results.json").read_text() == "{}"
+
+
 @pytest.mark.parametrize("argv", [["config", "--dump", "--threads", "0"], ["mlforget", "show", "x", "--threads", "0"],
                                   ["dp", "--out", "o", "--threads", "-2"], ["receipt", "verify", "r", "--key", "k",
                                                                             "--threads", "0"]])
@@ -150,3 +165,42 @@ def test_threads_sets_torchs_thread_count():
         assert r.exit_code == 0 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_bad_hf_directory_is_named_before_the_weights_file(tmp_path, monkeypatch):
+    """``--model hf:DIR`` that is missing, not a HuggingFace directory, or unusable without transformers is
+    reported as such, never as 'the base model's weights file is not found'."""
+    data = tmp_path / "d.npz"
+    np.savez(data, x_train=np.zeros((4, 3)), y_train=np.zeros(4, int))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    args = ["mlforget", "finetune", "--data", str(data), "--user-weights", "head", "--out", str(tmp_path / "o")]
+    _one_user_error(runner.invoke(app, [*args, "--model", f"hf:{tmp_path / 'missing'}"]), "no such directory")
+    _one_user_error(runner.invoke(app, [*args, "--model", f"hf:{plain}"]), "not a HuggingFace model directory")
+    monkeypatch.setitem(sys.modules, "transformers", None)   # as if the hf extra were not installed
+    _one_user_error(runner.invoke(app, [*args, "--model", f"hf:{hf}"]), "needs the transformers package")
+    assert not (tmp_path / "o").exists()
+
+
+def test_library_warnings_stay_off_the_screen_unless_asked(monkeypatch):
+    """A command hides the warnings that torch / transformers raise (a user reads scrubnet's own warnings, which
+    still show); SCRUBNET_LIBRARY_OUTPUT=1 shows them again."""
+    import warnings
+    from scrubnet.cli.common import LIBRARY_OUTPUT_ENV, library_output_quieted
+
+    def emit():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with library_output_quieted():
+                warnings.warn_explicit("from torch", UserWarning, "functional.py", 1, module="torch.nn.functional")
+                warnings.warn_explicit("from scrubnet", UserWarning, "scrub.py", 1, module="scrubnet.scrub")
+        return [str(w.message) for w in seen]
+
+    monkeypatch.delenv(LIBRARY_OUTPUT_ENV, raising=False)
+    monkeypatch.delenv("SCRUBNET_DEBUG", raising=False)
+    assert emit() == ["from scrubnet"]
+    monkeypatch.setenv(LIBRARY_OUTPUT_ENV, "1")
+    assert emit() == ["from torch", "from scrubnet"]

@@ -104,10 +104,12 @@ def _forget(trained, out, *extra):
 
 def test_cli_dry_run_prints_the_estimate_and_writes_nothing(trained, tmp_path):
     out = tmp_path / "x.safetensors"
-    r = _forget(trained, out, "--dry-run")
+    r = _forget(trained, out, "--dry-run", "--json", str(tmp_path / "est.json"))
     assert r.exit_code == 0, r.output
-    assert "estimate: fisher:" in r.output and "passes over the data" in r.output
-    assert '"peak_bytes"' in r.output and not out.exists()
+    assert "cost of fisher against retraining" in r.output and "passes over D_r" in r.output
+    assert "peak_bytes" in json.loads((tmp_path / "est.json").read_text()) and not out.exists()
+    r = _forget(trained, out, "--json", str(tmp_path / "est2.json"))   # --json without --dry-run: refused
+    assert r.exit_code == 2 and "--json" in r.output and not out.exists()
 
 
 def test_cli_refuses_over_budget_before_any_work(trained, tmp_path, monkeypatch):

@@ -105,9 +105,9 @@ def test_cli_runs_the_method_and_applies_the_retain_error_rule(shrink, checkpoin
     ids = tmp_path / "ids.txt"
     ids.write_text("0 3 5")
     args = ["forget", "--checkpoint", str(checkpoint), "--forget-ids", str(ids), "--method", shrink]
-    r = runner.invoke(app, args + ["--out", str(tmp_path / "dry.safetensors"), "--dry-run"])
+    r = runner.invoke(app, args + ["--dry-run", "--json", str(tmp_path / "dry.json")])  # no --out needed
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output[r.output.index("{"):])["method"] == shrink  # the class's own cost estimate
+    assert json.loads((tmp_path / "dry.json").read_text())["method"] == shrink  # the class's own cost estimate
     out = tmp_path / "half.safetensors"
     r = runner.invoke(app, args + ["--out", str(out), "--option", "factor=0.5"])
     assert r.exit_code == 0, r.output
