@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 import warnings
@@ -225,17 +226,30 @@ def parse_list(s: Optional[str]) -> Optional[list[str]]:
 
 
 def parse_options(option: list[str], flag: str = "--option") -> dict:
-    """Repeated ``KEY=VALUE`` options → dict (JSON values, else the string)."""
+    """Repeated ``KEY=VALUE`` options → dict (JSON values, else the string). A key given twice, or a number
+    that is not finite (``inf``, ``nan``, ``1e999``), is refused naming the option and the value."""
     opts: dict = {}
     for o in option:
         if "=" not in o:
             raise UserError(f"{flag} {o!r}: expected KEY=VALUE")
         k, v = o.split("=", 1)
+        if k in opts:
+            raise UserError(f"{flag} {k} is given twice ({k}={opts[k]!r} and {o!r}); give it once")
+        if _not_finite(v):
+            raise UserError(f"{flag} {o}: {v!r} is not a finite number")
         try:
             opts[k] = json.loads(v)
         except json.JSONDecodeError:
             opts[k] = v
     return opts
+
+
+def _not_finite(text: str) -> bool:
+    """Whether ``text`` reads as a number that is not finite (JSON's Infinity/NaN, Python's inf/nan, 1e999)."""
+    try:
+        return not math.isfinite(float(text))
+    except (ValueError, OverflowError):
+        return text.strip() in ("Infinity", "-Infinity", "NaN")
 
 
 def json_option(text: Optional[str], what: str) -> dict:

@@ -71,10 +71,10 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
     the recipe check's verdict (then True: stop), checked against the budgets (a refusal raises); False when
     nothing asks for it. The hook takes (model, D_r, D_f, ctx) with D_r, D_f as (x, y) tensors."""
     max_bytes = parse_bytes(memory) if memory is not None else None
-    if max_seconds is not None and not max_seconds > 0:
-        raise UserError(f"--max-seconds must be > 0, got {max_seconds}")
-    if max_cost_vs_retrain is not None and not max_cost_vs_retrain > 0:
-        raise UserError(f"--max-cost-vs-retrain must be > 0, got {max_cost_vs_retrain}")
+    if max_seconds is not None and not 0 < max_seconds < float("inf"):
+        raise UserError(f"--max-seconds must be a finite number > 0, got {max_seconds}")
+    if max_cost_vs_retrain is not None and not 0 < max_cost_vs_retrain < float("inf"):
+        raise UserError(f"--max-cost-vs-retrain must be a finite number > 0, got {max_cost_vs_retrain}")
 
     def budget(net, retain, forget_set, ctx) -> bool:
         if not (dry_run or max_seconds is not None or max_bytes is not None or max_cost_vs_retrain is not None):

@@ -204,3 +204,25 @@ def test_library_warnings_stay_off_the_screen_unless_asked(monkeypatch):
     assert emit() == ["from scrubnet"]
     monkeypatch.setenv(LIBRARY_OUTPUT_ENV, "1")
     assert emit() == ["from torch", "from scrubnet"]
+
+
+@pytest.mark.parametrize("options, needle", [(["lr=inf"], "not a finite number"), (["lr=NaN"], "not a finite number"),
+                                             (["lr=1e999"], "not a finite number"),
+                                             (["lr=0.1", "lr=0.2"], "given twice")])
+def test_method_options_that_are_not_finite_or_given_twice_are_refused_before_any_work(options, needle, tmp_path):
+    from scrubnet.cli.common import UserError, parse_options
+    with pytest.raises(UserError, match=needle) as e:
+        parse_options(options)
+    assert options[-1].split("=")[1] in str(e.value)   # the message names the value given
+    assert parse_options(["lr=0.1", "steps=3", "name=x"]) == {"lr": 0.1, "steps": 3, "name": "x"}
+
+
+@pytest.mark.parametrize("flag, value", [("--max-seconds", "inf"), ("--max-seconds", "nan"),
+                                         ("--max-cost-vs-retrain", "inf"), ("--max-cost-vs-retrain", "-1")])
+def test_budgets_must_be_finite_and_positive(flag, value, tmp_path):
+    ids = tmp_path / "ids.txt"
+    ids.write_text("0")
+    r = runner.invoke(app, ["forget", "--checkpoint", str(tmp_path / "none.safetensors"), "--forget-ids", str(ids),
+                            "--method", "finetune", "--out", str(tmp_path / "o.safetensors"), flag, value])
+    _one_user_error(r, f"{flag} must be a finite number > 0")
+    assert value in r.stderr and not (tmp_path / "o.safetensors").exists()
