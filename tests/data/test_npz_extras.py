@@ -83,6 +83,10 @@ def test_hf_directory_with_mask_through_the_cli(tmp_path):
     assert got["loss_test"] == pytest.approx(float(F.cross_entropy(logits, t["labels"])), rel=1e-5)
     r = runner.invoke(app, ["evaluate", "--model", f"hf:{tmp_path / 'nothing'}", "--weights", str(out),
                             "--data", str(data)])
+    assert r.exit_code == 2 and r.output.startswith("error:") and "no such directory" in r.output, r.output
+    (tmp_path / "plain").mkdir()
+    r = runner.invoke(app, ["evaluate", "--model", f"hf:{tmp_path / 'plain'}", "--weights", str(out),
+                            "--data", str(data)])
     assert r.exit_code == 2 and r.output.startswith("error:") and "config.json" in r.output, r.output
 
 
