@@ -29,6 +29,9 @@ class VerdictRules:
     margin : float
         Equivalence margin on the fraction of the distance closed: ``forgot`` needs that fraction's interval
         inside [1 − margin, 1 + margin] (the after gap within ``margin`` × the before gap of "unseen").
+    abs_margin : float
+        The equivalence margin in z units when larger than ``margin`` × the before gap (0.3: an AUC of ≈ 0.58
+        against held-out data), so that a small before gap does not demand an impossible precision.
     point_margin : float
         ``forgot`` also needs the fraction's point estimate at least 1 − ``point_margin`` (a scrub that closed
         three quarters of the distance is ``partly`` however many examples there are).
@@ -56,6 +59,7 @@ class VerdictRules:
 
     level: float = 0.90
     margin: float = 0.35
+    abs_margin: float = 0.3
     point_margin: float = 0.15
     floor: float = 0.1
     null_margin: float = 0.25
@@ -167,9 +171,12 @@ def samples_needed(n: int, ci: tuple[float, float], point: float, targets: list[
     return int(math.ceil(n * (half / max(dist)) ** 2 * 1.1))
 
 
-def _fraction_rules(ci: dict, pt: dict, rules: VerdictRules, n: int) -> tuple[str, str, int | None]:
-    """forgot / overshoot / partly / did_not_forget / inconclusive from the fraction of the distance closed."""
-    (lo, hi), f, m = ci["f"], pt["f"], rules.margin
+def _fraction_rules(ci: dict, pt: dict, rules: VerdictRules, n: int, abs_margin: float = 0.0
+                    ) -> tuple[str, str, int | None]:
+    """forgot / overshoot / partly / did_not_forget / inconclusive from the fraction of the distance closed;
+    the equivalence margin is ``rules.margin`` of the distance, or ``abs_margin`` in the gap's units if larger."""
+    (lo, hi), f = ci["f"], pt["f"]
+    m = max(rules.margin, abs_margin / pt["gap_b"]) if pt.get("gap_b", 0) > 0 else rules.margin
     if lo >= 1 - m and hi <= 1 + m and abs(1 - f) <= rules.point_margin:
         return "forgot", f"closed {f:.2f} [{lo:.2f}, {hi:.2f}] of the distance: D_f now looks unseen", None
     if lo > 1 + m:
@@ -177,7 +184,11 @@ def _fraction_rules(ci: dict, pt: dict, rules: VerdictRules, n: int) -> tuple[st
               "atypical D_f such as mislabelled samples)"
         return ("moved_wrong_way" if rules.overshoot_fails else "partly"), why, None
     if lo >= rules.floor:
-        return "partly", f"closed {f:.2f} [{lo:.2f}, {hi:.2f}] of the distance, not all of it", None
+        if hi < 1 - m or f < 1 - rules.point_margin:
+            return "partly", f"closed {f:.2f} [{lo:.2f}, {hi:.2f}] of the distance, not all of it", None
+        need = samples_needed(n, (lo, hi), f, [1 - m])
+        return "partly", f"closed {f:.2f} [{lo:.2f}, {hi:.2f}] of the distance: at least {lo:.2f}; too few " \
+                         "examples to establish all of it", need
     if f < rules.floor and hi < 1 - m:
         return "did_not_forget", f"closed {f:.2f} [{lo:.2f}, {hi:.2f}] of the distance, below the floor " \
                                  f"{rules.floor:g}", None
@@ -203,7 +214,7 @@ def decide_samples(ci: dict, pt: dict, rules: VerdictRules, n: int, calibrated: 
             return "nothing_to_measure", "D_f looked like held-out data already before the scrub", None
         need = samples_needed(n, (lo, hi), g, [0.0]) if g > 0 else None
         return "inconclusive", "whether D_f looked like training data before the scrub is not established", need
-    return _fraction_rules(ci, pt, rules, n)
+    return _fraction_rules(ci, pt, rules, n, rules.abs_margin)
 
 
 def decide_class(ci: dict, pt: dict, rules: VerdictRules, n: int, probe: dict | None
