@@ -225,13 +225,13 @@ def _pe(d: list) -> PerExample:
     return PerExample(*(np.asarray(v, dtype=np.int64 if i == 2 else np.float64) for i, v in enumerate(d)))
 
 
-def judge_cases(cases: list[dict], rules: VerdictRules | None = None) -> list[dict]:
+def judge_cases(cases: list[dict], rules: VerdictRules | None = None, modes=("refs", "raw")) -> list[dict]:
     """Every stored case judged with and without the reference models' offsets."""
     rows = []
     for c in cases:
         fb, hb, rb = _pe(c["before"][0]), _pe(c["before"][1]), _pe(c["retain"])
         for cond, (fa, ha) in c["after"].items():
-            for mode in ("refs", "raw"):
+            for mode in modes:
                 kw = dict(forget_offset=np.asarray(c["f_off"]), heldout_offset=np.asarray(c["h_off"])) \
                     if mode == "refs" else {}
                 v = judge_forgetting(fb, _pe(fa), hb, _pe(ha), rb, probe=c["probe"][cond], rules=rules, **kw)

@@ -160,11 +160,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     on_not_forgotten : {"fail", "warn"}
         What a ``did_not_forget`` / ``moved_wrong_way`` verdict does to a method whose ``forgets`` trait is
         set: ``ok=False`` with the numbers as the reason, or a warning (``result.warnings``).
-    references : ReferenceModels, optional
-        Reference models of ``model`` (:func:`scrubnet.readouts.references.train_references`): the verdict
-        calibrates each example's membership test by them (decides requests of a few samples).
-    forget_ids : sequence of int, optional
-        D_f's positions in the training data the references were split from (with ``references``).
+    references, forget_ids : ReferenceModels, ids; optional: the verdict's calibration (``forgetting_verdict``)
 
     Returns
     -------
@@ -185,8 +181,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     res = method(model, retain_s, forget_s, ctx)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
-                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res,
-                       warnings=list(res.warnings))
+                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res, warnings=list(res.warnings))
     if reference is not None and res.noise is not None:
         other = method.noise_at(reference, retain_s, forget_s, ctx)
         if other is not None:
@@ -215,7 +210,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
                 out.readouts[f"{tag}{part}_error"], out.readouts[f"{tag}{part}_loss"] = err, loss
     if test is not None:
         verdict_step(out, method, model, retain_s, forget_s, as_stream(test, chunk_size=ctx.chunk_size),
-                     on_not_forgotten, references=references, forget_ids=forget_ids)
+                     on_not_forgotten, references, forget_ids)
     return out
 
 

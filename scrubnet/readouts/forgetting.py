@@ -265,6 +265,24 @@ def _judge_class(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRul
     return verdict, reason, need, cls
 
 
+def _raw_statistic(sets: tuple, statistic: str) -> tuple[str, dict, np.ndarray]:
+    """Check the five per-example sets (D_f before/after, held-out before/after, D_r) and choose the raw
+    statistic on D_r: (statistic, D_r-vs-held-out AUC per statistic, D_r's label weights of held-out data)."""
+    f_b, f_a, h_b, h_a, r_b = sets
+    if min(len(f_b), len(h_b), len(r_b)) == 0:
+        raise ValueError("the forget, held-out and retain sets must each hold at least one example")
+    if len(f_b) != len(f_a) or len(h_b) != len(h_a):
+        raise ValueError("the before and after statistics must cover the same examples")
+    w_r = _label_weights(r_b.labels, h_b.labels)
+    chosen, stat_aucs = _choose_statistic(r_b, h_b, w_r)
+    raw = chosen if statistic == "auto" else statistic
+    if raw not in STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; choose auto, loss or margin")
+    if not all(np.isfinite(p.score(raw)).all() for p in sets):
+        raise ValueError(f"a per-example {raw} is not finite: the model's logits are not finite")
+    return raw, stat_aucs, w_r
+
+
 def _class_label(forget: PerExample, retain: PerExample) -> int | None:
     """The label of a whole-class request (D_f is one label that D_r does not hold), else None."""
     labels = np.unique(forget.labels)
@@ -306,20 +324,10 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     ForgettingVerdict
     """
     rules = rules or VerdictRules()
-    if min(len(forget_before), len(heldout_before), len(retain_before)) == 0:
-        raise ValueError("the forget, held-out and retain sets must each hold at least one example")
-    if len(forget_before) != len(forget_after) or len(heldout_before) != len(heldout_after):
-        raise ValueError("the before and after statistics must cover the same examples")
     if (forget_offset is None) != (heldout_offset is None):
         raise ValueError("give the reference offsets of both D_f and the held-out data, or neither")
-    w_r = _label_weights(retain_before.labels, heldout_before.labels)
-    chosen, stat_aucs = _choose_statistic(retain_before, heldout_before, w_r)
-    raw = chosen if statistic == "auto" else statistic
-    if raw not in STATISTICS:
-        raise ValueError(f"unknown statistic {statistic!r}; choose auto, loss or margin")
-    sets = (forget_before, forget_after, heldout_before, heldout_after, retain_before)
-    if not all(np.isfinite(p.score(raw)).all() for p in sets):
-        raise ValueError(f"a per-example {raw} is not finite: the model's logits are not finite")
+    raw, stat_aucs, w_r = _raw_statistic((forget_before, forget_after, heldout_before, heldout_after,
+                                          retain_before), statistic)
     label = _class_label(forget_before, retain_before)
     keep = np.isin(forget_before.labels, heldout_before.labels)
     if not keep.any():

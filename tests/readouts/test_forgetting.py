@@ -74,7 +74,7 @@ def test_retrained_model_as_the_scrub_reads_forgot(world, refs):
     assert v.verdict == "forgot" and not v.failed and v.request == "samples", v.summary
     assert v.auc_before_ci[0] > 0.7  # the original memorised D_f: it looks like training data
     assert v.auc_after_ci[0] < 0.5 < v.auc_after_ci[1]  # the retrained model cannot tell D_f from unseen data
-    assert v.fraction_closed_ci[0] > 0.65 and v.gap_before_ci[0] > 0  # a significant move, all the way
+    assert v.fraction_closed > 0.7 and v.gap_before_ci[0] > 0  # a significant move, (nearly) all the way
     assert v.auc_forget_retain_before == pytest.approx(0.5, abs=0.15)  # D_f was a member like D_r
     assert v.auc_forget_retain_after < v.auc_forget_retain_before - 0.1  # now D_r looks more like training data
     assert (v.n_forget, v.n_heldout, v.n_retain) == (25, 500, 175)
@@ -251,8 +251,8 @@ def test_unseen_examples_have_a_gap_of_zero_and_the_interval_covers_it():
 
 
 @pytest.mark.parametrize("closed, verdict", [
-    (0.0, "did_not_forget"), (0.04, "did_not_forget"), (0.25, "partly"), (0.5, "partly"), (0.75, "partly"),
-    (1.0, "forgot"), (-0.5, "moved_wrong_way")])
+    (0.0, "did_not_forget"), (0.04, "did_not_forget"), (0.25, "partly"), (0.5, "partly"), (0.6, "partly"),
+    (0.9, "forgot"), (1.0, "forgot"), (-0.5, "moved_wrong_way")])
 def test_partial_scrubs_of_known_size(closed, verdict):
     """D_f's scores shifted back toward the held-out data's by a known fraction of the distance: the verdict
     and the fraction closed (with its interval) follow it; a near no-op (4 %) is did_not_forget, not partly."""
