@@ -206,8 +206,10 @@ def run_one(family: str, seed: int, cases: list) -> dict:
         label = int(y_tr[ids[0]]) if size == "class" else None
         f_off = refs.offsets((x_tr[ids], y_tr[ids]), ids)
         models = candidates(family, orig, x_tr, y_tr, ids, retain, classes, epochs, seed, label)
-        pe = lambda m, xx, yy: _pe_json(per_example_statistics(m, (xx, yy)))  # noqa: E731
+        pe = lambda m, xx, yy: _pe_json(per_example_statistics(m, (xx, yy)))
+        f_in = refs.offsets((x_tr[ids], y_tr[ids]), ids, inside=True)
         case = {"family": family, "seed": seed, "size": size, "f_off": f_off.tolist(), "h_off": h_off.tolist(),
+                "f_in": f_in.tolist(),
                 "before": [pe(orig, x_tr[ids], y_tr[ids]), pe(orig, x_h, y_h)],
                 "retain": pe(orig, x_tr[retain], y_tr[retain]), "after": {}, "probe": {}}
         for cond, m in models.items():

@@ -13,8 +13,8 @@ that D_f's and the held-out data's offsets carry the same noise.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from torch import nn
@@ -65,10 +65,10 @@ class ReferenceModels:
         """``models`` (how many) and ``seconds`` (their one-off training cost), as the verdict records them."""
         return {"models": len(self.models), "seconds": float(self.seconds)}
 
-    def offsets(self, data, ids=None, seed: int = 0) -> np.ndarray:
+    def offsets(self, data, ids=None, seed: int = 0, inside: bool = False) -> np.ndarray:
         """Mean logit confidence, shape (n,), of each example of ``data`` under the references that never
         trained on it: the training examples at positions ``ids``, or held-out data (``ids`` None: one model
-        per pair, by a coin seeded with ``seed``).
+        per pair, by a coin seeded with ``seed``); with ``inside``, under those that did (``ids`` required).
 
         Parameters
         ----------
@@ -78,12 +78,16 @@ class ReferenceModels:
             Their positions in the training data; None for data no reference trained on.
         seed : int
             Seed of the coin that picks one model per pair for held-out data.
+        inside : bool
+            Average over the references that trained on each example instead (online LiRA's IN side).
 
         Returns
         -------
         ndarray, shape (n,)
         """
         phi = np.stack([per_example_statistics(m, data).score("confidence") for m in self.models])
+        if ids is None and inside:
+            raise ValueError("the references that trained on an example need its training position (ids)")
         if ids is None:
             pick = np.random.default_rng(seed).integers(0, 2, size=(len(self.models) // 2, phi.shape[1]))
             out = np.zeros(phi.shape, dtype=bool)
@@ -92,7 +96,7 @@ class ReferenceModels:
             ids = np.asarray(ids, dtype=np.int64)
             if len(ids) != phi.shape[1] or ids.min() < 0 or ids.max() >= self.members.shape[1]:
                 raise ValueError("ids must give one training position per example, inside the training data")
-            out = ~self.members[:, ids]
+            out = self.members[:, ids] if inside else ~self.members[:, ids]
         return (phi * out).sum(0) / out.sum(0)
 
 

@@ -56,8 +56,8 @@ def class_probe(model_before: nn.Module, model_after: nn.Module, heldout, label:
     Returns
     -------
     dict or None
-        ``recall_before``, ``recall_probe``, ``n``, ``chance`` (1 / classes); None when either model has no single linear head or the
-        two heads' inputs differ in size (the probe is then not defined).
+        ``recall_before``, ``recall_probe``, ``n``, ``chance`` (1 / classes); None when either model has no
+        single linear head or the two heads' inputs differ in size (the probe is then not defined).
     """
     modes = [(m, m.training) for m in (model_before, model_after)]
     hit_b = hit_p = n = classes = 0

@@ -356,3 +356,33 @@ def test_bad_inputs_are_refused():
         judge_forgetting(_pe([1.0, np.nan, 2.0, 3.0, 4.0]), z, z, z, z, statistic="margin")
     with pytest.raises(ValueError, match="statistic"):
         judge_forgetting(z, z, z, z, z, statistic="entropy")
+
+
+# --- reference models -------------------------------------------------------------------------------------------
+
+def test_reference_offsets_average_the_models_that_never_trained_on_each_example():
+    """Slow twin: the offset of training example i is the mean logit confidence (log p_y − log(1 − p_y)) under
+    the models whose half did not hold i; a held-out example's is one model per pair; ``inside`` the others."""
+    from scrubnet.readouts.references import ReferenceModels, reference_halves
+    members = reference_halves(30, pairs=2, seed=4)
+    assert members.shape == (4, 30) and (members[0] ^ members[1]).all() and (members[2] ^ members[3]).all()
+    assert members[0].sum() == 15
+    torch.manual_seed(0)
+    models = [nn.Linear(D, C) for _ in range(4)]
+    refs = ReferenceModels(models, members, seconds=1.5)
+    x, y = torch.randn(6, D), torch.randint(0, C, (6,))
+    ids = np.array([0, 3, 7, 11, 20, 29])
+    with torch.no_grad():
+        p = torch.stack([F.softmax(m(x).double(), 1)[torch.arange(6), y] for m in models]).numpy()
+    phi = np.log(p) - np.log1p(-p)
+    out = np.array([[phi[k, j] for k in range(4) if not members[k, i]] for j, i in enumerate(ids)]).mean(1)
+    inside = np.array([[phi[k, j] for k in range(4) if members[k, i]] for j, i in enumerate(ids)]).mean(1)
+    assert np.allclose(refs.offsets((x, y), ids), out) and np.allclose(refs.offsets((x, y), ids, inside=True), inside)
+    held = refs.offsets((x, y), None, seed=5)
+    pick = np.random.default_rng(5).integers(0, 2, size=(2, 6))
+    assert np.allclose(held, (phi[pick[0], np.arange(6)] + phi[2 + pick[1], np.arange(6)]) / 2)
+    assert refs.info() == {"models": 4, "seconds": 1.5}
+    with pytest.raises(ValueError, match="complementary"):
+        ReferenceModels(models, np.ones((4, 30), bool))
+    with pytest.raises(ValueError, match="ids"):
+        refs.offsets((x, y), None, inside=True)
