@@ -211,9 +211,11 @@ def _auc_or_none(pos: PerExample, neg: PerExample, statistic: str) -> float | No
     return weighted_auc(pos.score(statistic), neg.score(statistic), w) if len(pos) and w.sum() > 0 else None
 
 
-def _gap_part(scores: tuple, w: np.ndarray, rules: VerdictRules, n: int) -> tuple[dict, dict]:
-    """Points and intervals of the gaps, AUCs, change and fraction closed from the paired bootstrap."""
-    reps = paired_gaps(scores[:2], scores[2:], w, rules)
+def _gap_part(scores: tuple, w: np.ndarray, rules: VerdictRules, n: int, pos_weight=None) -> tuple[dict, dict]:
+    """Points and intervals of the gaps, AUCs, change and fraction closed from the paired bootstrap (``n``:
+    the forget examples, or the Kish size of ``pos_weight``)."""
+    reps = paired_gaps(scores[:2], scores[2:], w, rules, pos_weight=pos_weight)
+    n = n if pos_weight is None else max(int(round(effective_n(np.asarray(pos_weight, float)))), 2)
     reps["change"] = reps["gap_a"] - reps["gap_b"]
     with np.errstate(invalid="ignore", divide="ignore"):
         reps["f"] = np.where(reps["gap_b"] > 0, 1.0 - reps["gap_a"] / reps["gap_b"], np.nan)
@@ -293,7 +295,8 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
                      heldout_after: PerExample, retain_before: PerExample, retain_after: PerExample | None = None,
                      *, statistic: str = "auto", rules: VerdictRules | None = None,
                      forget_offset: np.ndarray | None = None, heldout_offset: np.ndarray | None = None,
-                     probe: dict | None = None, references: dict | None = None) -> ForgettingVerdict:
+                     probe: dict | None = None, references: dict | None = None,
+                     forget_weight: np.ndarray | None = None) -> ForgettingVerdict:
     """The verdict from per-example statistics (no model needed).
 
     Parameters
@@ -318,6 +321,9 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
         :func:`~scrubnet.readouts.verdict_class.class_probe`.
     references : dict, optional
         What the reference models cost (recorded in the verdict).
+    forget_weight : ndarray, optional
+        Weights of D_f's examples in the gap (e.g. how far the reference models that trained on each example
+        score it above those that did not: the examples where memorisation shows).
 
     Returns
     -------
@@ -340,7 +346,8 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
                      raw, None if forget_offset is None else np.asarray(forget_offset, float)[keep], heldout_offset)
     w_f = _label_weights(forget_before.labels[keep], heldout_before.labels)
     n_f = int(keep.sum())
-    pt, ci = _gap_part(scores, w_f, rules, n_f)
+    pt, ci = _gap_part(scores, w_f, rules, n_f, None if forget_weight is None else
+                       np.asarray(forget_weight, float)[keep])
     boot_r = retain_boot(retain_before.score(raw), heldout_before.score(raw), w_r, rules)
     ci["r"] = interval(boot_r, rules.level)
     cls = None

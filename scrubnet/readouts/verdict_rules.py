@@ -117,11 +117,13 @@ def effective_n(w: np.ndarray) -> float:
 
 
 def paired_gaps(pos: tuple[np.ndarray, np.ndarray], neg: tuple[np.ndarray, np.ndarray], w: np.ndarray,
-                rules: VerdictRules, block: int = 100) -> dict[str, np.ndarray]:
+                rules: VerdictRules, block: int = 100, pos_weight: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Point estimates (index 0) and bootstrap replicates (1..n_boot) of the membership gap and the AUC of
     D_f against held-out data under both models, keys ``gap_b``, ``gap_a``, ``auc_b``, ``auc_a``. The same
-    forget and held-out resamples score the two models, so their difference carries only the scrub's change."""
+    forget and held-out resamples score the two models, so their difference carries only the scrub's change.
+    ``pos_weight`` weighs the forget examples in the gap (not in the AUC)."""
     rng = np.random.default_rng(rules.seed)
+    pw = np.ones(len(pos[0])) if pos_weight is None else np.asarray(pos_weight, float)
     ranks = [Ranks(p, n) for p, n in zip(pos, neg)]
     n_eff = effective_n(w)
     out = {k: [] for k in ("gap_b", "gap_a", "auc_b", "auc_a")}
@@ -134,7 +136,7 @@ def paired_gaps(pos: tuple[np.ndarray, np.ndarray], neg: tuple[np.ndarray, np.nd
         for tag, r in zip("ba", ranks):
             u = r.cdf(c_neg)
             out[f"auc_{tag}"].append((c_pos * u).sum(1) / c_pos.sum(1))
-            out[f"gap_{tag}"].append((c_pos * probit(u, n_eff)).sum(1) / c_pos.sum(1))
+            out[f"gap_{tag}"].append((c_pos * pw * probit(u, n_eff)).sum(1) / (c_pos * pw).sum(1))
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
