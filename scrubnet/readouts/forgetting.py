@@ -21,6 +21,7 @@ Rules, thresholds and their measurement: docs/decisions/verdict.md.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -450,7 +451,8 @@ def _ci(c) -> str:
 
 def verdict_lines(v: dict) -> list[str]:
     """A verdict (``ForgettingVerdict.to_dict()``, e.g. from a sidecar) as a few short lines for a terminal."""
-    out = [f"forgetting verdict: {v['verdict']}", f"  why: {v['reason']}"]
+    out = [f"forgetting verdict: {v['verdict']}"]
+    out += [("  why: " if i == 0 else "       ") + part for i, part in enumerate(textwrap.wrap(v["reason"], 90))]
     cls = v.get("class_readout")
     if cls and cls.get("n_heldout_class"):
         out.append(f"  class {cls['label']}: probability on its held-out examples {cls['prob_before']:.2f} -> "

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from scrubnet.readouts.forgetting import (PerExample, VerdictRules, forgetting_verdict, judge_forgetting,
-                                          per_example_statistics, weighted_auc)
+                                          per_example_statistics, verdict_lines, weighted_auc)
 from scrubnet.readouts.references import train_references
 from scrubnet.readouts.verdict_rules import Ranks as _Ranks, counts as _counts, paired_gaps
 
@@ -166,6 +166,13 @@ def test_a_class_without_held_out_examples_reads_nothing_to_measure_with_the_rea
     d = v.to_dict()
     json.dumps(d, allow_nan=False)  # the receipt's form: plain JSON, no NaN
     assert d["outcome"] == "nothing_to_measure" and d["fraction_closed"] is None
+    lines = verdict_lines(d)  # what the CLI prints: a few short lines, the verdict first
+    assert lines[0] == "forgetting verdict: nothing_to_measure" and 3 <= len(lines) <= 8
+    assert all(len(line) <= 100 for line in lines) and "no held-out example" in " ".join(lines)
+    lines = verdict_lines(forgetting_verdict(world["original"], klass["hide"], klass["forget"], klass["retain"],
+                                             world["held"]).to_dict())
+    assert lines[0] == "forgetting verdict: hidden" and all(len(line) <= 100 for line in lines), lines
+    assert any(line.startswith("  probe") for line in lines) and len(lines) <= 10
 
 
 # --- per-example statistics -----------------------------------------------------------------------------------
