@@ -234,6 +234,10 @@ def test_the_membership_gap_is_the_mean_probit_of_each_examples_rank_among_held_
     reps = paired_gaps((pos, pos - 1), (neg, neg), w, VerdictRules(n_boot=0))
     assert reps["auc_b"][0] == pytest.approx(u.mean(), abs=1e-12)
     assert reps["gap_b"][0] == pytest.approx(norm.ppf(np.clip(u, eps, 1 - eps)).mean(), abs=1e-9)
+    pw = rng.uniform(0, 3, 15)  # weighted forget examples: the weighted mean of the same z (the AUC unweighted)
+    rw = paired_gaps((pos, pos - 1), (neg, neg), w, VerdictRules(n_boot=0), pos_weight=pw)
+    z = norm.ppf(np.clip(u, eps, 1 - eps))
+    assert rw["gap_b"][0] == pytest.approx((pw * z).sum() / pw.sum(), abs=1e-9) and rw["auc_b"][0] == reps["auc_b"][0]
 
 
 def _pe(scores, labels=None):
