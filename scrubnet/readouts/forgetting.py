@@ -217,9 +217,16 @@ def _gap_part(scores: tuple, w: np.ndarray, rules: VerdictRules, n: int, pos_wei
     the forget examples, or the Kish size of ``pos_weight``)."""
     reps = paired_gaps(scores[:2], scores[2:], w, rules, pos_weight=pos_weight)
     n = n if pos_weight is None else max(int(round(effective_n(np.asarray(pos_weight, float)))), 2)
-    reps["change"] = reps["gap_a"] - reps["gap_b"]
+    return _closed(reps, "gap", rules, n)
+
+
+def _closed(reps: dict, key: str, rules: VerdictRules, n: int) -> tuple[dict, dict]:
+    """Add the change (after − before) and the fraction closed 1 − after/before of ``reps[key_b]`` /
+    ``reps[key_a]`` (index 0: the point, then the replicates); return the points and the intervals."""
+    before, after = reps[f"{key}_b"], reps[f"{key}_a"]
+    reps["change"] = after - before
     with np.errstate(invalid="ignore", divide="ignore"):
-        reps["f"] = np.where(reps["gap_b"] > 0, 1.0 - reps["gap_a"] / reps["gap_b"], np.nan)
+        reps["f"] = np.where(before > 0, 1.0 - after / before, np.nan)
     pt = {k: float(v[0]) for k, v in reps.items()}
     ci = {k: interval(v[1:], rules.level, pt[k], n) for k, v in reps.items()}
     return pt, ci
@@ -233,12 +240,7 @@ def _class_part(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRule
     p = [np.exp(-np.asarray(h.loss, float)[keep]) for h in (h_b, h_a)]
     n = int(keep.sum())
     c = np.vstack([np.ones((1, n)), counts(np.random.default_rng(rules.seed + 2), n, rules.n_boot)])
-    reps = {"p_b": c @ p[0] / n, "p_a": c @ p[1] / n}
-    reps["change"] = reps["p_a"] - reps["p_b"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        reps["f"] = np.where(reps["p_b"] > 0, 1.0 - reps["p_a"] / reps["p_b"], np.nan)
-    pt = {k: float(v[0]) for k, v in reps.items()}
-    ci = {k: interval(v[1:], rules.level, pt[k], n) for k, v in reps.items()}
+    pt, ci = _closed({"p_b": c @ p[0] / n, "p_a": c @ p[1] / n}, "p", rules, n)
     return pt, ci, n
 
 
