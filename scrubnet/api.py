@@ -11,7 +11,7 @@ reasons, the method's report, the readouts when asked (error and loss on D_r, D_
 chunks) and, for a noisy method given a ``reference`` model (e.g. one retrained without D_f), the white-box
 information bound. With held-out data (``test``) every scrub gets a forgetting verdict (``result.forgetting``:
 does D_f now look like data the model never saw?); a method whose purpose is forgetting that ends at
-``did_not_forget`` or ``moved_wrong_way`` fails unless ``on_not_forgotten="warn"``. A failed scrub raises
+``did_not_forget``, ``moved_wrong_way`` or ``hidden`` fails unless ``on_not_forgotten="warn"``. A failed scrub raises
 :class:`ScrubFailed` unless ``on_failure="return"``.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         Held-out data (neither model trained on them, e.g. the test set): with it every scrub gets the
         forgetting verdict ``result.forgetting`` (:class:`~scrubnet.readouts.forgetting.ForgettingVerdict`).
     on_not_forgotten : {"fail", "warn"}
-        A forgetting method whose verdict is did_not_forget or moved_wrong_way fails, or only warns (``warnings``).
+        A forgetting method whose verdict is did_not_forget, moved_wrong_way or hidden fails, or only warns.
     reference : nn.Module, optional
         A model retrained without D_f; with a noisy method gives the information bound (nats).
     keys, chunk_size : BatchKeys or None, int

@@ -32,7 +32,7 @@ from torch import nn
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, ScrubResult, WeightGaussian
 from scrubnet.readouts.basic import stream_error_and_loss
-from scrubnet.readouts.forgetting import ForgettingVerdict, forgetting_verdict
+from scrubnet.readouts.forgetting import UNDECIDED, ForgettingVerdict, forgetting_verdict
 from scrubnet.readouts.information import weight_information
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.recipe.objective import check_stationarity
@@ -135,7 +135,7 @@ class ForgetResult:
 def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget, ctx: ForgetContext, *,
                       retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, retain_rule: str = "fail",
                       reference: nn.Module | None = None, readouts: bool = False, test=None,
-                      on_not_forgotten: str = "fail") -> ForgetResult:
+                      on_not_forgotten: str = "fail", references=None, forget_ids=None) -> ForgetResult:
     """Run ``method`` on ``model`` with the honesty checks (module docstring) and measure what a caller asked.
 
     Parameters
@@ -160,6 +160,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     on_not_forgotten : {"fail", "warn"}
         What a ``did_not_forget`` / ``moved_wrong_way`` verdict does to a method whose ``forgets`` trait is
         set: ``ok=False`` with the numbers as the reason, or a warning (``result.warnings``).
+    references, forget_ids : ReferenceModels, ids; optional: the verdict's calibration (``forgetting_verdict``)
 
     Returns
     -------
@@ -180,8 +181,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     res = method(model, retain_s, forget_s, ctx)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
-                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res,
-                       warnings=list(res.warnings))
+                       report=dict(res.info), noise=res.noise, checks=checks, scrub=res, warnings=list(res.warnings))
     if reference is not None and res.noise is not None:
         other = method.noise_at(reference, retain_s, forget_s, ctx)
         if other is not None:
@@ -210,31 +210,41 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
                 out.readouts[f"{tag}{part}_error"], out.readouts[f"{tag}{part}_loss"] = err, loss
     if test is not None:
         verdict_step(out, method, model, retain_s, forget_s, as_stream(test, chunk_size=ctx.chunk_size),
-                     on_not_forgotten)
+                     on_not_forgotten, references, forget_ids)
     return out
 
 
 def verdict_step(out: ForgetResult, method: ForgettingMethod, model: nn.Module, retain, forget, heldout,
-                 on_not_forgotten: str) -> None:
+                 on_not_forgotten: str, references=None, forget_ids=None) -> None:
     """Step 4 of the scrub path: the forgetting verdict into ``out.forgetting`` and, for a method whose
-    purpose is forgetting, a failing verdict into ``out.ok`` / ``out.reasons`` (``"fail"``) or
-    ``out.warnings`` (``"warn"``). ``out.report["verdict_seconds"]`` is its cost (s).
+    purpose is forgetting, a failing verdict (did_not_forget, moved_wrong_way, hidden) into ``out.ok`` /
+    ``out.reasons`` (``"fail"``) or ``out.warnings`` (``"warn"``); a verdict that could not judge the scrub
+    (inconclusive, nothing_to_measure) is a warning with its reason, never a silent pass.
+    ``out.report["verdict_seconds"]`` is its cost (s).
 
     The "before" model is the method's own original when it supplies one (a method that trains its own
-    model family), else ``model``. Held-out data the verdict cannot use (no label in common with D_f)
-    leave ``out.forgetting`` None with a warning.
+    model family; the reference models, which belong to ``model``, are then not used), else ``model``.
+    Held-out data the verdict cannot use at all (bad input) leave ``out.forgetting`` None with a warning.
     """
     t0 = time.perf_counter()
-    before = out.scrub.original if out.scrub.original is not None else model
+    own = out.scrub.original is not None
+    before = out.scrub.original if own else model
+    refs = None if own else references
     try:
-        v = forgetting_verdict(before, out.model, forget, retain, heldout)
+        v = forgetting_verdict(before, out.model, forget, retain, heldout, references=refs,
+                               forget_ids=forget_ids if refs is not None else None)
     except ValueError as e:
         out.warnings.append(f"no forgetting verdict: {e}")
         return
     finally:
         out.report["verdict_seconds"] = time.perf_counter() - t0
     out.forgetting = v
-    if not (v.failed and method.forgets):
+    if not method.forgets:
+        return
+    if v.verdict in UNDECIDED:
+        out.warnings.append(f"the forgetting verdict could not judge this scrub: {v.summary}")
+        return
+    if not v.failed:
         return
     msg = f"forgetting verdict {v.summary}"
     if on_not_forgotten == "fail":

@@ -20,6 +20,7 @@ from scrubnet.experiments.checkpoints import load_companion, load_for_forgetting
 from scrubnet.experiments.report import format_readout, readout_unit
 from scrubnet.experiments.runner import SeedRun, evaluate as eval_fn
 from scrubnet.methods.base import available_methods, method_class, protocol_method
+from scrubnet.readouts.forgetting import verdict_lines
 from scrubnet.scrub import scrub_and_measure
 from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
 from scrubnet.data.stream import as_stream
@@ -183,7 +184,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                               device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten)
         if meta is not None:
             v = meta.get("forgetting")
-            _print_verdict(v["summary"] if v else None, meta.get("warnings", []))
+            _print_verdict(v, meta.get("warnings", []))
             console.print(f"wrote {out} ({method}, |D_f| = {len(meta['forget_ids'])})")
         return
     dev = resolve_device(device)
@@ -205,14 +206,20 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                    "info": {k: float(v) for k, v in res.info.items() if isinstance(v, (int, float))},
                    "forgetting": None if checked.forgetting is None else checked.forgetting.to_dict(),
                    "warnings": list(checked.warnings)})
-    _print_verdict(None if checked.forgetting is None else checked.forgetting.summary, checked.warnings)
+    _print_verdict(None if checked.forgetting is None else checked.forgetting.to_dict(), checked.warnings)
     console.print(f"wrote {out} ({method}, |D_f| = {len(split.forget_idx)})")
 
 
-def _print_verdict(summary: str | None, warnings: list[str]) -> None:
-    """The forgetting verdict's one line (or why there is none) and the scrub's warnings."""
-    console.print(f"forgetting verdict: {summary}" if summary else
-                  "forgetting verdict: none (no test data to compare D_f with)", highlight=False, soft_wrap=True)
+def _print_verdict(verdict: dict | None, warnings: list[str]) -> None:
+    """The forgetting verdict on a few short lines (or why there is none) and the scrub's warnings."""
+    if verdict is not None:
+        lines = verdict_lines(verdict)
+    elif any(w.startswith("no forgetting verdict") for w in warnings):
+        lines = ["forgetting verdict: none (see the warning)"]
+    else:
+        lines = ["forgetting verdict: none (no test data to compare D_f with)"]
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
     for w in warnings:
         console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 

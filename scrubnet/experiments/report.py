@@ -165,19 +165,22 @@ def verdict_lines(results: dict) -> list[str]:
         for v in vs:
             counts[v["verdict"]] = counts.get(v["verdict"], 0) + 1
         cell = ", ".join(f"{k} ×{n}" for k, n in counts.items())
-        mean = lambda k: sum(v[k] for v in vs) / len(vs)  # noqa: E731
-        rows.append(f"| {m} | {cell} | {mean('auc_before'):.2f} | {mean('auc_after'):.2f} | "
-                    f"{mean('auc_retain_heldout'):.2f} | {vs[0]['statistic']} |")
+        def mean(k: str) -> str:
+            xs = [v[k] for v in vs if v.get(k) is not None]
+            return f"{sum(xs) / len(xs):.2f}" if xs else "n/a"
+        rows.append(f"| {m} | {cell} | {mean('auc_before')} | {mean('auc_after')} | {mean('fraction_closed')} | "
+                    f"{mean('auc_retain_heldout')} | {vs[0]['statistic']} |")
     if not rows:
         return []
     return ["## Forgetting verdict (no retrained model needed)", "",
             "Does D_f look like data the model never saw? AUC of D_f against the test examples of D_f's labels "
-            "(0.5: like unseen data, 1: memorised) under the original (before) and the method's model (after); "
-            "D_r vs test under the original says how much the model tells members apart at all. Means over "
-            "seeds; the verdict per seed (forgot, partly, did_not_forget, moved_wrong_way, inconclusive, "
+            "(0.5: like unseen data, 1: memorised) under the original (before) and the method's model (after), "
+            "and the fraction of D_f's membership gap the scrub closed (1: all of it, 0: none); D_r vs test "
+            "under the original says how much the model tells members apart at all. Means over seeds; the "
+            "verdict per seed (forgot, partly, did_not_forget, moved_wrong_way, hidden, inconclusive, "
             "nothing_to_measure). The retrain comparison above remains the judge where both exist.", "",
-            "| method | verdicts over seeds | AUC before | AUC after | AUC D_r vs test | statistic |",
-            "|---|---|---|---|---|---|"] + rows + [""]
+            "| method | verdicts over seeds | AUC before | AUC after | distance closed | AUC D_r vs test | statistic |",
+            "|---|---|---|---|---|---|---|"] + rows + [""]
 
 
 def _readout_table(results: dict, cols: list[str], degenerate: set) -> list[str]:

@@ -1,25 +1,28 @@
-"""A forgetting verdict that needs no retrained model: does D_f now look like data the model never saw?
+"""A forgetting verdict that needs evidence: does D_f now look like data the model never saw?
 
-Each example gets a membership score from one forward pass: the negated cross-entropy (``"loss"``) or the logit
-margin (``"margin"``: logit of the true class minus the largest other logit); training members score higher.
-The readout is the AUC of D_f against held-out data (the probability that a forget example scores above a
-held-out one, ties counting one half), with held-out examples weighted so that their label mix matches D_f's
-(a forgotten class is compared with held-out examples of that class). A model that never trained on D_f gives
-0.5 in expectation; a model that memorised D_f gives ≈ 1.
+Each forget example gets a per-example membership test against held-out data scored by the same model (its
+rank among them, as a z-score: :mod:`scrubnet.readouts.verdict_rules`); the tests are combined over D_f into
+the *membership gap* before and after the scrub, and the verdict rests on the fraction of that gap the scrub
+closed, with its interval: ``forgot`` only when an equivalence test puts D_f at "unseen" *and* the move is
+significant; ``partly`` with the fraction closed; ``did_not_forget`` below a floor; a significant move toward
+membership is ``moved_wrong_way`` at any sample size.
 
-The decision uses the input model's AUC of D_r against held-out data (which statistic separates training from
-unseen data, and whether there is anything to measure at all) and a paired bootstrap of D_f against held-out
-before and after (the same resampled forget and held-out examples score both models). Rules, thresholds and
-their measurement: docs/decisions/verdict.md.
+* Scores: without reference models, the negated loss or the logit margin (chosen on D_r, never on D_f).
+  With reference models (:mod:`scrubnet.readouts.references`, trained once per model on complementary halves
+  of its training data, reused for every request), each example's logit confidence minus its mean under the
+  reference models that never trained on it (offline LiRA's difficulty calibration): the per-example tests
+  then decide a request of ten samples.
+* A whole class (every training example of one label in D_f) is judged as a class: the probability the model
+  gives the class on its held-out examples against the ≈ 0 of a model that never saw it, and the input model's
+  own head on the scrubbed model's penultimate features as a linear probe — a model that only hides the class
+  reads ``hidden``. No held-out example of the class: ``nothing_to_measure`` with that reason.
 
-* :func:`per_example_statistics` — loss and margin of every example, one forward pass, chunk by chunk.
-* :func:`judge_forgetting` — the pure statistics core: per-example statistics in, :class:`ForgettingVerdict` out.
-* :func:`forgetting_verdict` — the model-level readout: two models and three data sets in.
+Rules, thresholds and their measurement: docs/decisions/verdict.md.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
-from statistics import NormalDist
 
 import numpy as np
 import torch
@@ -28,11 +31,19 @@ from torch import nn
 from scrubnet.data.stream import as_stream
 from scrubnet.device import model_device
 from scrubnet.models.call import call_model
+from scrubnet.readouts.verdict_class import class_probe
+from scrubnet.readouts.verdict_rules import (VerdictRules, counts, decide_class, decide_samples,
+                                             effective_n, interval, paired_gaps, retain_boot, weighted_auc)
 
-VERDICTS = ("forgot", "partly", "did_not_forget", "moved_wrong_way", "inconclusive", "nothing_to_measure")
+VERDICTS = ("forgot", "partly", "did_not_forget", "moved_wrong_way", "hidden", "inconclusive",
+            "nothing_to_measure")
 #: verdicts that fail a method whose purpose is forgetting
-FAILING = ("did_not_forget", "moved_wrong_way")
+FAILING = ("did_not_forget", "moved_wrong_way", "hidden")
+#: verdicts that leave a scrub unjudged (said to the user, never a silent pass)
+UNDECIDED = ("inconclusive", "nothing_to_measure")
 STATISTICS = ("loss", "margin")
+__all__ = ["VERDICTS", "FAILING", "PerExample", "VerdictRules", "ForgettingVerdict", "judge_forgetting",
+           "per_example_statistics", "forgetting_verdict", "verdict_lines", "weighted_auc"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +58,21 @@ class PerExample:
         Logit of the true class minus the largest other logit (logit units).
     labels : ndarray of int, shape (n,)
         The examples' labels (used to match label mixes between sets).
+    confidence : ndarray, shape (n,), optional
+        log p_y − log(1 − p_y) (LiRA's logit confidence); derived from ``loss`` when not given.
     """
 
     loss: np.ndarray
     margin: np.ndarray
     labels: np.ndarray
+    confidence: np.ndarray | None = None
 
     def __post_init__(self):
         n = {len(self.loss), len(self.margin), len(self.labels)}
+        if self.confidence is not None:
+            n.add(len(self.confidence))
         if len(n) != 1:
-            raise ValueError(f"loss, margin and labels must have one length, got {sorted(n)}")
+            raise ValueError(f"loss, margin, labels (and confidence) must have one length, got {sorted(n)}")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -67,85 +83,79 @@ class PerExample:
             return -np.asarray(self.loss, dtype=np.float64)
         if statistic == "margin":
             return np.asarray(self.margin, dtype=np.float64)
+        if statistic == "confidence":
+            if self.confidence is not None:
+                return np.asarray(self.confidence, dtype=np.float64)
+            loss = np.maximum(np.asarray(self.loss, dtype=np.float64), 1e-300)
+            return -loss - np.log(-np.expm1(-loss))
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
 
-
-@dataclass(frozen=True)
-class VerdictRules:
-    """Thresholds of the verdict (docs/decisions/verdict.md says how they were measured).
-
-    Parameters
-    ----------
-    level : float
-        Coverage of every bootstrap interval (two-sided percentile intervals).
-    margin : float
-        AUC distance from 0.5 still read as "looks unseen": ``forgot`` when the after interval comes within
-        ``margin`` of 0.5; D_f must start more than ``margin`` above 0.5 for there to be something to forget.
-    max_width : float
-        ``inconclusive`` when the after interval, or the interval a chance-level AUC has at these sample counts,
-        is wider than this.
-    overshoot_fails : bool
-        Whether an after interval entirely below 0.5 − ``margin`` (D_f now looks *less* like training data than
-        held-out data) reads ``moved_wrong_way`` (True) or ``partly`` (False, the default): without a reference
-        model an over-forgetting scrub cannot be told from an atypical D_f (mislabelled or out-of-distribution
-        samples, which a retrained model also scores below held-out data).
-    n_boot : int
-        Bootstrap replicates.
-    seed : int
-        Seed of the bootstrap's resampling.
-    """
-
-    level: float = 0.95
-    margin: float = 0.05
-    max_width: float = 0.3
-    overshoot_fails: bool = False
-    n_boot: int = 1000
-    seed: int = 0
+    def subset(self, keep: np.ndarray) -> "PerExample":
+        """The examples where ``keep`` (a boolean mask) is True."""
+        conf = None if self.confidence is None else self.confidence[keep]
+        return PerExample(self.loss[keep], self.margin[keep], self.labels[keep], conf)
 
 
 @dataclass
 class ForgettingVerdict:
-    """The verdict and the numbers behind it. AUCs are of "member score of D_f above that of held-out data".
+    """The verdict and the numbers behind it.
 
     Attributes
     ----------
     verdict : str
         One of :data:`VERDICTS`.
+    reason : str
+        Why, in one clause.
+    request : str
+        ``"samples"`` or ``"class"`` (D_f is every training example of one label).
     statistic : str
-        ``"loss"`` or ``"margin"``, the score the AUCs use.
+        ``"loss"``, ``"margin"`` or ``"calibrated"`` (logit confidence minus the reference models' mean).
     auc_before, auc_after : float
-        AUC of D_f against held-out data under the input and the scrubbed model.
+        AUC of D_f against held-out data (of D_f's labels) under the input and the scrubbed model.
     auc_before_ci, auc_after_ci : (float, float)
         Their bootstrap intervals (paired: the same resamples score both models).
-    auc_change_ci : (float, float)
-        Interval of auc_after − auc_before (positive: D_f looks more like training data than before).
-    distance_change_ci : (float, float)
-        Interval of |auc_after − 0.5| − |auc_before − 0.5| (negative: moved toward unseen-like).
+    gap_before, gap_after, gap_before_ci, gap_after_ci : float, (float, float)
+        D_f's membership gap (mean per-example z; 0 = unseen-like) and intervals.
+    fraction_closed, fraction_closed_ci : float, (float, float)
+        1 − gap_after / gap_before (for a class: 1 − p_after / p_before) and its interval.
     auc_retain_heldout, auc_retain_heldout_ci : float, (float, float)
-        AUC of D_r against held-out data under the input model (how much the model tells members apart).
+        AUC of D_r against held-out data under the input model (raw statistic).
     auc_retain_heldout_after : float or None
-        The same under the scrubbed model (None when D_r was not scored after).
+        The same under the scrubbed model.
     auc_forget_retain_before, auc_forget_retain_after : float or None
-        AUC of D_f against D_r (≈ 0.5 while D_f is still a member like D_r; falls as D_f is forgotten).
+        AUC of D_f against D_r.
     statistic_aucs : dict
-        AUC of D_r against held-out data under the input model for each statistic (how the statistic was chosen).
+        D_r-vs-held-out AUC per raw statistic (how the raw statistic was chosen).
     n_forget, n_heldout, n_retain : int
         Examples compared (forget examples whose label has no held-out example are left out).
     n_heldout_effective : float
-        Kish's effective size of the label-matched held-out set (e.g. the held-out examples of D_f's class).
-    level, rules : float, VerdictRules
+        Kish's effective size of the label-matched held-out set.
+    samples_needed : int or None
+        For ``inconclusive``: forget examples at which the same effect would be decided.
+    class_readout : dict or None
+        For a class: ``label``, ``n_heldout_class``, ``prob_before``/``prob_after`` (+ ``_ci``), ``recall_before``,
+        ``recall_after`` and ``recall_probe`` (the input model's head on the scrubbed features; None: no head).
+    references : dict or None
+        The reference models used: ``models`` and their one-off ``seconds``.
     summary : str
         One line with the verdict and the numbers.
+    rules : VerdictRules
     """
 
     verdict: str
+    reason: str
+    request: str
     statistic: str
     auc_before: float
     auc_before_ci: tuple[float, float]
     auc_after: float
     auc_after_ci: tuple[float, float]
-    auc_change_ci: tuple[float, float]
-    distance_change_ci: tuple[float, float]
+    gap_before: float
+    gap_before_ci: tuple[float, float]
+    gap_after: float
+    gap_after_ci: tuple[float, float]
+    fraction_closed: float
+    fraction_closed_ci: tuple[float, float]
     auc_retain_heldout: float
     auc_retain_heldout_ci: tuple[float, float]
     auc_retain_heldout_after: float | None
@@ -156,6 +166,9 @@ class ForgettingVerdict:
     n_heldout: int
     n_retain: int
     n_heldout_effective: float
+    samples_needed: int | None = None
+    class_readout: dict | None = None
+    references: dict | None = None
     summary: str = ""
     rules: VerdictRules = field(default_factory=VerdictRules)
 
@@ -165,127 +178,33 @@ class ForgettingVerdict:
         return self.verdict in FAILING
 
     def to_dict(self) -> dict:
-        """JSON-ready dict (tuples as lists)."""
-        d = asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        """A plain JSON-able dict: ``outcome`` (the verdict) first, tuples as lists, non-finite numbers None."""
+        def clean(v):
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, (tuple, list)):
+                return [clean(x) for x in v]
+            if isinstance(v, (float, np.floating)):
+                return float(v) if np.isfinite(v) else None
+            return v.item() if isinstance(v, np.generic) else v
+        return {"outcome": self.verdict, **clean(asdict(self))}
 
 
 # --- the statistics core -------------------------------------------------------------------------------------
 
 def _label_weights(target_labels: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Weights of ``labels`` making their label mix that of ``target_labels`` (0 for labels absent there)."""
-    classes, counts = np.unique(labels, return_counts=True)
+    classes, cnt = np.unique(labels, return_counts=True)
     t_classes, t_counts = np.unique(target_labels, return_counts=True)
     share = dict(zip(t_classes.tolist(), (t_counts / t_counts.sum()).tolist()))
-    per = {c: share.get(c, 0.0) / (n / len(labels)) for c, n in zip(classes.tolist(), counts.tolist())}
+    per = {c: share.get(c, 0.0) / (n / len(labels)) for c, n in zip(classes.tolist(), cnt.tolist())}
     return np.array([per[c] for c in labels.tolist()], dtype=np.float64)
 
 
-class _Ranks:
-    """Positive scores ranked once against sorted negative scores, so that each bootstrap replicate (counts of
-    positives and negatives) costs one cumulative sum: AUC = Σ_i c_i F(s_i) / Σ_i c_i with F the weighted
-    fraction of negatives below s_i plus half the tied ones."""
-
-    def __init__(self, pos: np.ndarray, neg: np.ndarray):
-        self.order = np.argsort(neg, kind="stable")
-        s = neg[self.order]
-        self.lt = np.searchsorted(s, pos, side="left")
-        self.le = np.searchsorted(s, pos, side="right")
-
-    def auc(self, c_pos: np.ndarray, w_neg: np.ndarray) -> np.ndarray:
-        """AUCs, shape (B,), for positive counts (B, n_pos) and negative weights (B, n_neg)."""
-        cum = np.concatenate([np.zeros((len(w_neg), 1)), np.cumsum(w_neg[:, self.order], axis=1)], axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a resample without negatives: NaN, dropped later
-            f = (cum[:, self.lt] + cum[:, self.le]) / (2.0 * cum[:, -1:])
-        return (c_pos * f).sum(1) / c_pos.sum(1)
-
-
-def weighted_auc(pos: np.ndarray, neg: np.ndarray, neg_weight: np.ndarray | None = None) -> float:
-    """P(pos score > neg score) + ½ P(tie), negatives weighted; shape-(n,) inputs, a float in [0, 1]."""
-    w = np.ones(len(neg)) if neg_weight is None else np.asarray(neg_weight, dtype=np.float64)
-    return float(_Ranks(np.asarray(pos, float), np.asarray(neg, float)).auc(np.ones((1, len(pos))), w[None])[0])
-
-
-def _counts(rng: np.random.Generator, n: int, b: int) -> np.ndarray:
-    """Bootstrap multiplicities, shape (b, n): each row resamples n of n with replacement."""
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64)
-
-
-def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    a = (1.0 - level) / 2.0
-    if np.isnan(values).all():
-        return float("nan"), float("nan")
-    lo, hi = np.nanquantile(values, [a, 1.0 - a])
-    return float(lo), float(hi)
-
-
-def chance_width(n_pos: int, n_neg: int, level: float = 0.95) -> float:
-    """Width of the normal interval of an AUC at chance (Mann–Whitney null variance (n+m+1)/(12nm)); the
-    narrowest interval these sample counts allow around 0.5, even when a bootstrap collapses at 0 or 1."""
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    return float(2.0 * z * np.sqrt((n_pos + n_neg + 1) / (12.0 * n_pos * n_neg)))
-
-
 def _choose_statistic(retain: PerExample, heldout: PerExample, w: np.ndarray) -> tuple[str, dict]:
-    """The statistic that best separates D_r from held-out data (never looks at D_f)."""
+    """The raw statistic that best separates D_r from held-out data (never looks at D_f)."""
     aucs = {s: weighted_auc(retain.score(s), heldout.score(s), w) for s in STATISTICS}
     return max(STATISTICS, key=lambda s: abs(aucs[s] - 0.5)), aucs
-
-
-def _effective_n(w: np.ndarray) -> float:
-    """Kish's effective sample size of weights: (Σw)² / Σw²."""
-    return float(w.sum() ** 2 / (w ** 2).sum()) if w.sum() > 0 else 0.0
-
-
-def _paired_boot(pos: tuple[np.ndarray, np.ndarray], neg: tuple[np.ndarray, np.ndarray], w: np.ndarray,
-                 rules: VerdictRules, block: int = 100) -> tuple[np.ndarray, np.ndarray]:
-    """Bootstrap AUCs (before, after), each shape (n_boot,): the same forget and held-out resamples score the
-    two models, so their difference carries only the scrub's change."""
-    rng = np.random.default_rng(rules.seed)
-    ranks = [_Ranks(p, n) for p, n in zip(pos, neg)]
-    out = [[], []]
-    for start in range(0, rules.n_boot, block):
-        b = min(block, rules.n_boot - start)
-        c_pos, c_neg = _counts(rng, len(pos[0]), b), _counts(rng, len(neg[0]), b) * w[None]
-        for k in (0, 1):
-            out[k].append(ranks[k].auc(c_pos, c_neg))
-    return np.concatenate(out[0]), np.concatenate(out[1])
-
-
-def _retain_boot(retain: np.ndarray, held: np.ndarray, w: np.ndarray, rules: VerdictRules) -> np.ndarray:
-    """Bootstrap AUCs of D_r against held-out data, shape (n_boot,) (resampled independently of D_f's)."""
-    rng = np.random.default_rng(rules.seed + 1)
-    ranks = _Ranks(retain, held)
-    return np.concatenate([ranks.auc(_counts(rng, len(retain), b), _counts(rng, len(held), b) * w[None])
-                           for b in np.diff(np.r_[np.arange(0, rules.n_boot, 100), rules.n_boot])])
-
-
-def _decide(ci: dict, width: float, rules: VerdictRules) -> tuple[str, str]:
-    """(verdict, reason) from the intervals (``b``/``a``: AUC before/after, ``c``: after − before, ``d``: change
-    of the distance to 0.5, ``r``: D_r vs held-out); the rules in the order docs/decisions/verdict.md gives them."""
-    m, before_ci, after_ci = rules.margin, ci["b"], ci["a"]
-    if ci["r"][0] <= 0.5:
-        return "nothing_to_measure", "the input model does not tell D_r from held-out data"
-    if not width <= rules.max_width:  # NaN too
-        return "inconclusive", f"interval width {width:.2f} > {rules.max_width:.2f}: too few examples"
-    if ci["c"][0] > 0 and after_ci[0] > 0.5:
-        return "moved_wrong_way", "D_f looks significantly more like training data than before"
-    if before_ci[0] <= 0.5 + m:
-        if before_ci[1] < 0.5 - m:
-            return "nothing_to_measure", "D_f looked less like training data than held-out data already before " \
-                                         "the scrub (an atypical D_f: it needs held-out data of its kind)"
-        if before_ci[1] <= 0.5 + 2 * m:
-            return "nothing_to_measure", "D_f looked like held-out data already before the scrub"
-        return "inconclusive", "whether D_f looked like training data before the scrub is not established"
-    if max(after_ci[0] - 0.5, 0.5 - after_ci[1], 0.0) <= m:
-        return "forgot", "D_f now looks like held-out data"
-    if after_ci[1] < 0.5 - m:
-        why = "overshot: D_f now looks less like training data than held-out data (over-forgetting, or an " \
-              "atypical D_f such as mislabelled samples)"
-        return ("moved_wrong_way" if rules.overshoot_fails else "partly"), why
-    if ci["d"][1] < 0:
-        return "partly", "moved significantly toward held-out-like; D_f still looks more like training data"
-    return "did_not_forget", "no significant move toward held-out-like"
 
 
 def _auc_or_none(pos: PerExample, neg: PerExample, statistic: str) -> float | None:
@@ -293,9 +212,94 @@ def _auc_or_none(pos: PerExample, neg: PerExample, statistic: str) -> float | No
     return weighted_auc(pos.score(statistic), neg.score(statistic), w) if len(pos) and w.sum() > 0 else None
 
 
+def _gap_part(scores: tuple, w: np.ndarray, rules: VerdictRules, n: int, pos_weight=None) -> tuple[dict, dict]:
+    """Points and intervals of the gaps, AUCs, change and fraction closed from the paired bootstrap (``n``:
+    the forget examples, or the Kish size of ``pos_weight``)."""
+    reps = paired_gaps(scores[:2], scores[2:], w, rules, pos_weight=pos_weight)
+    n = n if pos_weight is None else max(int(round(effective_n(np.asarray(pos_weight, float)))), 2)
+    return _closed(reps, "gap", rules, n)
+
+
+def _closed(reps: dict, key: str, rules: VerdictRules, n: int) -> tuple[dict, dict]:
+    """Add the change (after − before) and the fraction closed 1 − after/before of ``reps[key_b]`` /
+    ``reps[key_a]`` (index 0: the point, then the replicates); return the points and the intervals."""
+    before, after = reps[f"{key}_b"], reps[f"{key}_a"]
+    reps["change"] = after - before
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps["f"] = np.where(before > 0, 1.0 - after / before, np.nan)
+    pt = {k: float(v[0]) for k, v in reps.items()}
+    ci = {k: interval(v[1:], rules.level, pt[k], n) for k, v in reps.items()}
+    return pt, ci
+
+
+def _class_part(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRules
+                ) -> tuple[dict, dict, int]:
+    """The class's held-out readouts: mean probability of the class (p_b, p_a), its change and the fraction
+    closed toward 0, paired bootstrap over the class's held-out examples."""
+    keep = h_b.labels == label
+    p = [np.exp(-np.asarray(h.loss, float)[keep]) for h in (h_b, h_a)]
+    n = int(keep.sum())
+    c = np.vstack([np.ones((1, n)), counts(np.random.default_rng(rules.seed + 2), n, rules.n_boot)])
+    pt, ci = _closed({"p_b": c @ p[0] / n, "p_a": c @ p[1] / n}, "p", rules, n)
+    return pt, ci, n
+
+
+def _scores(sets: tuple, raw: str, f_off, h_off) -> tuple:
+    """Membership scores of (D_f before, D_f after, held-out before, held-out after): the raw statistic, or
+    with reference offsets the logit confidence minus each example's offset."""
+    if f_off is None:
+        return tuple(p.score(raw) for p in sets)
+    offs = (f_off, f_off, np.asarray(h_off, float), np.asarray(h_off, float))
+    out = tuple(p.score("confidence") - o for p, o in zip(sets, offs))
+    if not all(np.isfinite(x).all() for x in out):
+        raise ValueError("a calibrated score is not finite: check the reference offsets")
+    return out
+
+
+def _judge_class(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRules, probe: dict | None,
+                 pt: dict, ci: dict) -> tuple:
+    """(verdict, reason, samples needed, class readout) of a whole class; ``pt``/``ci`` get the class's
+    fraction closed."""
+    cpt, cci, n_hc = _class_part(h_b, h_a, label, rules)
+    verdict, reason, need = decide_class(cci, cpt, rules, n_hc, probe)
+    pt["f"], ci["f"] = cpt["f"], cci["f"]
+    rec = [float(np.mean(h.margin[h.labels == label] > 0)) for h in (h_b, h_a)]
+    cls = {"label": label, "n_heldout_class": n_hc, "prob_before": cpt["p_b"], "prob_before_ci": cci["p_b"],
+           "prob_after": cpt["p_a"], "prob_after_ci": cci["p_a"], "recall_before": rec[0],
+           "recall_after": rec[1], "recall_probe": None if probe is None else probe["recall_probe"]}
+    return verdict, reason, need, cls
+
+
+def _raw_statistic(sets: tuple, statistic: str) -> tuple[str, dict, np.ndarray]:
+    """Check the five per-example sets (D_f before/after, held-out before/after, D_r) and choose the raw
+    statistic on D_r: (statistic, D_r-vs-held-out AUC per statistic, D_r's label weights of held-out data)."""
+    f_b, f_a, h_b, h_a, r_b = sets
+    if min(len(f_b), len(h_b), len(r_b)) == 0:
+        raise ValueError("the forget, held-out and retain sets must each hold at least one example")
+    if len(f_b) != len(f_a) or len(h_b) != len(h_a):
+        raise ValueError("the before and after statistics must cover the same examples")
+    w_r = _label_weights(r_b.labels, h_b.labels)
+    chosen, stat_aucs = _choose_statistic(r_b, h_b, w_r)
+    raw = chosen if statistic == "auto" else statistic
+    if raw not in STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; choose auto, loss or margin")
+    if not all(np.isfinite(p.score(raw)).all() for p in sets):
+        raise ValueError(f"a per-example {raw} is not finite: the model's logits are not finite")
+    return raw, stat_aucs, w_r
+
+
+def _class_label(forget: PerExample, retain: PerExample) -> int | None:
+    """The label of a whole-class request (D_f is one label that D_r does not hold), else None."""
+    labels = np.unique(forget.labels)
+    return int(labels[0]) if len(labels) == 1 and not np.isin(labels, retain.labels).any() else None
+
+
 def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldout_before: PerExample,
                      heldout_after: PerExample, retain_before: PerExample, retain_after: PerExample | None = None,
-                     *, statistic: str = "auto", rules: VerdictRules | None = None) -> ForgettingVerdict:
+                     *, statistic: str = "auto", rules: VerdictRules | None = None,
+                     forget_offset: np.ndarray | None = None, heldout_offset: np.ndarray | None = None,
+                     probe: dict | None = None, references: dict | None = None,
+                     forget_weight: np.ndarray | None = None) -> ForgettingVerdict:
     """The verdict from per-example statistics (no model needed).
 
     Parameters
@@ -305,64 +309,69 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     heldout_before, heldout_after : PerExample
         Statistics of held-out data under the two models.
     retain_before : PerExample
-        Statistics of D_r (or a sample of it) under the input model: it picks the statistic and says whether
-        the model tells training from unseen data at all.
+        Statistics of D_r (or a sample of it) under the input model: it picks the raw statistic, says whether
+        the model tells training from unseen data at all, and whether D_f is a whole class.
     retain_after : PerExample, optional
         D_r under the scrubbed model (reported only).
     statistic : {"auto", "loss", "margin"}
-        ``"auto"``: the one whose D_r-vs-held-out AUC is further from 0.5 under the input model.
+        Raw statistic without offsets; ``"auto"``: the one whose D_r-vs-held-out AUC is further from 0.5.
     rules : VerdictRules, optional
+    forget_offset, heldout_offset : ndarray, optional
+        Per-example reference offsets (mean logit confidence under the reference models that never trained on
+        the example); given, the score is the logit confidence minus the offset (``"calibrated"``).
+    probe : dict, optional
+        For a whole class: ``recall_probe`` and ``recall_before`` from
+        :func:`~scrubnet.readouts.verdict_class.class_probe`.
+    references : dict, optional
+        What the reference models cost (recorded in the verdict).
+    forget_weight : ndarray, optional
+        Weights of D_f's examples in the gap (e.g. how far the reference models that trained on each example
+        score it above those that did not: the examples where memorisation shows).
 
     Returns
     -------
     ForgettingVerdict
     """
     rules = rules or VerdictRules()
-    if min(len(forget_before), len(heldout_before), len(retain_before)) == 0:
-        raise ValueError("the forget, held-out and retain sets must each hold at least one example")
-    if len(forget_before) != len(forget_after) or len(heldout_before) != len(heldout_after):
-        raise ValueError("the before and after statistics must cover the same examples")
-    w_r = _label_weights(retain_before.labels, heldout_before.labels)
-    chosen, stat_aucs = _choose_statistic(retain_before, heldout_before, w_r)
-    statistic = chosen if statistic == "auto" else statistic
-    if statistic not in STATISTICS:
-        raise ValueError(f"unknown statistic {statistic!r}; choose auto, loss or margin")
-    sets = (forget_before, forget_after, heldout_before, heldout_after, retain_before)
-    if not all(np.isfinite(p.score(statistic)).all() for p in sets):
-        raise ValueError(f"a per-example {statistic} is not finite: the model's logits are not finite")
-    # forget examples whose label no held-out example has cannot be compared: left out (and counted)
+    if (forget_offset is None) != (heldout_offset is None):
+        raise ValueError("give the reference offsets of both D_f and the held-out data, or neither")
+    raw, stat_aucs, w_r = _raw_statistic((forget_before, forget_after, heldout_before, heldout_after,
+                                          retain_before), statistic)
+    label = _class_label(forget_before, retain_before)
     keep = np.isin(forget_before.labels, heldout_before.labels)
     if not keep.any():
-        raise ValueError("no held-out example shares a label with the forget set")
-    f_b, f_a = (forget_before.score(statistic)[keep], forget_after.score(statistic)[keep])
-    h_b, h_a = heldout_before.score(statistic), heldout_after.score(statistic)
+        what = f"no held-out example of the forgotten class {label}" if label is not None else \
+            "no held-out example shares a label with D_f"
+        return _unmeasured(what, forget_before, heldout_before, retain_before, stat_aucs, raw, label, rules)
+    calibrated = forget_offset is not None
+    stat = "calibrated" if calibrated else raw
+    scores = _scores((forget_before.subset(keep), forget_after.subset(keep), heldout_before, heldout_after),
+                     raw, None if forget_offset is None else np.asarray(forget_offset, float)[keep], heldout_offset)
     w_f = _label_weights(forget_before.labels[keep], heldout_before.labels)
-    boot_b, boot_a = _paired_boot((f_b, f_a), (h_b, h_a), w_f, rules)
-    boot_r = _retain_boot(retain_before.score(statistic), h_b, w_r, rules)
-    boots = {"b": boot_b, "a": boot_a, "r": boot_r, "c": boot_a - boot_b,
-             "d": np.abs(boot_a - 0.5) - np.abs(boot_b - 0.5)}
-    ci = {k: _interval(v, rules.level) for k, v in boots.items()}
-    n_f, n_h = int(keep.sum()), _effective_n(w_f)
-    width = max(ci["a"][1] - ci["a"][0], chance_width(n_f, max(int(round(n_h)), 1), rules.level))
-    verdict, reason = _decide(ci, width, rules)
-    sub = lambda p: PerExample(p.loss[keep], p.margin[keep], p.labels[keep])  # noqa: E731
-    auc_b, auc_a = weighted_auc(f_b, h_b, w_f), weighted_auc(f_a, h_a, w_f)
+    n_f = int(keep.sum())
+    pt, ci = _gap_part(scores, w_f, rules, n_f, None if forget_weight is None else
+                       np.asarray(forget_weight, float)[keep])
+    boot_r = retain_boot(retain_before.score(raw), heldout_before.score(raw), w_r, rules)
+    ci["r"] = interval(boot_r, rules.level)
+    cls = None
+    if label is None:
+        verdict, reason, need = decide_samples(ci, pt, rules, n_f, calibrated)
+    else:
+        verdict, reason, need, cls = _judge_class(heldout_before, heldout_after, label, rules, probe, pt, ci)
     out = ForgettingVerdict(
-        verdict=verdict, statistic=statistic, auc_before=auc_b, auc_before_ci=ci["b"], auc_after=auc_a,
-        auc_after_ci=ci["a"], auc_change_ci=ci["c"], distance_change_ci=ci["d"],
-        auc_retain_heldout=stat_aucs[statistic],
+        verdict=verdict, reason=reason, request="samples" if label is None else "class", statistic=stat,
+        auc_before=pt["auc_b"], auc_before_ci=ci["auc_b"], auc_after=pt["auc_a"], auc_after_ci=ci["auc_a"],
+        gap_before=pt["gap_b"], gap_before_ci=ci["gap_b"], gap_after=pt["gap_a"], gap_after_ci=ci["gap_a"],
+        fraction_closed=pt["f"], fraction_closed_ci=ci["f"], auc_retain_heldout=stat_aucs[raw],
         auc_retain_heldout_ci=ci["r"],
-        auc_retain_heldout_after=None if retain_after is None else _auc_or_none(retain_after, heldout_after,
-                                                                               statistic),
-        auc_forget_retain_before=_auc_or_none(sub(forget_before), retain_before, statistic),
-        auc_forget_retain_after=None if retain_after is None else _auc_or_none(sub(forget_after), retain_after,
-                                                                              statistic),
+        auc_retain_heldout_after=None if retain_after is None else _auc_or_none(retain_after, heldout_after, raw),
+        auc_forget_retain_before=_auc_or_none(forget_before.subset(keep), retain_before, raw),
+        auc_forget_retain_after=None if retain_after is None else _auc_or_none(forget_after.subset(keep),
+                                                                              retain_after, raw),
         statistic_aucs=stat_aucs, n_forget=n_f, n_heldout=len(heldout_before), n_retain=len(retain_before),
-        n_heldout_effective=n_h, rules=rules)
-    out.summary = (f"{verdict} ({reason}): D_f vs held-out AUC ({statistic}) {auc_b:.2f} "
-                   f"[{ci['b'][0]:.2f}, {ci['b'][1]:.2f}] -> {auc_a:.2f} [{ci['a'][0]:.2f}, {ci['a'][1]:.2f}]; "
-                   f"D_r vs held-out {out.auc_retain_heldout:.2f}; n_forget={n_f}, n_heldout={len(heldout_before)} "
-                   f"(effective {n_h:.0f} with D_f's labels)")
+        n_heldout_effective=effective_n(w_f), samples_needed=need, class_readout=cls, references=references,
+        rules=rules)
+    out.summary = _summary(out)
     return out
 
 
@@ -371,7 +380,7 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
 @torch.no_grad()
 def per_example_statistics(model: nn.Module, data, max_examples: int | None = None,
                            seed: int = 0) -> PerExample:
-    """Loss and margin of every example of ``data`` under ``model`` (eval mode, one forward pass).
+    """Loss, margin and logit confidence of every example of ``data`` under ``model`` (eval mode, one forward pass).
 
     Parameters
     ----------
@@ -388,7 +397,8 @@ def per_example_statistics(model: nn.Module, data, max_examples: int | None = No
     Returns
     -------
     PerExample
-        loss (n,) in nats, margin (n,) in logit units, labels (n,).
+        loss (n,) in nats, margin (n,) in logit units, labels (n,), confidence (n,) (true logit minus the
+        log-sum-exp of the others: log p_y − log(1 − p_y)).
     """
     stream = as_stream(data)
     n = len(stream)
@@ -399,7 +409,7 @@ def per_example_statistics(model: nn.Module, data, max_examples: int | None = No
         chunks = stream.chunks()
     device, was_training = model_device(model), model.training
     model.eval()
-    losses, margins, labels, seen = [], [], [], 0
+    losses, margins, confs, labels, seen = [], [], [], [], 0
     try:
         for x, y in chunks:
             if max_examples is not None and seen >= max_examples:
@@ -407,21 +417,82 @@ def per_example_statistics(model: nn.Module, data, max_examples: int | None = No
             logits = call_model(model, x.to(device)).double()
             y = y.to(logits.device)
             true = logits.gather(1, y[:, None])[:, 0]
-            other = logits.scatter(1, y[:, None], float("-inf")).amax(1)
+            others = logits.scatter(1, y[:, None], float("-inf"))
             losses.append(torch.logsumexp(logits, 1) - true)
-            margins.append(true - other)
+            margins.append(true - others.amax(1))
+            confs.append(true - torch.logsumexp(others, 1))
             labels.append(y)
             seen += len(y)
     finally:
         model.train(was_training)
     cat = lambda t: torch.cat(t).cpu().numpy() if t else np.zeros(0)  # noqa: E731
     k = max_examples if max_examples is not None else None
-    return PerExample(cat(losses)[:k], cat(margins)[:k], cat(labels).astype(np.int64)[:k])
+    return PerExample(cat(losses)[:k], cat(margins)[:k], cat(labels).astype(np.int64)[:k], cat(confs)[:k])
+
+
+def _unmeasured(what: str, f: PerExample, h: PerExample, r: PerExample, stat_aucs: dict, raw: str,
+                label: int | None, rules: VerdictRules) -> ForgettingVerdict:
+    """``nothing_to_measure`` when no held-out example can stand for D_f (the reason says what to give)."""
+    nan, nan2 = float("nan"), (float("nan"), float("nan"))
+    cls = None if label is None else {"label": label, "n_heldout_class": 0}
+    out = ForgettingVerdict(
+        verdict="nothing_to_measure", reason=f"{what}: give held-out data with D_f's labels", request=
+        "samples" if label is None else "class", statistic=raw, auc_before=nan, auc_before_ci=nan2, auc_after=nan,
+        auc_after_ci=nan2, gap_before=nan, gap_before_ci=nan2, gap_after=nan, gap_after_ci=nan2,
+        fraction_closed=nan, fraction_closed_ci=nan2, auc_retain_heldout=stat_aucs[raw], auc_retain_heldout_ci=nan2,
+        auc_retain_heldout_after=None, auc_forget_retain_before=None, auc_forget_retain_after=None,
+        statistic_aucs=stat_aucs, n_forget=0, n_heldout=len(h), n_retain=len(r), n_heldout_effective=0.0,
+        class_readout=cls, rules=rules)
+    out.summary = _summary(out)
+    return out
+
+
+def _ci(c) -> str:
+    return f"[{c[0]:.2f}, {c[1]:.2f}]" if c is not None and None not in c and np.all(np.isfinite(c)) else "[n/a]"
+
+
+def verdict_lines(v: dict) -> list[str]:
+    """A verdict (``ForgettingVerdict.to_dict()``, e.g. from a sidecar) as a few short lines for a terminal."""
+    out = [f"forgetting verdict: {v['verdict']}"]
+    out += [("  why: " if i == 0 else "       ") + part for i, part in enumerate(textwrap.wrap(v["reason"], 90))]
+    cls = v.get("class_readout")
+    if cls and cls.get("n_heldout_class"):
+        out.append(f"  class {cls['label']}: probability on its held-out examples {cls['prob_before']:.2f} -> "
+                   f"{cls['prob_after']:.2f} {_ci(cls['prob_after_ci'])}; recall {cls['recall_before']:.2f} -> "
+                   f"{cls['recall_after']:.2f}")
+        if cls.get("recall_probe") is not None:
+            out.append(f"  probe (input model's head on the scrubbed features): recall {cls['recall_probe']:.2f}")
+    if v.get("auc_before") is not None and v.get("n_forget"):
+        out.append(f"  D_f vs held-out AUC ({v['statistic']}): {v['auc_before']:.2f} -> {v['auc_after']:.2f} "
+                   f"{_ci(v['auc_after_ci'])}")
+        out.append(f"  membership gap (z): {v['gap_before']:.2f} {_ci(v['gap_before_ci'])} -> "
+                   f"{v['gap_after']:.2f} {_ci(v['gap_after_ci'])}")
+    if v.get("fraction_closed") is not None:
+        out.append(f"  distance closed: {v['fraction_closed']:.2f} {_ci(v['fraction_closed_ci'])}")
+    out.append(f"  n_forget {v['n_forget']}, n_heldout {v['n_heldout']} (effective {v['n_heldout_effective']:.0f})")
+    if v.get("samples_needed"):
+        out.append(f"  about {v['samples_needed']} forget examples would decide it"
+                   + ("" if v.get("references") else " (or reference models: scrubnet.readouts.references)"))
+    if v.get("references"):
+        out.append(f"  reference models: {v['references']['models']}, trained once in "
+                   f"{v['references']['seconds']:.1f} s")
+    return out
+
+
+def _summary(v: ForgettingVerdict) -> str:
+    """One line: the verdict, its reason and the deciding numbers."""
+    s = f"{v.verdict} ({v.reason})"
+    if np.isfinite(v.fraction_closed):
+        s += f"; closed {v.fraction_closed:.2f} {_ci(v.fraction_closed_ci)}"
+    if np.isfinite(v.auc_before):
+        s += f"; D_f vs held-out AUC ({v.statistic}) {v.auc_before:.2f} -> {v.auc_after:.2f}"
+    s += f"; n_forget={v.n_forget}, n_heldout={v.n_heldout}"
+    return s + (f"; ~{v.samples_needed} forget examples would decide it" if v.samples_needed else "")
 
 
 def forgetting_verdict(model_before: nn.Module, model_after: nn.Module, forget, retain, heldout, *,
-                       statistic: str = "auto", rules: VerdictRules | None = None,
-                       max_retain: int | None = 10000) -> ForgettingVerdict:
+                       statistic: str = "auto", rules: VerdictRules | None = None, max_retain: int | None = 10000,
+                       references=None, forget_ids=None) -> ForgettingVerdict:
     """Did the scrub make D_f look like data the model never saw? No retrained model needed.
 
     Parameters
@@ -431,16 +502,22 @@ def forgetting_verdict(model_before: nn.Module, model_after: nn.Module, forget, 
     forget, retain, heldout : (x, y) tensors, Dataset, DataLoader or DataStream
         D_f, D_r and held-out data (e.g. the test set) — data neither model trained on.
     statistic : {"auto", "loss", "margin"}
-        See :func:`judge_forgetting`.
+        The raw statistic without reference models (see :func:`judge_forgetting`).
     rules : VerdictRules, optional
         Thresholds, bootstrap size and seed.
     max_retain : int or None
         Score at most this many D_r examples (seeded subset); None scores all of D_r.
+    references : ReferenceModels, optional
+        Reference models of the input model (:func:`scrubnet.readouts.references.train_references`): each
+        example's score is calibrated by its mean under the references that never trained on it.
+    forget_ids : sequence of int, optional
+        D_f's positions in the training data the references were split from (required with ``references``).
 
     Returns
     -------
     ForgettingVerdict
-        One forward pass per set per model: D_f, held-out and (a sample of) D_r, before and after.
+        One forward pass per set per model (and per reference model on D_f and held-out data); a whole class
+        also runs the class's held-out examples through both models' heads (the probe).
     """
     rules = rules or VerdictRules()
     stats = {}
@@ -448,4 +525,14 @@ def forgetting_verdict(model_before: nn.Module, model_after: nn.Module, forget, 
         stats[name] = [per_example_statistics(model, forget), per_example_statistics(model, heldout),
                        per_example_statistics(model, retain, max_retain, rules.seed)]
     (f_b, h_b, r_b), (f_a, h_a, r_a) = stats["before"], stats["after"]
-    return judge_forgetting(f_b, f_a, h_b, h_a, r_b, r_a, statistic=statistic, rules=rules)
+    f_off = h_off = info = None
+    if references is not None:
+        if forget_ids is None:
+            raise ValueError("reference models need forget_ids: D_f's positions in the training data they split")
+        f_off, h_off = references.offsets(forget, forget_ids), references.offsets(heldout, None, rules.seed)
+        info = references.info()
+    label, probe = _class_label(f_b, r_b), None
+    if label is not None and (h_b.labels == label).any():
+        probe = class_probe(model_before, model_after, heldout, label)
+    return judge_forgetting(f_b, f_a, h_b, h_a, r_b, r_a, statistic=statistic, rules=rules, forget_offset=f_off,
+                            heldout_offset=h_off, probe=probe, references=info)

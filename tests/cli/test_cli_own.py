@@ -71,10 +71,13 @@ def own(tmp_path_factory):
 
 
 def _forget(d, out, method="finetune", weights="net.pt", extra=()):
+    """``scrubnet forget`` on the fixture; ``--warn-not-forgotten``: one epoch of fine-tuning leaves these five
+    samples memorised (the verdict reads did_not_forget, as it should: tests/experiments/test_verdictwire.py);
+    these tests are about what is written."""
     return runner.invoke(app, ["forget", "--model", f"{d / 'net.py'}:make_net", "--weights", str(d / weights),
                                "--data", str(d / "data.npz"), "--recipe", str(d / "recipe.toml"),
                                "--forget-ids", str(d / "forget.txt"), "--method", method, "--out", str(out),
-                               *extra])
+                               "--warn-not-forgotten", *extra])
 
 
 def test_forget_writes_scrubbed_weights_with_a_complete_sidecar(own, tmp_path):

@@ -140,6 +140,43 @@ def test_forget_verdict_reads_forgot_for_a_scrub_that_retrains(world):
     assert abs(r.forgetting.auc_after - 0.5) < abs(r.forgetting.auc_before - 0.5)
 
 
+def _step(model, after, retain, forget, held, **kw):
+    """The scrub path's verdict step on a result whose method (Keep: a forgetting method) returned ``after``."""
+    from scrubnet.scrub import ForgetResult, verdict_step
+    out = ForgetResult(ok=True, reasons=[], method=KEEP, recipe=TrainingRecipe(), scrub=ScrubResult(after))
+    verdict_step(out, Keep(), model, retain, forget, held, "fail", **kw)
+    return out
+
+
+def test_verdict_step_uses_reference_models_and_never_passes_silently(world):
+    """Reference models reach the verdict (calibrated scores, their cost recorded); an undecided verdict of a
+    forgetting method is a warning with its reason; a class without held-out examples is nothing_to_measure
+    with the reason, not a silent ok."""
+    from scrubnet.readouts.references import train_references
+    w = world
+
+    def fit(idx, seed):
+        torch.manual_seed(seed)
+        return _fit(nn.Sequential(nn.Linear(D, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, C)),
+                    w["x"][idx], w["y"][idx])
+    refs = train_references(fit, 200, seed=3)
+    out = _step(w["model"], copy.deepcopy(w["model"]), w["retain"], w["forget"], w["held"], references=refs,
+                forget_ids=np.arange(25))
+    v = out.forgetting
+    assert v.statistic == "calibrated" and v.references["models"] == 4 and v.verdict == "did_not_forget"
+    assert not out.ok and "did_not_forget" in out.reasons[0]
+    unseen = _data(7, 12)  # a "D_f" the model never trained on: no membership to establish, undecided
+    out = _step(w["model"], w["model"], w["retain"], unseen, w["held"])
+    assert out.forgetting.verdict in ("inconclusive", "nothing_to_measure"), out.forgetting.summary
+    assert out.ok and any("could not judge" in x for x in out.warnings)
+    cls = w["y"] == 2
+    hx, hy = w["held"]
+    out = _step(w["model"], w["model"], (w["x"][~cls], w["y"][~cls]), (w["x"][cls], w["y"][cls]),
+                (hx[hy != 2], hy[hy != 2]))
+    assert out.forgetting.verdict == "nothing_to_measure" and out.forgetting.request == "class"
+    assert out.ok and any("no held-out example of the forgotten class 2" in x for x in out.warnings)
+
+
 def test_method_traits_say_which_methods_forget():
     assert not base.method_class("original").forgets and not base.method_class("retrain").forgets
     assert not base.method_class("hiding").forgets and not base.method_class("mlforget-retrain").forgets

@@ -5,6 +5,7 @@ noisy labels): the retrained model given as the scrub reads ``forgot``, the iden
 training on D_f ``moved_wrong_way``, 3 forget samples ``inconclusive``, a model that does not tell D_r from
 held-out data ``nothing_to_measure``. Then the statistics core on synthetic scores, against slow twins."""
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -13,9 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from scrubnet.readouts.forgetting import (PerExample, VerdictRules, _counts, _Ranks, chance_width,
-                                          forgetting_verdict, judge_forgetting, per_example_statistics,
-                                          weighted_auc)
+from scrubnet.readouts.forgetting import (PerExample, VerdictRules, forgetting_verdict, judge_forgetting,
+                                          per_example_statistics, verdict_lines, weighted_auc)
+from scrubnet.readouts.references import train_references
+from scrubnet.readouts.verdict_rules import Ranks as _Ranks, counts as _counts, paired_gaps
 
 D, C = 20, 3
 
@@ -55,26 +57,36 @@ def world():
     return dict(forget=forget, retain=retain, held=held, original=original, retrained=retrained, x=x, y=y)
 
 
-def _verdict(w, before, after, forget=None):
-    return forgetting_verdict(before, after, forget or w["forget"], w["retain"], w["held"])
+def _verdict(w, before, after, forget=None, **kw):
+    return forgetting_verdict(before, after, forget or w["forget"], w["retain"], w["held"], **kw)
 
 
-def test_retrained_model_as_the_scrub_reads_forgot(world):
+@pytest.fixture(scope="module")
+def refs(world):
+    """Four reference models of the world's original (two pairs of complementary halves of its 200 samples)."""
+    def fit(idx, seed):
+        return _train(_mlp(seed), world["x"][idx], world["y"][idx])
+    return train_references(fit, 200, pairs=2, seed=1)
+
+
+def test_retrained_model_as_the_scrub_reads_forgot(world, refs):
     v = _verdict(world, world["original"], world["retrained"])
-    assert v.verdict == "forgot" and not v.failed, v.summary
+    assert v.verdict == "forgot" and not v.failed and v.request == "samples", v.summary
     assert v.auc_before_ci[0] > 0.7  # the original memorised D_f: it looks like training data
     assert v.auc_after_ci[0] < 0.5 < v.auc_after_ci[1]  # the retrained model cannot tell D_f from unseen data
-    assert v.distance_change_ci[1] < 0  # a significant move toward 0.5
+    assert v.fraction_closed > 0.7 and v.gap_before_ci[0] > 0  # a significant move, (nearly) all the way
     assert v.auc_forget_retain_before == pytest.approx(0.5, abs=0.15)  # D_f was a member like D_r
     assert v.auc_forget_retain_after < v.auc_forget_retain_before - 0.1  # now D_r looks more like training data
     assert (v.n_forget, v.n_heldout, v.n_retain) == (25, 500, 175)
+    r = _verdict(world, world["original"], world["retrained"], references=refs, forget_ids=np.arange(25))
+    assert r.verdict == "forgot" and r.statistic == "calibrated" and r.references["models"] == 4, r.summary
 
 
 def test_identity_reads_did_not_forget(world):
     v = _verdict(world, world["original"], world["original"])
     assert v.verdict == "did_not_forget" and v.failed, v.summary
     assert v.auc_after == v.auc_before and v.auc_after_ci == v.auc_before_ci  # paired: the same resamples
-    assert v.distance_change_ci == (0.0, 0.0)
+    assert v.fraction_closed == 0.0 and v.fraction_closed_ci == (0.0, 0.0)
 
 
 def test_extra_training_on_the_forget_set_reads_moved_wrong_way(world):
@@ -82,14 +94,27 @@ def test_extra_training_on_the_forget_set_reads_moved_wrong_way(world):
     more = _train(copy.deepcopy(moderate), *world["forget"], steps=50, lr=3e-3)
     v = _verdict(world, moderate, more)
     assert v.verdict == "moved_wrong_way" and v.failed, v.summary
-    assert v.auc_after_ci[0] > v.auc_before_ci[1] and v.distance_change_ci[0] > 0
+    assert v.auc_after_ci[0] > v.auc_before_ci[1] and v.gap_after_ci[0] > v.gap_before_ci[1]
 
 
-def test_three_forget_samples_read_inconclusive(world):
-    f3 = tuple(t[:3] for t in world["forget"])
-    for after in (world["original"], world["retrained"]):
-        v = _verdict(world, world["original"], after, forget=f3)
-        assert v.verdict == "inconclusive" and not v.failed and v.n_forget == 3, v.summary
+def test_a_significant_wrong_way_move_is_reported_at_five_samples(world):
+    """Five samples: far too few for an equivalence test, enough for a significant move toward membership."""
+    moderate = _train(_mlp(0), world["x"], world["y"], steps=40, lr=3e-3)
+    f5 = tuple(t[:5] for t in world["forget"])
+    more = _train(copy.deepcopy(moderate), *f5, steps=60, lr=3e-3)
+    v = _verdict(world, moderate, more, forget=f5)
+    assert v.verdict == "moved_wrong_way" and v.n_forget == 5, v.summary
+
+
+def test_reference_models_decide_ten_samples(world, refs):
+    """Ten samples: the calibrated per-example tests establish that D_f was memorised and is still; the raw
+    scores' interval is wider (the references remove each example's difficulty)."""
+    f10, ids = tuple(t[:10] for t in world["forget"]), np.arange(10)
+    raw = _verdict(world, world["original"], world["original"], forget=f10)
+    cal = _verdict(world, world["original"], world["original"], forget=f10, references=refs, forget_ids=ids)
+    assert cal.verdict == "did_not_forget" and cal.gap_before_ci[0] > raw.gap_before_ci[0] > 0, cal.summary
+    with pytest.raises(ValueError, match="forget_ids"):
+        _verdict(world, world["original"], world["original"], forget=f10, references=refs)
 
 
 def test_model_that_cannot_tell_retain_from_heldout_reads_nothing_to_measure():
@@ -101,6 +126,53 @@ def test_model_that_cannot_tell_retain_from_heldout_reads_nothing_to_measure():
     v = forgetting_verdict(linear, linear, (x[:25], y[:25]), (x[25:], y[25:]), _data(300, 500, noise=0.0))
     assert v.verdict == "nothing_to_measure" and not v.failed, v.summary
     assert v.auc_retain_heldout_ci[0] < 0.5 < v.auc_retain_heldout_ci[1]
+
+
+# --- whole classes ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def klass(world):
+    """Class 2 forgotten whole: the original (all 200), the gold (D_r without class 2, another init), a model
+    that only hides the class (its head row zeroed, its bias pushed down)."""
+    x, y = world["x"], world["y"]
+    out = y == 2
+    gold = _train(_mlp(60), x[~out], y[~out])
+    hide = copy.deepcopy(world["original"])
+    with torch.no_grad():
+        hide[-1].weight[2] = 0.0
+        hide[-1].bias[2] = -20.0
+    return dict(forget=(x[out], y[out]), retain=(x[~out], y[~out]), gold=gold, hide=hide)
+
+
+def test_a_class_reads_forgot_hidden_or_did_not_forget_as_a_class(world, klass):
+    args = (klass["forget"], klass["retain"], world["held"])
+    gold = forgetting_verdict(world["original"], klass["gold"], *args)
+    assert gold.request == "class" and gold.verdict == "forgot", gold.summary
+    c = gold.class_readout
+    assert c["label"] == 2 and c["prob_before"] > 0.3 and c["prob_after_ci"][1] < 0.05 and c["recall_after"] == 0
+    hidden = forgetting_verdict(world["original"], klass["hide"], *args)
+    assert hidden.verdict == "hidden" and hidden.failed, hidden.summary
+    assert hidden.class_readout["recall_probe"] == hidden.class_readout["recall_before"] > 0.3
+    same = forgetting_verdict(world["original"], world["original"], *args)
+    assert same.verdict == "did_not_forget", same.summary
+
+
+def test_a_class_without_held_out_examples_reads_nothing_to_measure_with_the_reason(world, klass):
+    hx, hy = world["held"]
+    v = forgetting_verdict(world["original"], klass["gold"], klass["forget"], klass["retain"],
+                           (hx[hy != 2], hy[hy != 2]))
+    assert v.verdict == "nothing_to_measure" and v.request == "class", v.summary
+    assert "no held-out example of the forgotten class 2" in v.reason and v.class_readout["n_heldout_class"] == 0
+    d = v.to_dict()
+    json.dumps(d, allow_nan=False)  # the receipt's form: plain JSON, no NaN
+    assert d["outcome"] == "nothing_to_measure" and d["fraction_closed"] is None
+    lines = verdict_lines(d)  # what the CLI prints: a few short lines, the verdict first
+    assert lines[0] == "forgetting verdict: nothing_to_measure" and 3 <= len(lines) <= 8
+    assert all(len(line) <= 100 for line in lines) and "no held-out example" in " ".join(lines)
+    lines = verdict_lines(forgetting_verdict(world["original"], klass["hide"], klass["forget"], klass["retain"],
+                                             world["held"]).to_dict())
+    assert lines[0] == "forgetting verdict: hidden" and all(len(line) <= 100 for line in lines), lines
+    assert any(line.startswith("  probe") for line in lines) and len(lines) <= 10
 
 
 # --- per-example statistics -----------------------------------------------------------------------------------
@@ -149,11 +221,23 @@ def test_bootstrap_by_counts_equals_the_auc_of_the_resampled_arrays():
         assert fast[b] == pytest.approx(_brute_auc(pos[ip], neg[jn], w[jn]), abs=1e-12)
 
 
-def test_chance_width_is_the_spread_of_auc_between_two_samples_of_one_distribution():
+def test_the_membership_gap_is_the_mean_probit_of_each_examples_rank_among_held_out_data():
+    """Slow twin of the per-example tests: for each forget example, the weighted mid-rank fraction of held-out
+    scores below it, through Φ⁻¹ (clipped at the held-out resolution), averaged; the AUC is the mean fraction."""
+    from scipy.stats import norm
     rng = np.random.default_rng(2)
-    aucs = [weighted_auc(rng.normal(size=25), rng.normal(size=500)) for _ in range(3000)]
-    assert chance_width(25, 500) == pytest.approx(2 * 1.959964 * np.std(aucs), rel=0.06)
-    assert chance_width(25, 500) == pytest.approx(2 * 1.959964 * np.sqrt(526 / (12 * 25 * 500)))
+    pos, neg, w = rng.normal(1, 1, 15), np.round(rng.normal(0, 1, 40), 1), rng.uniform(0.5, 2, 40)
+    pos[:3] = neg[:3]  # ties count one half
+    u = np.array([(w * ((p > neg) + 0.5 * (p == neg))).sum() / w.sum() for p in pos])
+    n_eff = w.sum() ** 2 / (w ** 2).sum()
+    eps = 1 / (2 * (n_eff + 1))
+    reps = paired_gaps((pos, pos - 1), (neg, neg), w, VerdictRules(n_boot=0))
+    assert reps["auc_b"][0] == pytest.approx(u.mean(), abs=1e-12)
+    assert reps["gap_b"][0] == pytest.approx(norm.ppf(np.clip(u, eps, 1 - eps)).mean(), abs=1e-9)
+    pw = rng.uniform(0, 3, 15)  # weighted forget examples: the weighted mean of the same z (the AUC unweighted)
+    rw = paired_gaps((pos, pos - 1), (neg, neg), w, VerdictRules(n_boot=0), pos_weight=pw)
+    z = norm.ppf(np.clip(u, eps, 1 - eps))
+    assert rw["gap_b"][0] == pytest.approx((pw * z).sum() / pw.sum(), abs=1e-9) and rw["auc_b"][0] == reps["auc_b"][0]
 
 
 def _pe(scores, labels=None):
@@ -165,44 +249,71 @@ def _judge(f_b, f_a, h, r, **kw):
     return judge_forgetting(_pe(f_b), _pe(f_a), _pe(h), _pe(h), _pe(r), **kw)
 
 
-@pytest.mark.parametrize("after_mean, verdict, overshoot_verdict", [
-    (0.0, "forgot", "forgot"), (1.0, "partly", "partly"), (2.0, "did_not_forget", "did_not_forget"),
-    (3.5, "moved_wrong_way", "moved_wrong_way"), (-2.0, "partly", "moved_wrong_way"),
-    (-0.8, "partly", "moved_wrong_way")])
-def test_rules_on_synthetic_scores(after_mean, verdict, overshoot_verdict):
+def test_unseen_examples_have_a_gap_of_zero_and_the_interval_covers_it():
+    """D_f drawn like the held-out data: the gap's 90 % interval covers 0 in about 90 % of draws at n = 10."""
+    rng = np.random.default_rng(9)
+    h, r = rng.normal(size=400), rng.normal(2.0, 1.0, 300)
+    covered = []
+    for _ in range(60):
+        f = rng.normal(size=10)
+        v = _judge(f, f, h, r, rules=VerdictRules(n_boot=300))
+        covered.append(v.gap_before_ci[0] <= 0 <= v.gap_before_ci[1])
+    assert 0.8 <= np.mean(covered) <= 1.0
+
+
+@pytest.mark.parametrize("closed, verdict", [
+    (0.0, "did_not_forget"), (0.04, "did_not_forget"), (0.25, "partly"), (0.5, "partly"), (0.6, "partly"),
+    (0.9, "forgot"), (1.0, "forgot"), (-0.5, "moved_wrong_way")])
+def test_partial_scrubs_of_known_size(closed, verdict):
+    """D_f's scores shifted back toward the held-out data's by a known fraction of the distance: the verdict
+    and the fraction closed (with its interval) follow it; a near no-op (4 %) is did_not_forget, not partly."""
     rng = np.random.default_rng(3)
-    noise, h, r = rng.normal(size=60), rng.normal(size=400), rng.normal(2.0, 1.0, 300)
-    v = _judge(2.0 + noise, after_mean + noise, h, r)
+    f, h, r = rng.normal(1.5, 1.0, 300), rng.normal(size=2000), rng.normal(1.5, 1.0, 300)
+    v = _judge(f, f - 1.5 * closed, h, r)
     assert v.verdict == verdict, v.summary
-    assert (after_mean < 0) == ("overshot" in v.summary)
-    v2 = _judge(2.0 + noise, after_mean + noise, h, r, rules=VerdictRules(overshoot_fails=True))
-    assert v2.verdict == overshoot_verdict, v2.summary
-    assert v.auc_before_ci[0] > 0.8 and v.n_forget == 60 and v.n_heldout == 400
+    if verdict != "moved_wrong_way":
+        lo, hi = v.fraction_closed_ci
+        assert lo <= closed + 0.03 and hi >= closed - 0.03 and hi - lo < 0.2, v.summary
+        assert v.fraction_closed == pytest.approx(closed, abs=0.06)
+
+
+@pytest.mark.parametrize("overshoot_fails, verdict", [(False, "partly"), (True, "moved_wrong_way")])
+def test_overshoot_is_said(overshoot_fails, verdict):
+    rng = np.random.default_rng(3)
+    f, h, r = rng.normal(1.5, 1.0, 300), rng.normal(size=2000), rng.normal(1.5, 1.0, 300)
+    v = _judge(f, f - 3.5, h, r, rules=VerdictRules(overshoot_fails=overshoot_fails))
+    assert v.verdict == verdict and "overshot" in v.summary, v.summary
 
 
 def test_nothing_to_measure_when_retain_or_forget_does_not_look_like_training_data():
     rng = np.random.default_rng(4)
-    h, f = rng.normal(size=400), rng.normal(2.0, 1.0, 60)
-    assert _judge(f, f - 2, h, rng.normal(size=300)).verdict == "nothing_to_measure"  # D_r like held-out
+    h, f = rng.normal(size=400), rng.normal(0.1, 1.0, 60)
+    v = _judge(f, f - 2, h, rng.normal(size=300))  # D_r (and D_f) like held-out: the model tells nothing apart
+    assert v.verdict == "nothing_to_measure" and "D_r" in v.reason, v.summary
+    # D_r like held-out, but D_f itself established above it: the evidence on D_f decides
+    assert _judge(f + 2, f, h, rng.normal(size=300)).verdict == "forgot"
     g = rng.normal(size=200)  # D_f never looked like training data (D_r did): no before-to-after to read
     v = _judge(g, g, h, rng.normal(2.0, 1.0, 300))
-    assert v.verdict == "nothing_to_measure" and v.auc_before_ci[1] < 0.6, v.summary
+    assert v.verdict == "nothing_to_measure" and abs(v.gap_before) < 0.25, v.summary
     v = _judge(g - 3, g - 3, h, rng.normal(2.0, 1.0, 300))  # e.g. mislabelled D_f against ordinary held-out data
     assert v.verdict == "nothing_to_measure" and "atypical" in v.summary, v.summary
-    # too few examples to tell whether D_f looked like training data (interval reaches 0.5 and 0.6)
-    w = _judge(g[:25] + 0.3, g[:25] + 0.3, h, rng.normal(2.0, 1.0, 300))
-    assert w.verdict == "inconclusive" and w.auc_before_ci[0] < 0.55 < 0.6 < w.auc_before_ci[1], w.summary
+    # too few examples to tell whether D_f looked like training data: says how many would
+    w = _judge(g[:8] + 0.3, g[:8] + 0.3, h, rng.normal(2.0, 1.0, 300))
+    assert w.verdict == "inconclusive" and w.gap_before_ci[0] < 0 < w.gap_before and w.samples_needed > 8, w.summary
     # ... but pushing such a D_f toward training-like is a move the wrong way
     assert _judge(g, g + 3, h, rng.normal(2.0, 1.0, 300)).verdict == "moved_wrong_way"
 
 
-def test_inconclusive_follows_the_sample_count_not_a_collapsed_bootstrap():
+def test_memorised_examples_are_decided_at_three_samples_and_a_wrong_way_move_at_five():
+    """No width gate: three examples above every held-out score establish membership (and an unchanged model
+    did not forget); five examples pushed far up are a significant move the wrong way."""
     rng = np.random.default_rng(5)
     h, r = rng.normal(size=400), rng.normal(3.0, 1.0, 300)
-    for n, verdict in ((3, "inconclusive"), (12, "inconclusive"), (30, "did_not_forget")):
-        f = np.full(n, 50.0)  # far above every held-out score: every resample gives AUC 1, width 0
-        v = _judge(f, f, h, r)
-        assert v.verdict == verdict and v.auc_after_ci == (1.0, 1.0), (n, v.summary)
+    f = np.full(3, 50.0)
+    v = _judge(f, f, h, r)
+    assert v.verdict == "did_not_forget" and v.gap_before_ci[0] > 2.5, v.summary
+    g = rng.normal(0.3, 1.0, 5)
+    assert _judge(g, g + 6, h, r).verdict == "moved_wrong_way"
 
 
 def test_held_out_is_matched_to_the_forget_sets_labels():
@@ -256,3 +367,33 @@ def test_bad_inputs_are_refused():
         judge_forgetting(_pe([1.0, np.nan, 2.0, 3.0, 4.0]), z, z, z, z, statistic="margin")
     with pytest.raises(ValueError, match="statistic"):
         judge_forgetting(z, z, z, z, z, statistic="entropy")
+
+
+# --- reference models -------------------------------------------------------------------------------------------
+
+def test_reference_offsets_average_the_models_that_never_trained_on_each_example():
+    """Slow twin: the offset of training example i is the mean logit confidence (log p_y − log(1 − p_y)) under
+    the models whose half did not hold i; a held-out example's is one model per pair; ``inside`` the others."""
+    from scrubnet.readouts.references import ReferenceModels, reference_halves
+    members = reference_halves(30, pairs=2, seed=4)
+    assert members.shape == (4, 30) and (members[0] ^ members[1]).all() and (members[2] ^ members[3]).all()
+    assert members[0].sum() == 15
+    torch.manual_seed(0)
+    models = [nn.Linear(D, C) for _ in range(4)]
+    refs = ReferenceModels(models, members, seconds=1.5)
+    x, y = torch.randn(6, D), torch.randint(0, C, (6,))
+    ids = np.array([0, 3, 7, 11, 20, 29])
+    with torch.no_grad():
+        p = torch.stack([F.softmax(m(x).double(), 1)[torch.arange(6), y] for m in models]).numpy()
+    phi = np.log(p) - np.log1p(-p)
+    out = np.array([[phi[k, j] for k in range(4) if not members[k, i]] for j, i in enumerate(ids)]).mean(1)
+    inside = np.array([[phi[k, j] for k in range(4) if members[k, i]] for j, i in enumerate(ids)]).mean(1)
+    assert np.allclose(refs.offsets((x, y), ids), out) and np.allclose(refs.offsets((x, y), ids, inside=True), inside)
+    held = refs.offsets((x, y), None, seed=5)
+    pick = np.random.default_rng(5).integers(0, 2, size=(2, 6))
+    assert np.allclose(held, (phi[pick[0], np.arange(6)] + phi[2 + pick[1], np.arange(6)]) / 2)
+    assert refs.info() == {"models": 4, "seconds": 1.5}
+    with pytest.raises(ValueError, match="complementary"):
+        ReferenceModels(models, np.ones((4, 30), bool))
+    with pytest.raises(ValueError, match="ids"):
+        refs.offsets((x, y), None, inside=True)

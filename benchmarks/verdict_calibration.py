@@ -1,0 +1,327 @@
+"""Calibration of the forgetting verdict on model families the tests do not use, with the truth known by
+construction (docs/decisions/verdict.md, "Calibration").
+
+Families: an MLP on vectors (scikit-learn ``make_classification``, 10 % label noise), an LSTM on tokens (a
+motif-count task, 15 % label noise), a 1-D CNN on MNIST-1D, a CNN on scikit-learn digits with 20 % label noise
+(and, with ``--families all``, the same CNN on clean digits). Each is trained to (near) zero training loss on a
+few thousand examples at most.
+
+Per family and seed: the original; four reference models (two pairs of complementary halves, trained once and
+reused for every request); then for every forget set — 10 samples, 100 samples, 1 %, 10 %, one whole class —
+the gold (retrained on D_r from another initialisation), output blends of original and gold with 0.25 / 0.5 /
+0.75 of the gold's probabilities, the original fine-tuned briefly on D_r, the original fine-tuned on D_f, and
+(for a class) the original with the class's head row zeroed and its bias pushed down (hiding). Truth:
+original and fine-tuned on D_r → did_not_forget, gold → forgot, blends → partly, fine-tuned on D_f →
+moved_wrong_way, hiding → hidden.
+
+Prints the confusion table (truth × verdict, with and without the reference models), per-size rows, and a last
+line ``false_forgot F; blend25_forgot B; gold_forgot_at_10 G10; gold_forgot_at_100 G100; undecided_at_10 U10``
+with the reference models' cost beside it.
+
+    OMP_NUM_THREADS=1 python benchmarks/verdict_calibration.py [--seeds 3] [--families core|all]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scrubnet.readouts.forgetting import PerExample, judge_forgetting, per_example_statistics
+from scrubnet.readouts.references import train_references
+from scrubnet.readouts.verdict_class import class_probe
+from scrubnet.readouts.verdict_rules import VerdictRules
+
+TRUTH = {"original": "did_not_forget", "gold": "forgot", "blend25": "partly", "blend50": "partly",
+         "blend75": "partly", "ft_retain": "did_not_forget", "ft_forget": "moved_wrong_way", "hiding": "hidden"}
+NOT_FORGOTTEN = ("did_not_forget", "moved_wrong_way", "hidden")
+UNDECIDED = ("inconclusive", "nothing_to_measure")
+COLS = ("forgot", "partly", "did_not_forget", "moved_wrong_way", "hidden", "inconclusive", "nothing_to_measure")
+
+
+# --- data and models ----------------------------------------------------------------------------------------
+
+def _noisy(y: np.ndarray, frac: float, classes: int, rng) -> np.ndarray:
+    flip = rng.random(len(y)) < frac
+    return np.where(flip, rng.integers(0, classes, len(y)), y)
+
+
+def vectors(seed: int):
+    from sklearn.datasets import make_classification
+    x, y = make_classification(n_samples=1600, n_features=20, n_informative=10, n_classes=4, flip_y=0.1,
+                               class_sep=1.0, random_state=seed)
+    return torch.tensor(x, dtype=torch.float32), torch.tensor(y), 4, 1200
+
+
+def tokens(seed: int):
+    rng = np.random.default_rng(seed)
+    n, length, vocab = 1600, 16, 20
+    x = rng.integers(4, vocab, size=(n, length))
+    y = rng.integers(0, 4, n)
+    for i in range(n):  # class k: motif token k appears most often
+        pos = rng.choice(length, size=3 + rng.integers(0, 3), replace=False)
+        x[i, pos] = y[i]
+    return torch.tensor(x), torch.tensor(_noisy(y, 0.15, 4, rng)), 4, 1200
+
+
+def mnist1d(seed: int):
+    from mnist1d.data import get_dataset_args, make_dataset
+    args = get_dataset_args()
+    args.num_samples, args.seed = 2000, seed
+    d = make_dataset(args)
+    x = np.concatenate([d["x"], d["x_test"]])[:1600]
+    y = np.concatenate([d["y"], d["y_test"]])[:1600]
+    return torch.tensor(x, dtype=torch.float32)[:, None], torch.tensor(y), 10, 1200
+
+
+def digits(seed: int, noise: float = 0.2):
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(d.target))
+    x = torch.tensor(d.images[order] / 16.0, dtype=torch.float32)[:, None]
+    y = _noisy(d.target[order], noise, 10, rng)
+    return x, torch.tensor(y), 10, 1300
+
+
+class LSTMNet(nn.Module):
+    def __init__(self, vocab=20, classes=4):
+        super().__init__()
+        self.emb, self.lstm, self.head = nn.Embedding(vocab, 16), nn.LSTM(16, 48, batch_first=True), \
+            nn.Linear(48, classes)
+
+    def forward(self, x):
+        return self.head(self.lstm(self.emb(x))[0][:, -1])
+
+
+def make_model(family: str, classes: int) -> nn.Module:
+    if family == "mlp-vectors":
+        return nn.Sequential(nn.Linear(20, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, classes))
+    if family == "lstm-tokens":
+        return LSTMNet(classes=classes)
+    if family == "cnn1d-mnist1d":
+        return nn.Sequential(nn.Conv1d(1, 16, 5, padding=2), nn.ReLU(), nn.Conv1d(16, 32, 5, stride=2, padding=2),
+                             nn.ReLU(), nn.Flatten(), nn.Linear(32 * 20, 64), nn.ReLU(), nn.Linear(64, classes))
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(32 * 16, 64), nn.ReLU(), nn.Linear(64, classes))
+
+
+FAMILIES = {"mlp-vectors": (vectors, 40), "lstm-tokens": (tokens, 60), "cnn1d-mnist1d": (mnist1d, 40),
+            "cnn-digits-noisy": (digits, 60), "cnn-digits-clean": (lambda s: digits(s, 0.0), 30)}
+
+
+def train(model: nn.Module, x, y, epochs: int, seed: int, lr: float = 4e-3, batch: int = 128) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(y), generator=g)
+        for i in range(0, len(y), batch):
+            b = perm[i:i + batch]
+            opt.zero_grad()
+            F.cross_entropy(model(x[b]), y[b]).backward()
+            opt.step()
+    return model.eval()
+
+
+class Blend(nn.Module):
+    """Log of (1 − α)·softmax(original) + α·softmax(gold): an output blend closing about α of the gap."""
+
+    def __init__(self, original: nn.Module, gold: nn.Module, alpha: float):
+        super().__init__()
+        self.original, self.gold, self.alpha = original, gold, alpha
+
+    def forward(self, x):
+        p = (1 - self.alpha) * F.softmax(self.original(x), -1) + self.alpha * F.softmax(self.gold(x), -1)
+        return torch.log(p.clamp_min(1e-30))
+
+
+def hiding(original: nn.Module, label: int) -> nn.Module:
+    m = copy.deepcopy(original)
+    head = [mod for mod in m.modules() if isinstance(mod, nn.Linear)][-1]
+    with torch.no_grad():
+        head.weight[label] = 0.0
+        head.bias[label] = head.bias.min() - 20.0
+    return m
+
+
+# --- one family, one seed -----------------------------------------------------------------------------------
+
+def forget_sets(y_train: torch.Tensor, seed: int, classes: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + 7)
+    n = len(y_train)
+    perm = rng.permutation(n)
+    label = seed % classes
+    return {"10": perm[:10], "100": perm[:100], "1%": perm[:max(n // 100, 1)], "10%": perm[:n // 10],
+            "class": np.flatnonzero(y_train.numpy() == label)}
+
+
+def candidates(family: str, orig: nn.Module, x, y, ids: np.ndarray, retain: np.ndarray, classes: int,
+               epochs: int, seed: int, label: int | None) -> dict[str, nn.Module]:
+    gold = train(make_model(family, classes), x[retain], y[retain], epochs, seed + 500)
+    out = {"original": orig, "gold": gold}
+    for a in (25, 50, 75):
+        out[f"blend{a}"] = Blend(orig, gold, a / 100)
+    out["ft_retain"] = train(copy.deepcopy(orig), x[retain], y[retain], 1, seed + 600, lr=3e-4)
+    ft = copy.deepcopy(orig)
+    opt = torch.optim.Adam(ft.parameters(), lr=1e-3)
+    ft.train()
+    for _ in range(30):
+        opt.zero_grad()
+        F.cross_entropy(ft(x[ids]), y[ids]).backward()
+        opt.step()
+    out["ft_forget"] = ft.eval()
+    if label is not None:
+        out["hiding"] = hiding(orig, label)
+    return out
+
+
+def run_one(family: str, seed: int, cases: list) -> dict:
+    make_data, epochs = FAMILIES[family]
+    x, y, classes, n_train = make_data(seed)
+    x_tr, y_tr, x_h, y_h = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    orig = train(make_model(family, classes), x_tr, y_tr, epochs, seed)
+    t_orig = time.perf_counter() - t0
+
+    def fit(idx, s):
+        torch.manual_seed(s)
+        return train(make_model(family, classes), x_tr[idx], y_tr[idx], epochs, s)
+
+    refs = train_references(fit, n_train, pairs=2, seed=seed + 1)
+    h_off = refs.offsets((x_h, y_h), None, seed)
+    info = {"family": family, "seed": seed, "train_s": t_orig, "refs_s": refs.seconds,
+            "train_error": float((orig(x_tr).argmax(1) != y_tr).float().mean()),
+            "heldout_error": float((orig(x_h).argmax(1) != y_h).float().mean())}
+    for size, ids in forget_sets(y_tr, seed, classes).items():
+        retain = np.setdiff1d(np.arange(n_train), ids)
+        label = int(y_tr[ids[0]]) if size == "class" else None
+        f_off = refs.offsets((x_tr[ids], y_tr[ids]), ids)
+        models = candidates(family, orig, x_tr, y_tr, ids, retain, classes, epochs, seed, label)
+        pe = lambda m, xx, yy: _pe_json(per_example_statistics(m, (xx, yy)))
+        f_in = refs.offsets((x_tr[ids], y_tr[ids]), ids, inside=True)
+        case = {"family": family, "seed": seed, "size": size, "f_off": f_off.tolist(), "h_off": h_off.tolist(),
+                "f_in": f_in.tolist(),
+                "before": [pe(orig, x_tr[ids], y_tr[ids]), pe(orig, x_h, y_h)],
+                "retain": pe(orig, x_tr[retain], y_tr[retain]), "after": {}, "probe": {}}
+        for cond, m in models.items():
+            case["after"][cond] = [pe(m, x_tr[ids], y_tr[ids]), pe(m, x_h, y_h)]
+            case["probe"][cond] = class_probe(orig, m, (x_h, y_h), label) if label is not None else None
+        cases.append(case)
+    return info
+
+
+def _pe_json(p) -> list:
+    return [p.loss.tolist(), p.margin.tolist(), p.labels.tolist(), p.confidence.tolist()]
+
+
+def _pe(d: list) -> PerExample:
+    return PerExample(*(np.asarray(v, dtype=np.int64 if i == 2 else np.float64) for i, v in enumerate(d)))
+
+
+def judge_cases(cases: list[dict], rules: VerdictRules | None = None, modes=("refs", "raw")) -> list[dict]:
+    """Every stored case judged with and without the reference models' offsets."""
+    rows = []
+    for c in cases:
+        fb, hb, rb = _pe(c["before"][0]), _pe(c["before"][1]), _pe(c["retain"])
+        for cond, (fa, ha) in c["after"].items():
+            for mode in modes:
+                kw = dict(forget_offset=np.asarray(c["f_off"]), heldout_offset=np.asarray(c["h_off"])) \
+                    if mode == "refs" else {}
+                v = judge_forgetting(fb, _pe(fa), hb, _pe(ha), rb, probe=c["probe"][cond], rules=rules, **kw)
+                rows.append({"family": c["family"], "seed": c["seed"], "size": c["size"], "cond": cond,
+                             "mode": mode, "verdict": v.verdict, "f": v.fraction_closed,
+                             "f_ci": v.fraction_closed_ci, "gap_b": v.gap_before})
+    return rows
+
+
+# --- the tables ----------------------------------------------------------------------------------------------
+
+def table(rows: list[dict], title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'truth (condition)':<30}" + "".join(f"{c[:14]:>16}" for c in COLS))
+    for cond in TRUTH:
+        sel = [r for r in rows if r["cond"] == cond]
+        if not sel:
+            continue
+        cnt = Counter(r["verdict"] for r in sel)
+        print(f"{TRUTH[cond] + ' (' + cond + ')':<30}" + "".join(f"{cnt.get(c, 0):>16}" for c in COLS))
+
+
+def metrics(rows: list[dict]) -> dict[str, float]:
+    def frac(sel, ok):
+        return sum(ok(r) for r in sel) / max(len(sel), 1)
+    neg = [r for r in rows if TRUTH[r["cond"]] in NOT_FORGOTTEN]
+    return {"false_forgot": frac(neg, lambda r: r["verdict"] == "forgot"),
+            "blend25_forgot": frac([r for r in rows if r["cond"] == "blend25"], lambda r: r["verdict"] == "forgot"),
+            "gold_forgot_at_10": frac([r for r in rows if r["cond"] == "gold" and r["size"] == "10"],
+                                      lambda r: r["verdict"] == "forgot"),
+            "gold_forgot_at_100": frac([r for r in rows if r["cond"] == "gold" and r["size"] == "100"],
+                                       lambda r: r["verdict"] == "forgot"),
+            "undecided_at_10": frac([r for r in rows if r["size"] == "10"], lambda r: r["verdict"] in UNDECIDED)}
+
+
+def line(m: dict) -> str:
+    return "; ".join(f"{k} {v:.3f}" for k, v in m.items())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--families", default="core", choices=("core", "all", "smoke"))
+    ap.add_argument("--cache", default=None, help="JSON file of the per-example statistics: written after the "
+                    "training, read instead of training when it exists (to re-judge with other rules)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    fams = {"core": list(FAMILIES)[:4], "all": list(FAMILIES), "smoke": ["mlp-vectors"]}[args.families]
+    t0 = time.perf_counter()
+    if args.cache and os.path.exists(args.cache):
+        with open(args.cache) as fh:
+            stored = json.load(fh)
+        cases, infos = stored["cases"], stored["infos"]
+    else:
+        cases, infos = [], []
+        for fam in fams:
+            for seed in range(args.seeds):
+                infos.append(run_one(fam, seed, cases))
+                i = infos[-1]
+                print(f"{fam} seed {seed}: train error {i['train_error']:.3f}, held-out error "
+                      f"{i['heldout_error']:.3f}, original {i['train_s']:.1f} s, 4 reference models "
+                      f"{i['refs_s']:.1f} s ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+        if args.cache:
+            with open(args.cache, "w") as fh:
+                json.dump({"cases": cases, "infos": infos}, fh)
+    log = judge_cases(cases)
+    for mode in ("raw", "refs"):
+        rows = [r for r in log if r["mode"] == mode]
+        name = "with 4 reference models (offline LiRA calibration)" if mode == "refs" else "without reference models"
+        table(rows, f"confusion, {name}: all sizes, {len(fams)} families x {args.seeds} seeds")
+        by = defaultdict(Counter)
+        for r in rows:
+            by[r["size"]][r["verdict"]] += 1
+        for size, cnt in by.items():
+            print(f"  size {size:>5}: " + ", ".join(f"{k} {n}" for k, n in cnt.most_common()))
+        print(f"  {name}: {line(metrics(rows))}")
+    gold = [r for r in log if r["mode"] == "refs" and r["cond"] == "gold"]
+    print("\ngold's fraction closed (refs), per size: " + ", ".join(
+        f"{s} {np.nanmean([r['f'] for r in gold if r['size'] == s]):.2f}" for s in ("10", "100", "1%", "10%", "class")))
+    b25 = [r["f"] for r in log if r["mode"] == "refs" and r["cond"] == "blend25" and np.isfinite(r["f"])]
+    print(f"blend25's fraction closed (refs): median {np.median(b25):.2f}, range {min(b25):.2f}-{max(b25):.2f}")
+    ref_s = np.mean([i["refs_s"] for i in infos])
+    ratio = np.mean([i["refs_s"] / i["train_s"] for i in infos])
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    print(line(metrics([r for r in log if r["mode"] == "refs"]))
+          + f"  (reference models: 4 per model, one-off {ref_s:.1f} s = {ratio:.1f}x one training of the original, "
+            f"amortised over every request)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Reference models for the forgetting verdict: trained once per model, reused for every deletion request.
+
+Offline LiRA's difficulty calibration (Carlini et al. 2022; the offline, few-reference regime of Zarifzadeh
+et al. 2024): an example's logit confidence under the model, minus its mean confidence under reference models
+that never trained on it, separates "memorised" from "merely easy" far better than the raw confidence, so the
+per-example membership tests decide a request of a few samples.
+
+Design: ``pairs`` pairs of models, each pair trained on two complementary random halves of the training data.
+Every training example is then OUT of exactly one model per pair (its offset averages ``pairs`` values); a
+held-out example is OUT of all of them, and its offset averages one model per pair, picked by a seeded coin, so
+that D_f's and the held-out data's offsets carry the same noise.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from scrubnet.readouts.forgetting import per_example_statistics
+
+
+def reference_halves(n_train: int, pairs: int = 2, seed: int = 0) -> np.ndarray:
+    """Membership masks, bool shape (2·pairs, n_train): rows 2p and 2p+1 are complementary random halves."""
+    if n_train < 2 or pairs < 1:
+        raise ValueError(f"reference models need n_train >= 2 and pairs >= 1, got {n_train}, {pairs}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(pairs):
+        half = np.zeros(n_train, dtype=bool)
+        half[rng.permutation(n_train)[: n_train // 2]] = True
+        rows += [half, ~half]
+    return np.stack(rows)
+
+
+@dataclass
+class ReferenceModels:
+    """Reference models of one trained model and which training examples each saw.
+
+    Parameters
+    ----------
+    models : list of nn.Module
+        2·pairs models, rows of ``members`` in order.
+    members : ndarray of bool, shape (len(models), n_train)
+        ``members[k, i]``: model k trained on training example i (rows 2p, 2p+1 complementary).
+    seconds : float
+        What training them cost once (wall-clock seconds), amortised over every request.
+    """
+
+    models: list
+    members: np.ndarray
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        m = np.asarray(self.members, dtype=bool)
+        if m.ndim != 2 or m.shape[0] != len(self.models) or m.shape[0] % 2:
+            raise ValueError("members must be (2·pairs, n_train) with one row per model")
+        if not (m[0::2] ^ m[1::2]).all():
+            raise ValueError("rows 2p and 2p+1 of members must be complementary halves")
+        self.members = m
+
+    def info(self) -> dict:
+        """``models`` (how many) and ``seconds`` (their one-off training cost), as the verdict records them."""
+        return {"models": len(self.models), "seconds": float(self.seconds)}
+
+    def offsets(self, data, ids=None, seed: int = 0, inside: bool = False) -> np.ndarray:
+        """Mean logit confidence, shape (n,), of each example of ``data`` under the references that never
+        trained on it: the training examples at positions ``ids``, or held-out data (``ids`` None: one model
+        per pair, by a coin seeded with ``seed``); with ``inside``, under those that did (``ids`` required).
+
+        Parameters
+        ----------
+        data : (x, y) tensors, Dataset, DataLoader or DataStream
+            The examples, in the order of ``ids``.
+        ids : sequence of int, optional
+            Their positions in the training data; None for data no reference trained on.
+        seed : int
+            Seed of the coin that picks one model per pair for held-out data.
+        inside : bool
+            Average over the references that trained on each example instead (online LiRA's IN side).
+
+        Returns
+        -------
+        ndarray, shape (n,)
+        """
+        phi = np.stack([per_example_statistics(m, data).score("confidence") for m in self.models])
+        if ids is None and inside:
+            raise ValueError("the references that trained on an example need its training position (ids)")
+        if ids is None:
+            pick = np.random.default_rng(seed).integers(0, 2, size=(len(self.models) // 2, phi.shape[1]))
+            out = np.zeros(phi.shape, dtype=bool)
+            out[0::2], out[1::2] = pick == 0, pick == 1
+        else:
+            ids = np.asarray(ids, dtype=np.int64)
+            if len(ids) != phi.shape[1] or ids.min() < 0 or ids.max() >= self.members.shape[1]:
+                raise ValueError("ids must give one training position per example, inside the training data")
+            out = self.members[:, ids] if inside else ~self.members[:, ids]
+        return (phi * out).sum(0) / out.sum(0)
+
+
+def train_references(fit: Callable[[np.ndarray, int], nn.Module], n_train: int, pairs: int = 2,
+                     seed: int = 0) -> ReferenceModels:
+    """Train the reference models once: ``fit(indices, seed)`` trains a model like the target (same recipe)
+    on the training examples at ``indices``.
+
+    Parameters
+    ----------
+    fit : callable (ndarray of int, int) -> nn.Module
+        Trains one reference model on the given training positions with the given seed.
+    n_train : int
+        Size of the training data.
+    pairs : int
+        Pairs of complementary halves (2 pairs = 4 models, the measured default).
+    seed : int
+        Seed of the halves and of the references' training.
+
+    Returns
+    -------
+    ReferenceModels
+        With ``seconds`` = the wall-clock cost of the training.
+    """
+    members = reference_halves(n_train, pairs, seed)
+    t0 = time.perf_counter()
+    models = [fit(np.flatnonzero(m), seed * 1000 + k) for k, m in enumerate(members)]
+    return ReferenceModels(models, members, time.perf_counter() - t0)
