@@ -146,7 +146,7 @@ def _dry_run(cfg, names, chosen, n_sets, no_tune, cifar, scale) -> None:
                           tuned=set(grids))
         for line in render_plan(plan, scale):
             console.print(line, highlight=False)
-    console.print(f"settings {', '.join(chosen)}; {n_sets} forget sets × {len(cfg.seeds)} seeds; "
+    console.print(f"settings {', '.join(chosen)}; {n_sets} forget set(s) × {len(cfg.seeds)} seed(s); "
                   f"{len(names)} methods; {trials} tuning trials for each of {len(grids)} tuned methods",
                   highlight=False)
 
