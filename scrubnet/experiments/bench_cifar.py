@@ -22,6 +22,9 @@ import math
 import torch
 
 from scrubnet.experiments.config import ExperimentConfig
+from scrubnet.methods.base import estimate, method_class
+from scrubnet.models import build_model
+from scrubnet.training.cost import train_cost
 
 #: the field's split of CIFAR-10's 50,000 training images, per class: trained on, held out
 TRAIN_PER_CLASS, HELD_OUT_PER_CLASS, TEST_PER_CLASS = 4_500, 500, 1_000
@@ -79,7 +82,6 @@ def apply_cifar_protocol(cfg: ExperimentConfig, scale: float = 1.0) -> Experimen
 
 def _unit_flops(model, x1, n_train: int, n_forget: int, epochs: int) -> float:
     """An original (all of D) and a retrain (D_r) of ``epochs`` epochs."""
-    from scrubnet.training.cost import train_cost
     return (train_cost(model, x1, n_train, epochs, BATCH).flops
             + train_cost(model, x1, n_train - n_forget, epochs, BATCH).flops)
 
@@ -108,9 +110,6 @@ def cifar_plan(methods: list[str], *, scale: float = 1.0, forget_sets: int = CIF
         ``trainings`` (originals and retrains), ``scrubs`` (tuning and evaluation), ``flops``, ``gpu_hours``
         (at :data:`GPU_FLOPS`) and ``deviations`` (what differs from the field's recipe).
     """
-    from scrubnet.methods.base import estimate, method_class
-    from scrubnet.models import build_model
-
     epochs = max(1, int(round(EPOCHS * scale)))
     n_train = 10 * max(2, int(round(TRAIN_PER_CLASS * scale)))
     n_test = 10 * max(2, int(round(TEST_PER_CLASS * scale)))
