@@ -118,6 +118,7 @@ def cifar_plan(methods: list[str], *, scale: float = 1.0, forget_sets: int = CIF
     x1 = torch.zeros(1, 3, 32, 32)
     flops, scrubs, trainings = 0.0, 0, 0
     tuned = set(tuned or ())
+    per_scrub: dict = {}     # (method, N_r, N_f) → FLOPs of one scrub (the two settings share their sizes)
     for s, n_f in sizes.items():
         n_units = forget_sets * seeds + (1 if trials else 0)          # the validation split trains too
         trainings += 2 * n_units
@@ -128,7 +129,10 @@ def cifar_plan(methods: list[str], *, scale: float = 1.0, forget_sets: int = CIF
                 continue
             runs = forget_sets * seeds + (trials if m in tuned else 0)
             scrubs += runs
-            flops += runs * estimate(model, n_train - n_f, n_f, method=m, num_classes=10, x_probe=x1).flops
+            key = (m, n_train - n_f, n_f)
+            if key not in per_scrub:
+                per_scrub[key] = estimate(model, n_train - n_f, n_f, method=m, num_classes=10, x_probe=x1).flops
+            flops += runs * per_scrub[key]
     return {"split": {"train": n_train, "held_out": 10 * int(round(HELD_OUT_PER_CLASS * scale)), "test": n_test,
                       **{s: {"forget": n_f, "retain": n_train - n_f} for s, n_f in sizes.items()}},
             "epochs": epochs, "width": scaled_width(scale), "units": forget_sets * seeds, "trainings": trainings,
