@@ -176,7 +176,8 @@ class BadTeacher(ForgettingMethod):
     -------
     ScrubResult
         ``scrub`` returns the distilled student (eval mode); ``info["bad_teacher_retain_used"]`` is the number of
-        retained samples in the mixed set, ``bad_teacher_steps`` the optimiser steps. When the training diverged (a non-finite loss): ``ok`` False with the reason.
+        retained samples in the mixed set, ``bad_teacher_steps`` the optimiser steps. When the training diverged
+        (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True

@@ -103,7 +103,8 @@ class SalUn(SGDFieldMethod):
     ScrubResult
         ``scrub`` returns the fine-tuned model (eval mode); ``info``: ``salun_mask_fraction`` (share of the
         weights the mask let train) and ``salun_labels_changed`` (fraction of the D_f labels drawn over all
-        epochs that differ from the true one). When the training diverged (a non-finite loss): ``ok`` False with the reason.
+        epochs that differ from the true one). When the training diverged (a non-finite loss): ``ok`` False with
+        the reason.
     """
 
     options = {"fraction": Option(float, "(0, 1]", default=0.5), **sgd_options(lr=0.013),
