@@ -5,6 +5,11 @@ The student starts at the original. Two frozen teachers: the original ("competen
 network of the same architecture ("incompetent"). Batches mix a random ``retain_fraction`` of D_r with all of
 D_f; every sample's target is the softmax at temperature T of the competent teacher (a D_r sample) or of the
 incompetent one (a D_f sample), and the student descends the mean KL(target ‖ softmax(student/T)).
+
+The released setting (the SSD repository's ``blindspot``: 1 epoch, Adam lr 1e-4, 30 % of D_r, batch 256) makes
+⌈(0.3·40,500 + 4,500)/256⌉ = :data:`CIFAR_STEPS` optimiser steps on CIFAR-10's random-10 split; on a small data
+set the same batch of 256 would make one step. So the default batch size scales with the data: as many samples
+per batch (at most 256) as make about :data:`CIFAR_STEPS` steps in the epoch (:func:`scaled_batch`).
 Defaults and sources: docs/decisions/field-methods.md ("Bad-Teacher").
 """
 from __future__ import annotations
@@ -23,6 +28,32 @@ from scrubnet.methods._field import (Option, check_positive, forget_in_memory, g
                                      train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models.call import call_model
+
+#: optimiser steps of the released setting on CIFAR-10 (random-10: 40,500 retained, 4,500 forgotten)
+CIFAR_STEPS = 66
+#: the released batch size
+RELEASED_BATCH = 256
+
+
+def scaled_batch(n_mixed: int, steps: int = CIFAR_STEPS, cap: int = RELEASED_BATCH) -> int:
+    """The batch size that makes about ``steps`` steps in one pass over ``n_mixed`` samples.
+
+    Parameters
+    ----------
+    n_mixed : int
+        Samples of the mixed set (the retained part and D_f).
+    steps : int
+        Steps wanted (default :data:`CIFAR_STEPS`).
+    cap : int
+        The released batch size, never exceeded.
+
+    Returns
+    -------
+    int
+        min(cap, max(1, ⌈n_mixed / steps⌉)).
+    """
+    return min(int(cap), max(1, -(-int(n_mixed) // int(steps))))
+
 
 # std of the normal draw for parameters no submodule's reset_parameters() covers (e.g. a position embedding
 # held directly by a model): the common transformer initialisation
@@ -138,14 +169,15 @@ class BadTeacher(ForgettingMethod):
         Share of D_r drawn into the mixed set (default 0.3).
     T : float
         Temperature of the KL (default 1).
-    batch_size : int
-        Samples per batch (default 256).
+    batch_size : int or None
+        Samples per batch (default: :func:`scaled_batch`, about :data:`CIFAR_STEPS` steps an epoch, at most 256).
 
     Returns
     -------
     ScrubResult
         ``scrub`` returns the distilled student (eval mode); ``info["bad_teacher_retain_used"]`` is the number of
-        retained samples in the mixed set. When the training diverged (a non-finite loss): ``ok`` False with the reason.
+        retained samples in the mixed set, ``bad_teacher_steps`` the optimiser steps. When the training diverged
+        (a non-finite loss): ``ok`` False with the reason.
     """
 
     streams = True
@@ -153,14 +185,15 @@ class BadTeacher(ForgettingMethod):
     in_default_run = False
     options = {"epochs": Option(int, ">= 1", default=1), "lr": Option(float, "> 0", default=1e-4),
                "retain_fraction": Option(float, "(0, 1]", default=0.3), "T": Option(float, "> 0", default=1.0),
-               "batch_size": Option(int, ">= 1", default=256)}
+               "batch_size": Option(int | None, ">= 1", default=None)}
 
     def __init__(self, epochs: int = 1, lr: float = 1e-4, retain_fraction: float = 0.3, T: float = 1.0,
-                 batch_size: int = 256):
+                 batch_size: int | None = None):
         check_positive(epochs=epochs, lr=lr, T=T, batch_size=batch_size)
         if not 0.0 < float(retain_fraction) <= 1.0:
             raise ValueError(f"retain_fraction must be in (0, 1], got {retain_fraction!r}")
-        self.epochs, self.lr, self.T, self.batch_size = int(epochs), float(lr), float(T), int(batch_size)
+        self.epochs, self.lr, self.T = int(epochs), float(lr), float(T)
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.retain_fraction = float(retain_fraction)
 
     def scrub(self, model, retain, forget, ctx):
@@ -174,24 +207,28 @@ class BadTeacher(ForgettingMethod):
         xf, yf = forget_in_memory(forget, dev)
         part = retain_subset(retain, self.retain_fraction, g)
         opt = make_optimiser(student, "adam", self.lr)
+        bs = self.batch_size or scaled_batch(len(part) + len(yf))
+        steps = [0]
 
         def epoch(_):
             train_mode(student, ctx)
-            for xb, _, is_f in mixed_batches(part, xf, yf, self.batch_size, g, dev, "Bad-Teacher"):
+            for xb, _, is_f in mixed_batches(part, xf, yf, bs, g, dev, "Bad-Teacher"):
                 target = bad_teacher_targets(competent, incompetent, xb, is_f, self.T)
                 step(opt, kl_to_targets(call_model(student, xb), target, self.T))
+                steps[0] += 1
 
         failed = guarded_epochs(student, self.epochs, epoch, "Bad-Teacher")
-        res = ScrubResult(student.eval(), info={"bad_teacher_retain_used": float(len(part))})
+        res = ScrubResult(student.eval(), info={"bad_teacher_retain_used": float(len(part)),
+                                                "bad_teacher_steps": float(steps[0])})
         return res.fail(failed) if failed else res
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 1, retain_fraction: float = 0.3,
-             batch_size: int = 256, **_options):
+             batch_size: int | None = None, **_options):
         """Bad-Teacher: ``epochs`` passes over ⌈fraction·N_r⌉ + N_f samples, each with two teacher forwards
         (≈ two thirds of a training step more)."""
         n = int(math.ceil(retain_fraction * n_r)) + n_f
-        est = train_cost(model, x1, n, int(epochs), int(batch_size))
+        est = train_cost(model, x1, n, int(epochs), int(batch_size or scaled_batch(n)))
         est.flops *= 5.0 / 3.0
         est.seconds *= 5.0 / 3.0
         est.passes = float(epochs) * int(math.ceil(retain_fraction * n_r)) / max(n_r, 1)

@@ -1,9 +1,10 @@
 """Boundary Shrink (Chen et al., "Boundary Unlearning"): whole-class forgetting by relabelling each forget sample
-to its nearest wrong class.
+with the model's prediction one FGSM step away.
 
 1. Neighbours: for each x in D_f, one FGSM step x' = x + ε·sign(∇_x CE(f(x), y)) on the original (frozen, eval
-   mode); the new label is the class f(x') ranks highest among the classes ≠ y (the FGSM prediction itself
-   whenever the step crossed the boundary).
+   mode); the new label is, as released (OPTML ``boundary_sh.py``, Boundary-Unlearning-Code), the plain argmax of
+   f(x') — a sample whose step does not cross the boundary keeps its own label (``relabel="argmax"``, default).
+   ``relabel="runner-up"`` is scrubnet's variant: the class f(x') ranks highest among the classes ≠ y.
 2. Fine-tune on D_f with those labels (inputs x, not x'): ``epochs`` passes, SGD.
 
 D_r is not used. Defaults and sources: docs/decisions/field-methods.md ("Boundary Shrink").
@@ -24,9 +25,12 @@ from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
 
-def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, batch_size: int = 256
-                          ) -> tuple[Tensor, Tensor]:
-    """The nearest wrong class of every sample by one FGSM step.
+RELABELS = ("argmax", "runner-up")
+
+
+def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, batch_size: int = 256,
+                          relabel: str = "argmax") -> tuple[Tensor, Tensor]:
+    """The label of every sample one FGSM step away.
 
     Parameters
     ----------
@@ -35,11 +39,15 @@ def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, ba
     x, y : float inputs (N, ...) and int64 labels (N,)
     eps : float
         The step x' = x + eps·sign(∇_x CE(model(x), y)) (∞-norm bound, the inputs' units).
+    batch_size : int
+        Samples per forward pass.
+    relabel : {"argmax", "runner-up"}
+        The plain argmax of model(x') (the released code's), or its argmax over the classes ≠ y.
 
     Returns
     -------
     labels : Tensor (int64), shape (N,)
-        argmax of model(x') over the classes ≠ y.
+        The new labels.
     x_adv : Tensor, shape (N, ...)
         The stepped inputs x'.
     """
@@ -59,7 +67,8 @@ def fgsm_neighbour_labels(model: nn.Module, x: Tensor, y: Tensor, eps: float, ba
                 adv = (xb + eps * gx.sign()).detach()
                 with torch.no_grad():
                     logits = call_model(model, adv)
-                logits = logits.masked_fill(F.one_hot(yb, logits.shape[-1]).bool(), float("-inf"))
+                if relabel == "runner-up":
+                    logits = logits.masked_fill(F.one_hot(yb, logits.shape[-1]).bool(), float("-inf"))
                 labels.append(logits.argmax(-1))
                 advs.append(adv)
     finally:
@@ -76,6 +85,9 @@ class BoundaryShrink(SGDFieldMethod):
     ----------
     eps : float
         FGSM step (∞-norm bound, default 0.1), in the units of the model's inputs.
+    relabel : {"argmax", "runner-up"}
+        The new label: the plain argmax after the step (default, as released) or the best class other than the
+        sample's own (scrubnet's variant).
     epochs : int
         Passes over D_f (default 10).
     lr, momentum, weight_decay : float
@@ -86,20 +98,24 @@ class BoundaryShrink(SGDFieldMethod):
     Returns
     -------
     ScrubResult
-        ``scrub`` returns the fine-tuned model (eval mode); ``info["boundary_shrink_classes"]`` is the number of
-        distinct nearest-boundary labels D_f was relabelled to. ``ok`` is False (with the reason) when the
+        ``scrub`` returns the fine-tuned model (eval mode); ``info``: ``boundary_shrink_classes`` (the number of
+        distinct labels D_f was relabelled to) and ``boundary_shrink_crossed`` (the share of D_f whose label
+        changed). ``ok`` is False (with the reason) when the
         training diverged.
     """
 
     needs_retain = False
     class_only = True
     passes = "0"
-    options = {"eps": Option(float, "> 0", default=0.1), **sgd_options(lr=0.01)}
+    options = {"eps": Option(float, "> 0", default=0.1),
+               "relabel": Option(str, None, default="argmax", choices=RELABELS), **sgd_options(lr=0.01)}
 
     def __init__(self, eps: float = 0.1, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 5e-4, batch_size: int | None = None):
+                 weight_decay: float = 5e-4, batch_size: int | None = None, relabel: str = "argmax"):
         check_positive(eps=eps)
-        self.eps = float(eps)
+        if relabel not in RELABELS:
+            raise ValueError(f"relabel must be one of {', '.join(RELABELS)}, got {relabel!r}")
+        self.eps, self.relabel = float(eps), relabel
         set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
@@ -109,7 +125,7 @@ class BoundaryShrink(SGDFieldMethod):
         model, dev, bs, g, opt = sgd_start(self, model, ctx, 308)
         xf, yf = forget_in_memory(forget, dev)
         float_inputs(xf, "Boundary Shrink")
-        y_new, _ = fgsm_neighbour_labels(original, xf, yf, self.eps)
+        y_new, _ = fgsm_neighbour_labels(original, xf, yf, self.eps, relabel=self.relabel)
 
         def epoch(_):
             train_mode(model, ctx)
@@ -117,7 +133,8 @@ class BoundaryShrink(SGDFieldMethod):
                 step(opt, F.cross_entropy(call_model(model, xb), yb))
 
         failed = guarded_epochs(model, self.epochs, epoch, "Boundary Shrink")
-        res = ScrubResult(model.eval(), info={"boundary_shrink_classes": float(len(torch.unique(y_new)))})
+        res = ScrubResult(model.eval(), info={"boundary_shrink_classes": float(len(torch.unique(y_new))),
+                                              "boundary_shrink_crossed": float((y_new != yf).float().mean())})
         return res.fail(failed) if failed else res
 
     @classmethod

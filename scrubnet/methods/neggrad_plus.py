@@ -1,8 +1,9 @@
 """NegGrad+: descend β·L(D_r) − (1−β)·L(D_f) jointly (Kurmanji et al., "Towards Unbounded Machine Unlearning").
 
 Every step pairs a batch of D_r with the next batch of D_f (D_f reshuffled whenever it runs out) and takes one
-optimiser step on β·CE(retain batch) − (1−β)·CE(forget batch); an epoch is one pass over D_r. Defaults and
-their sources: docs/decisions/field-methods.md ("NegGrad+").
+optimiser step on β·CE(retain batch) − (1−β)·CE(forget batch); an epoch is one pass over D_r. The defaults are
+Kurmanji's released code (meghdadk/SCRUB): β = 0.95 and plain SGD (no momentum, no weight decay). Sources:
+docs/decisions/field-methods.md ("NegGrad+").
 """
 from __future__ import annotations
 
@@ -57,11 +58,11 @@ class NegGradPlus(SGDFieldMethod):
     Parameters
     ----------
     beta : float in (0, 1)
-        Weight of the retain loss; the forget loss gets −(1 − β). Default 0.5.
+        Weight of the retain loss; the forget loss gets −(1 − β). Default 0.95 (the released code's).
     epochs : int
         Passes over D_r (default 10).
     lr, momentum, weight_decay : float
-        SGD settings (defaults 0.01, 0.9, 5e-4).
+        SGD settings (defaults 0.01, 0 and 0: plain SGD, as released).
     batch_size : int or None
         Retain and forget batch size (default: the recipe's).
 
@@ -72,10 +73,11 @@ class NegGradPlus(SGDFieldMethod):
         steps taken. When the training diverged (a non-finite loss): ``ok`` False with the reason.
     """
 
-    options = {"beta": Option(float, "(0, 1)", default=0.5), **sgd_options(lr=0.01)}
+    options = {"beta": Option(float, "(0, 1)", default=0.95), **sgd_options(lr=0.01),
+               "momentum": Option(float, "[0, 1)", default=0.0), "weight_decay": Option(float, ">= 0", default=0.0)}
 
-    def __init__(self, beta: float = 0.5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 5e-4, batch_size: int | None = None):
+    def __init__(self, beta: float = 0.95, epochs: int = 10, lr: float = 0.01, momentum: float = 0.0,
+                 weight_decay: float = 0.0, batch_size: int | None = None):
         if not 0.0 < float(beta) < 1.0:
             raise ValueError(f"beta must be in (0, 1), got {beta!r}")
         self.beta = float(beta)

@@ -4,11 +4,13 @@ Gradient-based Weight Saliency").
 1. Saliency: g = ∇_w L(D_f) at the original (mean cross-entropy over D_f, eval mode, one gradient); the mask m
    marks the ``fraction`` of trainable weights with the largest |g| (exactly round(fraction·p) entries, ranked
    over all parameters together).
-2. Random labels restricted to the mask: fine-tune on D_r ⊔ D_f with each D_f label drawn uniformly over the c
-   classes, every step w ← SGD step with gradient m ⊙ (∇L + wd·w): the weight decay is inside the mask, so
-   no weight outside it moves.
+2. Random labels restricted to the mask, as the released loop (OPTML-Group Unlearn-Saliency ``RL``) runs them:
+   every epoch, first a pass over D_f whose labels are drawn uniformly over the c classes *afresh for every
+   batch*, then a pass over D_r with its own labels; every step masks the loss gradient (g ← m ⊙ ∇L) before the
+   SGD step, whose weight decay acts on every weight (as released). ``masked_decay=True`` is scrubnet's variant:
+   the decay is masked too (g ← m ⊙ (∇L + wd·w)), so no weight outside the mask moves.
 
-Defaults and sources: docs/decisions/field-methods.md ("SalUn").
+Defaults (lr 0.013: the current README's command) and sources: docs/decisions/field-methods.md ("SalUn").
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, SGDFieldMethod, forget_in_memory, guarded_epochs, mixed_batches,
-                                     set_sgd, sgd_options, sgd_start, step, train_cost, train_mode)
+from scrubnet.methods._field import (Option, SGDFieldMethod, forget_in_memory, guarded_epochs, set_sgd, sgd_options,
+                                     sgd_start, step, stream_batches, tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -81,58 +83,69 @@ def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor
 
 @register("salun")
 class SalUn(SGDFieldMethod):
-    """SalUn (module docstring). Streams D_r (an indexable source: its batches mix D_r and D_f).
+    """SalUn (module docstring). Streams D_r.
 
     Parameters
     ----------
     fraction : float in (0, 1]
         Share of the weights in the saliency mask (default 0.5).
     epochs : int
-        Passes over D_r ⊔ D_f (default 10).
+        Epochs, each a pass over D_f then one over D_r (default 10).
     lr, momentum, weight_decay : float
-        SGD settings (defaults 0.1, 0.9, 5e-4; the decay acts inside the mask only).
+        SGD settings (defaults 0.013, 0.9, 5e-4).
     batch_size : int or None
         Samples per batch (default: the recipe's).
+    masked_decay : bool
+        Mask the weight decay too (scrubnet's variant; default False: the released code's decay on every weight).
 
     Returns
     -------
     ScrubResult
         ``scrub`` returns the fine-tuned model (eval mode); ``info``: ``salun_mask_fraction`` (share of the
-        weights the mask let train) and ``salun_labels_changed`` (fraction of D_f labels the random relabelling
-        changed). When the training diverged (a non-finite loss): ``ok`` False with the reason.
+        weights the mask let train) and ``salun_labels_changed`` (fraction of the D_f labels drawn over all
+        epochs that differ from the true one). When the training diverged (a non-finite loss): ``ok`` False with
+        the reason.
     """
 
-    options = {"fraction": Option(float, "(0, 1]", default=0.5), **sgd_options(lr=0.1)}
+    options = {"fraction": Option(float, "(0, 1]", default=0.5), **sgd_options(lr=0.013),
+               "masked_decay": Option(bool, None, default=False)}
 
-    def __init__(self, fraction: float = 0.5, epochs: int = 10, lr: float = 0.1, momentum: float = 0.9,
-                 weight_decay: float = 5e-4, batch_size: int | None = None):
+    def __init__(self, fraction: float = 0.5, epochs: int = 10, lr: float = 0.013, momentum: float = 0.9,
+                 weight_decay: float = 5e-4, batch_size: int | None = None, masked_decay: bool = False):
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-        self.fraction = float(fraction)
+        self.fraction, self.masked_decay = float(fraction), bool(masked_decay)
         set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
-        model, dev, bs, g, opt = sgd_start(self, model, ctx, 303, decay=False)  # the decay acts in the mask only
+        # masked_decay: the decay is added to the gradient before masking, so the optimiser carries none
+        model, dev, bs, g, opt = sgd_start(self, model, ctx, 303, decay=not self.masked_decay)
         xf, yf = forget_in_memory(forget, dev)
         mask = saliency_mask(forget_gradient(model, xf, yf), self.fraction)
-        y_rand = torch.randint(ctx.num_classes, (len(yf),), generator=g, device=g.device).to(dev)
         params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        decay = self.weight_decay if self.masked_decay else 0.0
+        changed = [0, 0]
 
         @torch.no_grad()
-        def masked():   # g ← m ⊙ (∇L + wd·w): nothing outside the mask moves, decay included
+        def masked():   # g ← m ⊙ ∇L (released), or m ⊙ (∇L + wd·w) (masked_decay)
             for k, p in params.items():
                 gr = p.grad if p.grad is not None else torch.zeros_like(p)
-                p.grad = (gr + self.weight_decay * p) * mask[k]
+                p.grad = (gr + decay * p) * mask[k]
 
         def epoch(_):
             train_mode(model, ctx)
-            for xb, yb, _ in mixed_batches(retain, xf, y_rand, bs, g, dev, "SalUn"):
+            for xb, yb in tensor_batches(xf, yf, bs, g):    # D_f, labels redrawn for every batch
+                y_rand = torch.randint(ctx.num_classes, (len(yb),), generator=g, device=g.device).to(dev)
+                changed[0] += int((y_rand != yb).sum())
+                changed[1] += len(yb)
+                step(opt, F.cross_entropy(call_model(model, xb), y_rand), masked)
+            for xb, yb in stream_batches(retain, bs, g, dev):
                 step(opt, F.cross_entropy(call_model(model, xb), yb), masked)
 
         failed = guarded_epochs(model, self.epochs, epoch, "SalUn")
         kept = sum(int(m.sum()) for m in mask.values())
         res = ScrubResult(model.eval(), info={"salun_mask_fraction": kept / sum(m.numel() for m in mask.values()),
-                                              "salun_labels_changed": float((y_rand != yf).float().mean())})
+                                              "salun_labels_changed": changed[0] / max(changed[1], 1)})
         return res.fail(failed) if failed else res
 
     @classmethod

@@ -4,8 +4,10 @@ moves away from the original (the teacher, frozen) on D_f while staying close to
 Epoch e (of E): when e < ``msteps``, first a pass of *max-steps* over D_f — descend −T²·KL(p_t ‖ p_s) at
 temperature T, i.e. ascend the distillation divergence —, then, every epoch, a pass of *min-steps* over D_r —
 descend γ·CE(student, y) + α·T²·KL(p_t ‖ p_s). p_t = softmax(teacher/T), p_s = softmax(student/T), KL means
-over the batch (Hinton's T² keeps the gradients' scale). Defaults and sources:
-docs/decisions/field-methods.md ("SCRUB").
+over the batch (Hinton's T² keeps the gradients' scale). The defaults are the released small-scale configuration
+(meghdadk/SCRUB ``small_scale_unlearning.ipynb``): Adam lr 5e-4, wd 0.1, T = 2, α = 0.5, γ = 1, msteps 3,
+10 epochs, batches 32 / 64, and the rate multiplied by 0.1 after epochs 5, 8 and 9 (:func:`scrub_lr`).
+Sources: docs/decisions/field-methods.md ("SCRUB").
 """
 from __future__ import annotations
 
@@ -25,6 +27,39 @@ from scrubnet.models.call import call_model
 
 #: ``on_step(kind, loss, x, y, student)``, called before each optimiser step (kind "max" or "min")
 StepHook = Callable[[str, Tensor, Tensor, Tensor, nn.Module], None]
+
+
+def parse_epochs(value) -> tuple[int, ...]:
+    """``"5,8,9"``, a sequence of ints or ``""`` as a sorted tuple of epochs (``ValueError`` when not ≥ 1)."""
+    parts = [v for v in str(value).replace(" ", "").split(",") if v] if isinstance(value, str) else list(value)
+    try:
+        out = tuple(sorted(int(v) for v in parts))
+    except (TypeError, ValueError):
+        raise ValueError(f"lr_decay_epochs must be comma-separated epochs, got {value!r}") from None
+    if any(e < 1 for e in out):
+        raise ValueError(f"lr_decay_epochs must be ≥ 1, got {value!r}")
+    return out
+
+
+def scrub_lr(lr: float, epoch: int, decay_epochs: tuple[int, ...], rate: float) -> float:
+    """The released code's step size in one epoch.
+
+    Parameters
+    ----------
+    lr : float
+        The initial rate.
+    epoch : int
+        The epoch, 1-based (as the released loop counts).
+    decay_epochs : tuple of int
+        The epochs after which the rate is multiplied by ``rate``.
+    rate : float
+
+    Returns
+    -------
+    float
+        lr · rate^k with k the number of decay epochs strictly before ``epoch``.
+    """
+    return lr * rate ** sum(epoch > d for d in decay_epochs)
 
 
 def scrub_max_loss(student: nn.Module, teacher: nn.Module, x, T: float) -> Tensor:
@@ -84,11 +119,16 @@ class Scrub(ForgettingMethod):
     lr, weight_decay : float
         Adam settings (defaults 5e-4, 0.1).
     T : float
-        Distillation temperature (default 4).
+        Distillation temperature (default 2, the small-scale configuration's).
     kl_weight, ce_weight : float
         Weights of the KL and the cross-entropy in the min-steps (defaults 0.5, 1).
     retain_batch, forget_batch : int
         Batch sizes (defaults 32, 64).
+    lr_decay_epochs : str
+        Comma-separated epochs after which the rate is multiplied by ``lr_decay_rate`` (default "5,8,9"; "" for
+        a constant rate).
+    lr_decay_rate : float
+        The factor (default 0.1).
 
     Returns
     -------
@@ -102,14 +142,17 @@ class Scrub(ForgettingMethod):
     in_default_run = False
     options = {"epochs": Option(int, ">= 1", default=10), "msteps": Option(int, ">= 0", default=3),
                "lr": Option(float, "> 0", default=5e-4), "weight_decay": Option(float, ">= 0", default=0.1),
-               "T": Option(float, "> 0", default=4.0), "kl_weight": Option(float, ">= 0", default=0.5),
+               "T": Option(float, "> 0", default=2.0), "kl_weight": Option(float, ">= 0", default=0.5),
                "ce_weight": Option(float, ">= 0", default=1.0), "retain_batch": Option(int, ">= 1", default=32),
-               "forget_batch": Option(int, ">= 1", default=64)}
+               "forget_batch": Option(int, ">= 1", default=64), "lr_decay_epochs": Option(str, None, default="5,8,9"),
+               "lr_decay_rate": Option(float, "> 0", default=0.1)}
 
     def __init__(self, epochs: int = 10, msteps: int = 3, lr: float = 5e-4, weight_decay: float = 0.1,
-                 T: float = 4.0, kl_weight: float = 0.5, ce_weight: float = 1.0, retain_batch: int = 32,
-                 forget_batch: int = 64):
-        check_positive(epochs=epochs, lr=lr, T=T, retain_batch=retain_batch, forget_batch=forget_batch)
+                 T: float = 2.0, kl_weight: float = 0.5, ce_weight: float = 1.0, retain_batch: int = 32,
+                 forget_batch: int = 64, lr_decay_epochs="5,8,9", lr_decay_rate: float = 0.1):
+        check_positive(epochs=epochs, lr=lr, T=T, retain_batch=retain_batch, forget_batch=forget_batch,
+                       lr_decay_rate=lr_decay_rate)
+        self.lr_decay_epochs, self.lr_decay_rate = parse_epochs(lr_decay_epochs), float(lr_decay_rate)
         if not int(msteps) >= 0:
             raise ValueError(f"msteps must be ≥ 0, got {msteps!r}")
         self.epochs, self.msteps, self.lr, self.weight_decay = int(epochs), int(msteps), float(lr), float(weight_decay)
@@ -131,6 +174,8 @@ class Scrub(ForgettingMethod):
         counts = {"scrub_max_steps": 0.0, "scrub_min_steps": 0.0}
 
         def epoch(e):
+            for group in opt.param_groups:
+                group["lr"] = scrub_lr(self.lr, e + 1, self.lr_decay_epochs, self.lr_decay_rate)
             train_mode(student, ctx)
             if e < self.msteps:
                 for xb, yb in tensor_batches(xf, yf, self.forget_batch, g):

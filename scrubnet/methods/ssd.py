@@ -3,14 +3,16 @@ Synaptic Dampening"): no training, one multiplicative edit of the weights.
 
 Importances F_D on D = D_r ⊔ D_f and F_f on D_f, diagonal, eval mode, one of
 
-* ``importance="fisher"`` (default): scrubnet's Fisher diagonal (:func:`~scrubnet.curvature.fisher.fisher_diag`,
-  per-sample squared gradients, mean over samples; F_D = (N_r·F_r + N_f·F_f)/N with F_r streamed over D_r);
-* ``importance="batch"``: the released code's estimate — the square of each batch's mean loss gradient,
-  averaged over the batches (of ``batch_size``, a seeded permutation of D, resp. of D_f).
+* ``importance="batch"`` (default, as released: if-loops/selective-synaptic-dampening): the square of each
+  mini-batch's mean loss gradient, averaged over the batches (of ``batch_size``, a seeded permutation of D,
+  resp. of D_f). Batch means cancel on D far more than on D_f, so F_f > α·F_D happens at α = 10 even when
+  N_f/N = 0.1 (the field's random-10 setting);
+* ``importance="fisher"``: scrubnet's variant, the per-sample Fisher diagonal
+  (:func:`~scrubnet.curvature.fisher.fisher_diag`, F_D = (N_r·F_r + N_f·F_f)/N with F_r streamed over D_r).
+  Per-sample squares give F_D ≥ (N_f/N)·F_f, so no weight can be selected once N_f/N ≥ 1/α.
 
 Every weight j with F_f,j > α·F_D,j is multiplied by β_j = min(λ·F_D,j / F_f,j, 1); the others are left as they
-are. With per-sample Fishers F_D ≥ (N_f/N)·F_f, so no weight can be selected once N_f/N ≥ 1/α (a whole class
-of a balanced 10-class set at α = 10): the result is then marked failed, with that reason. Defaults and
+are. When no weight is selected the result is marked failed, with the reason. Defaults and
 sources: docs/decisions/field-methods.md ("SSD").
 """
 from __future__ import annotations
@@ -24,13 +26,13 @@ from torch import Tensor, nn
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device
 from scrubnet.methods._field import (Option, check_positive, fisher_diagonal_cost, forget_in_memory,
-                                     generator_for, mixed_batches, tensor_batches)
+                                     generator_for, mixed_batches, tensor_batches, train_cost)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.fisher import stream_fisher
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
-IMPORTANCES = ("fisher", "batch")
+IMPORTANCES = ("batch", "fisher")
 
 
 def dampening(f_d: Tensor, f_f: Tensor, selection_threshold: float, dampening_constant: float) -> tuple[Tensor, Tensor]:
@@ -94,14 +96,15 @@ class SSD(ForgettingMethod):
         Selection weighting α: a weight is dampened when F_f > α·F_D (default 10).
     dampening_constant : float
         Dampening constant λ: the factor is min(λ·F_D/F_f, 1) (default 1).
-    importance : {"fisher", "batch"}
-        Per-sample Fisher diagonals (default) or the released code's squared batch gradients (module docstring).
+    importance : {"batch", "fisher"}
+        The released code's squared batch gradients (default) or scrubnet's per-sample Fisher diagonals (module
+        docstring).
     kind : {"empirical", "true", "mc"}
         Which Fisher diagonal ``importance="fisher"`` uses (default "empirical": squared gradients of the loss
         at the data's labels, as SSD defines importance).
     batch_size : int or None
-        Batch of the importance computation (default: planned by the Fisher's memory budget; the recipe's for
-        ``importance="batch"``).
+        Batch of the importance computation (default: the recipe's for ``importance="batch"``; planned by the
+        Fisher's memory budget for ``importance="fisher"``).
 
     Returns
     -------
@@ -115,11 +118,11 @@ class SSD(ForgettingMethod):
     in_default_run = False
     options = {"selection_threshold": Option(float, "> 0", default=10.0),
                "dampening_constant": Option(float, "> 0", default=1.0),
-               "importance": Option(str, None, default="fisher", choices=IMPORTANCES),
+               "importance": Option(str, None, default="batch", choices=IMPORTANCES),
                "kind": Option(str, None, default="empirical", choices=FISHER_KINDS),
                "batch_size": Option(int | None, ">= 1", default=None)}
 
-    def __init__(self, selection_threshold: float = 10.0, dampening_constant: float = 1.0, importance: str = "fisher",
+    def __init__(self, selection_threshold: float = 10.0, dampening_constant: float = 1.0, importance: str = "batch",
                  kind: str = "empirical", batch_size: int | None = None):
         check_positive(selection_threshold=selection_threshold, dampening_constant=dampening_constant,
                        batch_size=batch_size)
@@ -171,9 +174,13 @@ class SSD(ForgettingMethod):
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, kind: str = "empirical", batch_size: int | None = None,
-             **_options):
-        """SSD: the Fisher diagonal over D_r and over D_f (no training)."""
-        est = fisher_diagonal_cost(model, x1, n_r + n_f, kind=kind, batch_size=batch_size)
+             importance: str = "batch", **_options):
+        """SSD: one gradient pass over D and one over D_f (``importance="batch"``: a training pass without the
+        update), or the Fisher diagonal over both (``"fisher"``); no training."""
+        if importance == "batch":
+            est = train_cost(model, x1, n_r + 2 * n_f, 1, int(batch_size or config.batch_size))
+        else:
+            est = fisher_diagonal_cost(model, x1, n_r + n_f, kind=kind, batch_size=batch_size)
         est.passes = est.passes * (n_r + n_f) / max(n_r, 1)
         return est
 

@@ -8,7 +8,10 @@ noise.
 2. Impair: ``impair_epochs`` passes over D_r ⊔ N (labels: D_r's own, c_f for the noise).
 3. Repair: ``repair_epochs`` passes over D_r.
 
-Defaults and sources: docs/decisions/field-methods.md ("UNSIR").
+The released setting (the SSD repository) learns one batch of 32 noise inputs and mixes it into D_r: on
+CIFAR-10 that is :data:`CIFAR_NOISE_SHARE` = 32/45,000 ≈ 0.07 % of the impair phase's samples. The default
+``noise_batch`` keeps that share on any data (:func:`scaled_noise_batch`: at least one input), so the noise
+weighs in the impair phase what it weighed there. Defaults and sources: docs/decisions/field-methods.md ("UNSIR").
 """
 from __future__ import annotations
 
@@ -25,6 +28,28 @@ from scrubnet.methods._field import (Option, check_positive, float_inputs, forge
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
+
+
+#: the released noise batch (32) as a share of CIFAR-10's 45,000 training images
+CIFAR_NOISE_SHARE = 32 / 45_000
+
+
+def scaled_noise_batch(n_retain: int, share: float = CIFAR_NOISE_SHARE) -> int:
+    """The noise batch that is ``share`` of the impair phase's samples.
+
+    Parameters
+    ----------
+    n_retain : int
+        N_r.
+    share : float
+        The noise's share (default :data:`CIFAR_NOISE_SHARE`).
+
+    Returns
+    -------
+    int
+        max(1, round(share · N_r)).
+    """
+    return max(1, int(round(share * int(n_retain))))
 
 
 def error_maximising_noise(model: nn.Module, shape: tuple[int, ...], cls: int, *, steps: int, lr: float, reg: float,
@@ -84,8 +109,10 @@ class UNSIR(ForgettingMethod):
 
     Parameters
     ----------
-    noise_batch, noise_steps : int
-        Noise samples and their optimisation steps (defaults 32, 25).
+    noise_batch : int or None
+        Noise samples (default :func:`scaled_noise_batch`: the released 32-in-45,000 share of N_r, at least 1).
+    noise_steps : int
+        Their optimisation steps (default 25).
     noise_lr, noise_reg : float
         Adam step on the noise and weight of its ℓ2 term (defaults 0.1, 0.1).
     impair_epochs, repair_epochs : int
@@ -107,18 +134,21 @@ class UNSIR(ForgettingMethod):
     class_only = True
     passes = "2"
     in_default_run = False
-    options = {"noise_batch": Option(int, ">= 1", default=32), "noise_steps": Option(int, ">= 1", default=25),
+    options = {"noise_batch": Option(int | None, ">= 1", default=None),
+               "noise_steps": Option(int, ">= 1", default=25),
                "noise_lr": Option(float, "> 0", default=0.1), "noise_reg": Option(float, ">= 0", default=0.1),
                "impair_epochs": Option(int, ">= 0", default=1), "repair_epochs": Option(int, ">= 0", default=1),
                "lr": Option(float, "> 0", default=1e-4), "batch_size": Option(int | None, ">= 1", default=None)}
 
-    def __init__(self, noise_batch: int = 32, noise_steps: int = 25, noise_lr: float = 0.1, noise_reg: float = 0.1,
+    def __init__(self, noise_batch: int | None = None, noise_steps: int = 25, noise_lr: float = 0.1,
+                 noise_reg: float = 0.1,
                  impair_epochs: int = 1, repair_epochs: int = 1, lr: float = 1e-4, batch_size: int | None = None):
         check_positive(noise_batch=noise_batch, noise_steps=noise_steps, noise_lr=noise_lr, lr=lr,
                        batch_size=batch_size)
         if not (float(noise_reg) >= 0 and int(impair_epochs) >= 0 and int(repair_epochs) >= 0):
             raise ValueError("noise_reg, impair_epochs and repair_epochs must be ≥ 0")
-        self.noise_batch, self.noise_steps, self.noise_lr = int(noise_batch), int(noise_steps), float(noise_lr)
+        self.noise_batch = None if noise_batch is None else int(noise_batch)
+        self.noise_steps, self.noise_lr = int(noise_steps), float(noise_lr)
         self.noise_reg, self.lr, self.batch_size = float(noise_reg), float(lr), batch_size
         self.impair_epochs, self.repair_epochs = int(impair_epochs), int(repair_epochs)
 
@@ -131,11 +161,13 @@ class UNSIR(ForgettingMethod):
         xf, _ = forget_in_memory(forget, dev)
         float_inputs(xf, "UNSIR")
         g = generator_for(model, ctx, 307)
-        noise, trace = error_maximising_noise(model, (self.noise_batch, *xf.shape[1:]), ctx.forget_class,
+        nb = self.noise_batch or scaled_noise_batch(len(retain))
+        noise, trace = error_maximising_noise(model, (nb, *xf.shape[1:]), ctx.forget_class,
                                               steps=self.noise_steps, lr=self.noise_lr, reg=self.noise_reg,
                                               generator=g, dtype=xf.dtype)
-        y_noise = torch.full((self.noise_batch,), int(ctx.forget_class), dtype=torch.long, device=dev)
-        res = ScrubResult(model, info={"unsir_noise_ce_start": trace[0], "unsir_noise_ce_end": trace[-1]})
+        y_noise = torch.full((nb,), int(ctx.forget_class), dtype=torch.long, device=dev)
+        res = ScrubResult(model, info={"unsir_noise_ce_start": trace[0], "unsir_noise_ce_end": trace[-1],
+                                       "unsir_noise_batch": float(nb)})
         opt = make_optimiser(model, "adam", self.lr)
 
         def impair(_):
@@ -158,12 +190,13 @@ class UNSIR(ForgettingMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, noise_batch: int = 32, noise_steps: int = 25,
+    def cost(cls, model, x1, n_r, n_f, c, config, *, noise_batch: int | None = None, noise_steps: int = 25,
              impair_epochs: int = 1, repair_epochs: int = 1, batch_size: int | None = None, **_options):
         """UNSIR: ``noise_steps`` steps on a noise batch, then impair (D_r + noise) and repair (D_r) passes."""
         bs = int(batch_size or config.batch_size)
         est = train_cost(model, x1, n_r, int(impair_epochs) + int(repair_epochs), bs)
-        extra = train_cost(model, x1, int(noise_batch) * (int(noise_steps) + int(impair_epochs)), 1, bs)
+        nb = int(noise_batch or scaled_noise_batch(n_r))
+        extra = train_cost(model, x1, nb * (int(noise_steps) + int(impair_epochs)), 1, bs)
         est.flops += extra.flops
         est.seconds += extra.seconds
         return est

@@ -23,7 +23,7 @@ from scrubnet.models import build_model
 from scrubnet.recipe import TrainingRecipe
 from tests.user_models import ResCNN, TinyViT, images
 
-FIELD = ("neggrad-plus", "l1-sparse", "salun", "scrub", "ssd", "bad-teacher", "unsir", "boundary-shrink")
+FIELD = ("neggrad-plus", "ga", "l1-sparse", "salun", "scrub", "ssd", "bad-teacher", "unsir", "boundary-shrink")
 
 
 def _net(seed=0):
@@ -97,10 +97,10 @@ def test_salun_mask_is_the_top_fraction_of_forget_gradients_and_nothing_outside_
     flat_m = torch.cat([m.reshape(-1) for m in mask.values()])
     assert int(flat_m.sum()) == round(fraction * flat_g.numel())
     assert float(flat_g[flat_m].min()) >= float(flat_g[~flat_m].max())
-    out = get_method("salun", fraction=fraction, epochs=3, lr=0.05, batch_size=4)(
+    out = get_method("salun", fraction=fraction, epochs=3, lr=0.05, batch_size=4, masked_decay=True)(
         model, retain, (xf, yf), _ctx(model)).model
     moved = torch.cat([(a != b).reshape(-1) for a, b in zip(model.parameters(), out.parameters())])
-    assert not moved[~flat_m].any()             # momentum and weight decay included
+    assert not moved[~flat_m].any()             # momentum and (masked_decay) weight decay included
     assert moved[flat_m].float().mean() > 0.9
 
 
@@ -110,8 +110,8 @@ def test_ssd_dampens_exactly_the_selected_weights_by_the_stated_factor():
     names = [k for k, _ in model.named_parameters()]
     f_d = fisher_diag_loop(model, torch.cat([xr, xf]), torch.cat([yr, yf]), kind="empirical")
     f_f = fisher_diag_loop(model, xf, yf, kind="empirical")
-    out = get_method("ssd", selection_threshold=alpha, dampening_constant=lam)(model, (xr, yr), (xf, yf),
-                                                                               _ctx(model)).model
+    out = get_method("ssd", selection_threshold=alpha, dampening_constant=lam, importance="fisher")(
+        model, (xr, yr), (xf, yf), _ctx(model)).model
     n_sel = 0
     for name, p0, p1 in zip(names, model.parameters(), out.parameters()):
         sel = f_f[name] > alpha * f_d[name]
@@ -132,7 +132,7 @@ def test_ssd_batch_importance_is_the_squared_batch_gradient_and_no_selection_is_
         torch.testing.assert_close(f_d[name], a ** 2)
         torch.testing.assert_close(f_f[name], b ** 2)
     # per-sample importances: F_D ≥ (N_f/N)·F_f, so α ≥ N/N_f selects nothing — reported, not silent
-    res = get_method("ssd", selection_threshold=16.0)(model, (xr, yr), (xf, yf), _ctx(model))
+    res = get_method("ssd", selection_threshold=16.0, importance="fisher")(model, (xr, yr), (xf, yf), _ctx(model))
     assert not res.ok and "N_f/N = 2/32" in res.reasons[0]
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), res.model.parameters()))
 
@@ -217,7 +217,7 @@ def test_unsir_noise_raises_the_forget_class_loss():
 def test_boundary_shrink_labels_are_the_fgsm_neighbours():
     model, (xf, yf) = _net(), _data(12, 2)
     eps = 0.3
-    labels, adv = fgsm_neighbour_labels(model, xf, yf, eps)
+    labels, adv = fgsm_neighbour_labels(model, xf, yf, eps, relabel="runner-up")
     for i in range(len(yf)):    # the slow twin: one sample at a time
         xi = xf[i:i + 1].clone().requires_grad_(True)
         (gx,) = torch.autograd.grad(F.cross_entropy(model(xi), yf[i:i + 1]), xi)
@@ -226,7 +226,7 @@ def test_boundary_shrink_labels_are_the_fgsm_neighbours():
         logits = model(xa)[0].detach()
         logits[yf[i]] = -math.inf
         assert int(labels[i]) == int(logits.argmax()) != int(yf[i])
-    out = get_method("boundary-shrink", eps=eps, epochs=40, lr=0.1)(
+    out = get_method("boundary-shrink", eps=eps, epochs=40, lr=0.1, relabel="runner-up")(
         model, _data(4, 1), (xf, yf), _ctx(model, forget_class=0)).model
     with torch.no_grad():
         assert float((out(xf).argmax(1) == labels).float().mean()) >= 0.75
@@ -308,6 +308,6 @@ def test_class_only_methods_refuse_random_forgetting_and_mixed_methods_refuse_a_
             get_method(name)(model, retain, forget, _ctx(model))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*retain), batch_size=5)
     with pytest.raises(ValueError, match="not a DataLoader"):
-        get_method("salun", epochs=1)(model, loader, forget, _ctx(model))
+        get_method("bad-teacher")(model, loader, forget, _ctx(model))
     # a loader is fine where D_r is read alone: its own batches
     get_method("neggrad-plus", epochs=1)(model, loader, forget, _ctx(model))
