@@ -1,11 +1,13 @@
 """``POST /v1/requests`` (submit a deletion request) and ``GET /v1/requests/{id}`` (its status and receipt)."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
 import re
 import secrets
+import sqlite3
 
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
@@ -140,12 +142,44 @@ def submitted(sub: dict, created: bool, token: Token) -> JSONResponse:
     return JSONResponse(out, status_code=202 if sub["status"] == "queued" else 200)
 
 
+def _full(e: Exception) -> bool:
+    return getattr(e, "errno", None) in store.queue.RETRYABLE_ERRNOS or "disk is full" in str(e)
+
+
+async def _admit(request, service: Service, token: Token) -> bytes:
+    """The checks before a POST is parsed: the worker not halted (503), the tenant's rate (429), the body read
+    within the time limit (408)."""
+    if service.worker.halted is not None:
+        raise HTTPError(503, "the service stopped applying requests: its record does not verify (GET /v1/log)")
+    wait = service.limits.admit(token.name)
+    if wait is not None:
+        raise HTTPError(429, "too many requests from this token; retry later", service.limits.retry_after(wait))
+    try:
+        return await asyncio.wait_for(read_body(request, service.max_body), service.limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise HTTPError(408, f"the body took longer than {service.limits.body_timeout_s:g} s to arrive") from None
+
+
+async def _queue(service: Service, token: Token, args: tuple):
+    """``store.submit`` under the tenant's quota; a full disk is 503 with Retry-After (nothing queued)."""
+    try:
+        if await run_in_threadpool(store.queued_count, service.path, token.name) >= service.limits.max_queued:
+            raise HTTPError(429, f"this token has {service.limits.max_queued} requests queued already; retry once "
+                            "they are applied", service.limits.retry_after(5))
+        return await run_in_threadpool(store.submit, service.path, *args, token.name)
+    except store.StoreError as e:
+        raise HTTPError(422, str(e)) from None
+    except (OSError, sqlite3.OperationalError) as e:
+        if _full(e):
+            raise HTTPError(503, "the server's disk is full; retry later (nothing was queued)",
+                            {"Retry-After": "30"}) from None
+        raise
+
+
 @authorised("submit")
 async def post_request(request, service: Service, token: Token):
     """Queue a deletion request (idempotent per ``Idempotency-Key``); wakes the worker."""
-    if service.worker.halted is not None:
-        raise HTTPError(503, "the service stopped applying requests: its record does not verify (GET /v1/log)")
-    raw = await read_body(request, service.max_body)
+    raw = await _admit(request, service, token)
     idem = request.headers.get("idempotency-key")
     if idem is None or not IDEMPOTENCY_KEY.match(idem):
         raise HTTPError(422, "header Idempotency-Key is required: 1 to 200 characters of A-Z a-z 0-9 . _ : ~ -")
@@ -162,11 +196,7 @@ async def post_request(request, service: Service, token: Token):
         except store.StoreError as e:
             raise HTTPError(422, str(e)) from None
     ids_hash = receipts.ids_sha256(ids, salt)
-    try:
-        sub, created = await run_in_threadpool(store.submit, path, idem, kind, ids, sigma, ids_hash, salt,
-                                               token.name)
-    except store.StoreError as e:
-        raise HTTPError(422, str(e)) from None
+    sub, created = await _queue(service, token, (idem, kind, ids, sigma, ids_hash, salt))
     service.worker.wake.set()
     return submitted(sub, created, token)
 
@@ -174,10 +204,10 @@ async def post_request(request, service: Service, token: Token):
 @authorised(None)
 async def get_request(request, service: Service, token: Token):
     """A submission's status (and receipt once applied): role read, or the token that submitted it."""
-    try:
-        sid = int(request.path_params["sid"])
-    except ValueError:
-        raise HTTPError(404, "no such request") from None
+    raw = request.path_params["sid"]
+    if not re.fullmatch(r"[0-9]{1,18}", raw):  # ASCII digits only: no Unicode digit, sign or huge number
+        raise HTTPError(404, "no such request")
+    sid = int(raw)
     sub = await run_in_threadpool(store.submission, service.path, sid)
     if sub is None:
         raise HTTPError(404, f"no request {sid}")
