@@ -161,7 +161,7 @@ def _copy(srv_ck, dest):
 
 @pytest.mark.parametrize("rid, field, value, needle", [
     (1, "sigma", 123.0, "request #1: field 'sigma' disagrees with its signed receipt"),
-    (1, "n_remaining", 1, "request #1: field 'n_remaining' disagrees with its signed receipt"),
+    (1, "n_remaining", 1, "request #1: field 'n_remaining' differs from the signed head"),
     (0, "seconds", 0.5, "request #0: field 'seconds' differs from the signed head")])
 def test_a_resealed_forged_row_fails_verify_show_and_serve_startup(served, tmp_path, rid, field, value, needle):
     ck = _copy(served.ckpt, tmp_path / "ck")
@@ -170,13 +170,13 @@ def test_a_resealed_forged_row_fails_verify_show_and_serve_startup(served, tmp_p
     assert store.verify(ck)["valid"]  # the chain alone is fooled: the forger re-sealed it
     rec = anchor.verify(ck)
     assert not rec["valid"] and any(needle in p for p in rec["problems"]), rec["problems"]
-    r = CliRunner().invoke(mlforget_app, ["show", str(ck)])
+    r = CliRunner().invoke(mlforget_app, ["show", str(ck), "--key", str(served.pub)])
     assert r.exit_code == 2 and needle in r.output and "hash chain: BROKEN" in r.output, r.output
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(TOKENS)
     os.chmod(tokens, 0o600)
     p = subprocess.run([sys.executable, "-m", "scrubnet.cli", "serve", str(ck), "--tokens", str(tokens), "--port",
-                        "9"], capture_output=True, text=True, env=ENV, timeout=120)
+                        "9", "--key", str(served.key)], capture_output=True, text=True, env=ENV, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error:") and needle in p.stderr, p.stderr
     assert "serving" not in p.stdout and "Traceback" not in p.stderr
 
