@@ -37,6 +37,7 @@ from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_
 from scrubnet.models.call import call_model
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, upgrade as store_upgrade
+from scrubnet.serve import receipts
 from scrubnet.serve.anchor import FINGERPRINT_ENV, verify_pinned  # the chain, receipts, head, tree heads
 from scrubnet.training import TrainConfig
 
@@ -222,7 +223,6 @@ def _pinned(checkpoint: Path, key: Optional[Path], fingerprint: Optional[str]) -
     """The record verified against the pinned key (never the file beside the data)."""
     if key is None:
         return verify_pinned(checkpoint, fingerprint=fingerprint)
-    from scrubnet.serve import receipts
     try:
         return verify_pinned(checkpoint, receipts.load_public_key(key))
     except receipts.ReceiptError as e:

@@ -46,6 +46,7 @@ from scrubnet.mlforget import store
 from scrubnet.serve import anchor, receipts, tlog
 from scrubnet.serve.auth import ROLES, Token, authorised, read_tokens, resolve_token
 from scrubnet.serve.http import HTTPError, Service
+from scrubnet.serve.limits import Limits
 from scrubnet.serve.worker import Worker, issue_receipts
 
 try:  # optional dependency: pip install "scrubnet[serve]"
@@ -148,7 +149,6 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
             problems = [str(e)]
         if problems:
             raise store.StoreError(f"{path}: refusing to serve it against its {witness}: " + "; ".join(problems))
-    from scrubnet.serve.limits import Limits
     worker = Worker(path, key, data_loader, witness=witness, verify_every_s=verify_every_s)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids,

@@ -36,6 +36,7 @@ import json
 import math
 import os
 
+from scrubnet.serve import tlog
 from scrubnet.serve.canonical import canonical
 
 try:  # optional dependency: pip install "scrubnet[serve]"
@@ -71,7 +72,8 @@ def canonical_for(obj: dict) -> bytes:
     """The signed bytes of a receipt or head ``obj`` (without its signature): RFC 8785 JSON, or the old form
     for objects of format 1."""
     fmt = obj.get("format") if isinstance(obj, dict) else None
-    return canonical_v1(obj) if fmt in (RECEIPT_FORMAT_V1, "scrubnet-record-head/1") else canonical(obj)
+    old = fmt in (RECEIPT_FORMAT_V1, "scrubnet-record-head/1")
+    return canonical_v1(obj) if old else canonical(obj)
 
 
 def ids_sha256(ids, salt_hex: str) -> str:
@@ -294,7 +296,6 @@ def verify_receipt(receipt, public_key, *, weights: bytes | None = None, ids=Non
 
 def _log_problems(receipt: dict, public_key) -> list[str]:
     """A format-2 receipt's log fields: the tree head signed by the key, the leaf in it, the verdict stated."""
-    from scrubnet.serve import tlog
     missing = [k for k in ("leaf_index", "tree_head", "inclusion_proof", "verdict") if k not in receipt]
     if missing:
         return [f"the receipt lacks field(s) {', '.join(missing)}"]
