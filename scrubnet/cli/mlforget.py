@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import typer
@@ -219,12 +219,15 @@ def forget_all_cmd(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: 
                else f"forget-all already applied as #{record['id']} (nothing done)")
 
 
-def _pinned(checkpoint: Path, key: Optional[Path], fingerprint: Optional[str]) -> dict:
+def _pinned(checkpoint: Path, key: Optional[Path], fingerprint: Optional[str], retired: list) -> dict:
     """The record verified against the pinned key (never the file beside the data)."""
     if key is None:
+        if retired:
+            raise UserError("--retired-key needs --key (the current key)")
         return verify_pinned(checkpoint, fingerprint=fingerprint)
     try:
-        return verify_pinned(checkpoint, receipts.load_public_key(key))
+        return verify_pinned(checkpoint, receipts.load_public_key(key),
+                             retired=[receipts.load_public_key(k) for k in retired])
     except receipts.ReceiptError as e:
         raise UserError(f"--key: {e}") from None
 
@@ -235,12 +238,14 @@ def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[P
                                             "/v1/key, kept apart from the data) to check the signed record with"),
          fingerprint: Optional[str] = typer.Option(None, "--fingerprint", envvar=FINGERPRINT_ENV,
                                                    help="sha256 of the service's public key, instead of --key"),
+         retired_key: Optional[List[Path]] = typer.Option(None, "--retired-key", help="a key the service signed "
+                                                          "with before a rotation (with --key); repeatable"),
          threads: int = threads_option(THREADS_HELP),
          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Print the requests and verify the record chain: every field of the checkpoint's static record, of each
     request and of the state, and the chain of weight hashes (exit 2 naming any edited field)."""
     require_cpu(device)
-    rec = _pinned(_checkpoint(checkpoint, checkpoint_opt), key, fingerprint)
+    rec = _pinned(_checkpoint(checkpoint, checkpoint_opt), key, fingerprint, retired_key or [])
     st = rec["state"]
     if as_json:
         typer.echo(json.dumps({k: v for k, v in rec.items() if k != "leaf_hashes"}, indent=1))

@@ -19,7 +19,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -103,6 +103,8 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
           burst: int = typer.Option(20, help="POSTs one token may send at once"),
           max_queued: int = typer.Option(16, help="submissions one token may have queued (429 above)"),
           verify_every: float = typer.Option(30.0, help="seconds between verifications of the record while idle"),
+          retired_key: Optional[List[Path]] = typer.Option(None, "--retired-key", help="public key (PEM or hex) the "
+                                                           "service signed with before a key rotation; repeatable"),
           threads: int = threads_option("torch CPU threads")):
     """Serve one ML checkpoint: queue deletion requests, apply them in order, log each in a transparency log
     and sign a receipt for it."""
@@ -126,8 +128,10 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
     if wit is None:
         key_warnings.append("no --witness: a restore of the whole checkpoint to an older copy is detected only by "
                             "clients holding later receipts (scrubnet receipt audit)")
+    retired = [receipts.load_public_key(k) for k in retired_key or []]
     app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body, witness=wit,
-                     limits=Limits(rate=rate, burst=burst, max_queued=max_queued), verify_every_s=verify_every)
+                     limits=Limits(rate=rate, burst=burst, max_queued=max_queued), verify_every_s=verify_every,
+                     retired_keys=retired)
     for w in warnings + key_warnings + app.state.warnings:
         typer.echo(f"warning: {w}", err=True)
     sock = startup.bind(host, port)  # a busy port: one error line, exit 2, before claiming to serve

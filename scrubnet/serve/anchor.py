@@ -77,6 +77,12 @@ def _key_of(public_key, head: dict | None, subs: list[dict]):
         raise store.StoreError(f"the signing key {hexkey[:16]}… named by the record is not an Ed25519 key") from None
 
 
+def _pick(keys: list, hexkey) -> object:
+    """The key of ``keys`` (the current one first, then retired ones) whose hex is ``hexkey``; else the
+    current one (whose check then names the other key)."""
+    return next((k for k in keys if receipts.public_key_hex(k) == hexkey), keys[0])
+
+
 def _tree_problems(sth: dict, hashes: list[bytes], what: str) -> list[str]:
     """Whether the record's first leaves are the tree of a signed tree head handed out."""
     m = sth.get("tree_size") if isinstance(sth, dict) else None
@@ -109,12 +115,12 @@ def _stated(r: dict, row: dict) -> list[str]:
     return named
 
 
-def _receipt_problems(subs: list[dict], reqs: dict, key, hashes: list[bytes]) -> list[str]:
+def _receipt_problems(subs: list[dict], reqs: dict, keys: list, hashes: list[bytes]) -> list[str]:
     """Every disagreement between the stored receipts and the record (the field named)."""
     problems, prev_sha = [], None
     for s in sorted(subs, key=lambda s: s["receipt"].get("request_id") or 0):
         r, what = s["receipt"], f"signed receipt of submission {s['id']}"
-        problems += [f"{what}: {p}" for p in receipts.verify_receipt(r, key)]
+        problems += [f"{what}: {p}" for p in receipts.verify_receipt(r, _pick(keys, r.get("public_key")))]
         rid = r.get("request_id")
         row = reqs.get(rid)
         if row is None:
@@ -139,7 +145,7 @@ def _receipt_problems(subs: list[dict], reqs: dict, key, hashes: list[bytes]) ->
     return problems
 
 
-def _logged_problems(head: dict | None, subs: list[dict], key, hashes: list[bytes]) -> list[str]:
+def _logged_problems(head: dict | None, subs: list[dict], keys: list, hashes: list[bytes]) -> list[str]:
     """The head against the tree heads the receipts handed out prove: it must exist and be as large."""
     sizes = [s["receipt"]["tree_head"].get("tree_size") for s in subs
              if isinstance(s["receipt"].get("tree_head"), dict)]
@@ -152,7 +158,7 @@ def _logged_problems(head: dict | None, subs: list[dict], key, hashes: list[byte
     sth = head.get("tree_head")
     if head.get("format") != HEAD_FORMAT or not isinstance(sth, dict):
         return [f"signed head: holds no tree head, though receipts prove one of {largest} requests was written"]
-    problems = tlog.tree_head_problems(sth, key, "signed head: its tree head")
+    problems = tlog.tree_head_problems(sth, _pick(keys, head.get("public_key")), "signed head: its tree head")
     if not problems and sth["tree_size"] < largest:
         problems.append(f"signed head: its tree head holds {sth['tree_size']} requests, fewer than the {largest} of "
                         "a receipt handed out (the head file was rolled back)")
@@ -195,7 +201,7 @@ def _head_problems(head: dict, key, rec: dict, subs: list[dict]) -> list[str]:
     return problems
 
 
-def verify(path: str | Path, public_key=None) -> dict:
+def verify(path: str | Path, public_key=None, retired=()) -> dict:
     """Verify the checkpoint's record against the chain and against what was signed outside the database.
 
     Parameters
@@ -205,6 +211,9 @@ def verify(path: str | Path, public_key=None) -> dict:
     public_key : Ed25519PublicKey or None
         The signer's pinned key; None: the key the head or the receipts name (``key_pinned`` False: an
         attacker who can replace files, not only the database, can re-sign with a key of their own).
+    retired : sequence of Ed25519PublicKey
+        Keys the service signed with before a rotation: receipts, heads and tree heads they signed are
+        accepted too (the service signs everything new with ``public_key``).
 
     Returns
     -------
@@ -226,10 +235,11 @@ def verify(path: str | Path, public_key=None) -> dict:
         problems.append("the record is signed but no signing key is known")
     elif key is not None:
         reqs = {r["id"]: r for r in rec["requests"]}
-        problems += _receipt_problems(subs, reqs, key, hashes)
-        problems += _logged_problems(head, subs, key, hashes)
+        keys = [key, *retired]
+        problems += _receipt_problems(subs, reqs, keys, hashes)
+        problems += _logged_problems(head, subs, keys, hashes)
         if head is not None:
-            problems += _head_problems(head, key, rec, subs)
+            problems += _head_problems(head, _pick(keys, head.get("public_key")), rec, subs)
     through = max((e.get("id", -1) for e in (head or {}).get("requests", [])), default=-1)
     signed = {s["receipt"].get("request_id") for s in subs}
     return {**rec, "valid": not problems, "problems": problems, "anchored_through": through,
@@ -270,7 +280,7 @@ def sign_head(path: str | Path, key, rec: dict, tree_head: dict) -> bool:
 FINGERPRINT_ENV = "SCRUBNET_RECEIPT_FINGERPRINT"
 
 
-def verify_pinned(path: str | Path, public_key=None, fingerprint: str | None = None) -> dict:
+def verify_pinned(path: str | Path, public_key=None, fingerprint: str | None = None, retired=()) -> dict:
     """:func:`verify` against a pinned key: ``public_key``, or the key the record names if its fingerprint is
     ``fingerprint``. A signed record checked against neither is not valid (a key the data names proves
     nothing: whoever rewrote the data can re-sign it with a key of their own).
@@ -283,13 +293,15 @@ def verify_pinned(path: str | Path, public_key=None, fingerprint: str | None = N
         The service's public key (``GET /v1/key``, kept apart from the data).
     fingerprint : str or None
         sha256 (hex) of the service's raw public key (``scrubnet serve`` prints it).
+    retired : sequence of Ed25519PublicKey
+        Keys retired by a rotation (with ``public_key``; see :func:`verify`).
 
     Returns
     -------
     dict
         :func:`verify`'s result; ``key_pinned`` says whether a pin was checked.
     """
-    rec = verify(path, public_key)
+    rec = verify(path, public_key, retired)
     if public_key is not None or rec["key_fingerprint"] is None:
         return rec
     problems = list(rec["problems"])

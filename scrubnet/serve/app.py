@@ -98,7 +98,7 @@ def _routes() -> list:
 
 def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loader, *, max_body: int = MAX_BODY,
                max_ids: int = MAX_IDS, start_worker: bool = True, witness=None, limits=None,
-               verify_every_s: float = 30.0):
+               verify_every_s: float = 30.0, retired_keys=()):
     """The Starlette application serving ``checkpoint``; its worker starts with the application.
 
     Parameters
@@ -127,6 +127,8 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
         Per-tenant rate limits and queue quotas (None: the defaults).
     verify_every_s : float
         While idle, the worker verifies the record this often.
+    retired_keys : sequence of Ed25519PublicKey
+        Keys the service signed with before a rotation (their signatures stay valid; new ones use ``key``).
 
     Returns
     -------
@@ -138,18 +140,20 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     if Starlette is None:
         raise ValueError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     path = Path(checkpoint)
-    check = anchor.verify(path, key.public_key())  # read-only; an old format is refused (StoreError)
+    check = anchor.verify(path, key.public_key(), retired_keys)  # read-only; an old format: StoreError
     if not check["valid"]:
         raise store.StoreError(f"{path}: the record does not verify, refusing to serve it: "
                                + "; ".join(check["problems"]))
     if witness is not None:
         try:
-            problems = tlog.witness_problems(witness.latest(), check["leaf_hashes"], key.public_key())
+            problems = tlog.witness_problems(witness.latest(), check["leaf_hashes"], key.public_key(),
+                                             retired_keys)
         except ValueError as e:
             problems = [str(e)]
         if problems:
             raise store.StoreError(f"{path}: refusing to serve it against its {witness}: " + "; ".join(problems))
-    worker = Worker(path, key, data_loader, witness=witness, verify_every_s=verify_every_s)
+    worker = Worker(path, key, data_loader, witness=witness, verify_every_s=verify_every_s,
+                    retired=retired_keys)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids,
                       public_key=key.public_key(), limits=limits or Limits())

@@ -3,14 +3,13 @@
 File modes (POSIX; nothing is checked elsewhere). ``ValueError`` (the CLI's ``error:`` line, exit 2) for what
 lets another local user act as the service; a warning line for what lets them read:
 
-=============================== ======================================= =====================================
-file                            refused when                            warned when
-=============================== ======================================= =====================================
-signing key (``--key``)         any group/other permission (≠ 0600)     —
-tokens file (``--tokens``)      writable by group/others (add a token)  readable by group/others (read them)
-checkpoint dir, ``store.sqlite``, writable by group/others (edit the      ``store.sqlite`` readable by group/
-``record-head.json``            record, swap the head)                  others (every submitter's ids, salt)
-=============================== ======================================= =====================================
+* signing key (``--key``): refused with any group/other permission (≠ 0600);
+* tokens file (``--tokens``): refused when writable by group/others (they could add a token), warned when
+  readable by them;
+* every file and directory of the checkpoint (``store.sqlite`` and its side files, ``record-head.json``,
+  ``weights/`` and each weights file, the factors): refused when writable by group/others (they could edit
+  the record, swap the head or the weights); ``store.sqlite`` warned when readable by group/others (every
+  submitter's ids and salt).
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ import stat
 from pathlib import Path
 
 from scrubnet.mlforget import store
-from scrubnet.serve import anchor
 
 
 def _mode(path: Path) -> int | None:
@@ -67,7 +65,7 @@ def check_modes(checkpoint: str | Path | None = None, tokens: str | Path | None 
                             f"(chmod 600 {tokens})")
     if checkpoint is not None:
         ck = Path(checkpoint)
-        for f in (ck, ck / store.DB, ck / anchor.HEAD):
+        for f in [ck, *sorted(ck.rglob("*"))]:
             m = _mode(f)
             if m is not None and m & 0o022:
                 raise ValueError(f"{f} has mode {m:04o}: others may edit the record (chmod go-w {f})")

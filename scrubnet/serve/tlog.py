@@ -219,7 +219,7 @@ class Witness:
             self._run("publish", canonical(sth))
 
 
-def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key) -> list[str]:
+def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key, retired=()) -> list[str]:
     """Why the checkpoint's log (leaf ``hashes``) does not extend the witnessed head (empty: it does).
 
     Parameters
@@ -230,6 +230,8 @@ def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key) ->
         The checkpoint's leaf hashes now.
     public_key : Ed25519PublicKey
         The service's key.
+    retired : sequence of Ed25519PublicKey
+        Keys retired by a rotation: a head they signed is accepted too.
 
     Returns
     -------
@@ -238,7 +240,9 @@ def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key) ->
     """
     if witnessed is None:
         return []
-    problems = tree_head_problems(witnessed, public_key, "the witnessed tree head")
+    fp = witnessed.get("key_fingerprint") if isinstance(witnessed, dict) else None
+    signer = next((k for k in retired if fingerprint(k) == fp), public_key)
+    problems = tree_head_problems(witnessed, signer, "the witnessed tree head")
     if problems:
         return problems
     m = witnessed["tree_size"]

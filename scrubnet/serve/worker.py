@@ -38,7 +38,7 @@ def issue_receipts(path: Path, key, tree_head: dict, hashes: list[bytes]) -> int
     return n
 
 
-def current_tree_head(path: Path, key, rec: dict, witness=None) -> dict:
+def current_tree_head(path: Path, key, rec: dict, witness=None, retired=()) -> dict:
     """The tree head of the record ``rec`` (a valid :func:`anchor.verify` result): the signed head's when it
     covers the whole log, else a new one, handed to ``witness`` first (``ValueError`` when it does not extend
     the witnessed head)."""
@@ -49,7 +49,7 @@ def current_tree_head(path: Path, key, rec: dict, witness=None) -> dict:
         return old
     sth = tlog.sign_tree_head(key, hashes)
     if witness is not None:
-        problems = tlog.witness_problems(witness.latest(), hashes, key.public_key())
+        problems = tlog.witness_problems(witness.latest(), hashes, key.public_key(), retired)
         if problems:
             raise ValueError("; ".join(problems))
         witness.publish(sth)
@@ -60,10 +60,11 @@ class Worker(threading.Thread):
     """Applies queued submissions one at a time, in arrival order, and signs their receipts."""
 
     def __init__(self, path: Path, key, data_loader, idle_s: float = 0.5, witness=None,
-                 verify_every_s: float = 30.0):
+                 verify_every_s: float = 30.0, retired=()):
         super().__init__(name="scrubnet-serve-worker", daemon=True)
         self.path, self.key, self.data_loader, self.idle_s = path, key, data_loader, idle_s
         self.witness, self.verify_every_s, self.verified_at = witness, verify_every_s, time.monotonic()
+        self.retired = tuple(retired)
         self.wake, self.stop = threading.Event(), threading.Event()
         self.last_error: str | None = None
         self.halted: list[str] | None = None
@@ -78,7 +79,7 @@ class Worker(threading.Thread):
                     self.wake.wait(self.idle_s)
                     self.wake.clear()
                     continue
-                rec = anchor.verify(self.path, self.key.public_key())
+                rec = anchor.verify(self.path, self.key.public_key(), self.retired)
                 self.verified_at = time.monotonic()
                 if not rec["valid"]:
                     self.halt(rec["problems"])
@@ -86,7 +87,7 @@ class Worker(threading.Thread):
                 if idle:
                     continue
                 try:
-                    sth = current_tree_head(self.path, self.key, rec, self.witness)
+                    sth = current_tree_head(self.path, self.key, rec, self.witness, self.retired)
                 except ValueError as e:
                     self.halt([f"the {self.witness} refuses the log: {e}"])
                     return

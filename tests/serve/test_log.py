@@ -429,3 +429,24 @@ def test_the_token_bucket():
     assert lim.admit("b", now=0.0) is None  # per tenant
     assert lim.admit("a", now=0.5) is None and lim.admit("a", now=0.5) == pytest.approx(0.5)
     assert Limits.retry_after(0.2) == {"Retry-After": "1"} and Limits.retry_after(2.1) == {"Retry-After": "3"}
+
+
+def test_a_rotated_key_keeps_the_old_signatures_valid(served, tmp_path):
+    from scrubnet.experiments.checkpoints import ml_data_loader
+    from scrubnet.serve.app import create_app
+    ck = _copy(served.ckpt, tmp_path / "ck")
+    old = serialization.load_pem_public_key(served.pub.read_bytes())
+    new = Ed25519PrivateKey.generate()
+    witness = tlog.Witness(path=tmp_path / "witness.json")
+    shutil.copy(served.tmp / "witness" / "head.json", witness.path)
+    with pytest.raises(store.StoreError, match="signed by another key"):
+        create_app(ck, {}, new, ml_data_loader, start_worker=False, witness=witness)
+    app_ = create_app(ck, {}, new, ml_data_loader, start_worker=False, witness=witness, retired_keys=[old])
+    assert app_.state.worker.retired == (old,)
+    new_pub = tmp_path / "new.pub"
+    new_pub.write_bytes(new.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+    r = CliRunner().invoke(mlforget_app, ["show", str(ck), "--key", str(new_pub), "--retired-key", str(served.pub)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(mlforget_app, ["show", str(ck), "--key", str(new_pub)])
+    assert r.exit_code == 2 and "signed by another key" in r.output
