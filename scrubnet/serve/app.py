@@ -40,6 +40,7 @@ is refused at start (``scrubnet mlforget upgrade`` first): serving never upgrade
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 
 from scrubnet.mlforget import store
@@ -94,6 +95,13 @@ def _routes() -> list:
             Route("/v1/log/head", get_head, methods=["GET"]),
             Route("/v1/log/consistency", get_consistency, methods=["GET"]),
             Route("/operator", operator, methods=["GET"])]
+
+
+def id_secret(key) -> bytes:
+    """The secret of the opaque submission ids: a hash of the private signing key under a domain tag."""
+    raw = key.private_bytes(receipts.serialization.Encoding.Raw, receipts.serialization.PrivateFormat.Raw,
+                            receipts.serialization.NoEncryption())
+    return hashlib.sha256(b"scrubnet-submission-id/1\x00" + raw).digest()
 
 
 def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loader, *, max_body: int = MAX_BODY,
@@ -156,7 +164,7 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
                     retired=retired_keys)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids,
-                      public_key=key.public_key(), limits=limits or Limits())
+                      public_key=key.public_key(), limits=limits or Limits(), id_secret=id_secret(key))
     app = Starlette(routes=_routes(), lifespan=_lifespan)
     late = [i for i in check["unanchored"] if i > check["anchored_through"] >= 0]
     app.state.warnings = [f"requests {', '.join(f'#{i}' for i in late)} were committed outside the service since "

@@ -58,6 +58,8 @@ class Service:
         The key the service signs with (its public half), to verify the record with.
     limits : object or None
         Per-tenant rate limits and queue quotas (:class:`scrubnet.serve.limits.Limits`).
+    id_secret : bytes
+        The secret behind the opaque submission ids (derived from the signing key).
     """
     path: Path
     tokens: dict
@@ -68,3 +70,4 @@ class Service:
     max_ids: int
     public_key: Any = None
     limits: Any = field(default=None)
+    id_secret: bytes = b""

@@ -3,6 +3,7 @@ idempotency, tokens and roles, bad bodies, restart with queued requests, and the
 headless Chromium."""
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -55,6 +56,11 @@ def deletable(path, k, skip=0):
     users = store.load(path)[0].user_ids.tolist()
     done = set(rec["state"]["forgotten_ids"])
     return [i for i in users if i not in static_core and i not in done][skip:skip + k]
+
+
+def row(ck, sub):
+    """The store's row of a submission the API answered with (its ``id`` is opaque; its salt is unique)."""
+    return next(s for s in store.submissions(ck, limit=1 << 40) if s["salt"] == sub["salt"])
 
 
 def free_port():
@@ -296,10 +302,11 @@ def test_restart_resumes_queued_requests(base_ckpt, tmp_path):
             for k, s in enumerate(id_sets)]
     assert all(s["status"] == "queued" for s in subs)
     end = time.monotonic() + 60
-    while store.submission(ck, subs[0]["id"])["status"] != "applied" and time.monotonic() < end:
+    while row(ck, subs[0])["status"] != "applied" and time.monotonic() < end:
         time.sleep(0.1)
-    assert [store.submission(ck, s["id"])["status"] for s in subs] == ["applied", "queued", "queued"]
-    assert store.submission(ck, subs[0]["id"])["receipt"] is None
+    assert [row(ck, s)["status"] for s in subs] == ["applied", "queued", "queued"]
+    assert row(ck, subs[0])["receipt"] is None
+    assert all(re.fullmatch("s[0-9a-f]{24}", s["id"]) for s in subs)  # opaque: no counter of anyone's requests
     srv.stop(kill=True)
     srv = Server(ck, tmp_path)
     try:

@@ -24,7 +24,7 @@ from scrubnet.mlforget import store  # noqa: E402
 from scrubnet.mlforget.store.chain import _seal_all  # noqa: E402
 from scrubnet.serve import anchor  # noqa: E402
 from scrubnet.serve.auth import read_tokens, token_name  # noqa: E402
-from test_serve import DATA, ENV, TRAIN, Server, _chromium, deletable  # noqa: E402
+from test_serve import DATA, ENV, TRAIN, Server, _chromium, deletable, row  # noqa: E402
 
 ALICE, BOB, CAROL, READER, OPS = ("alice-submit-token-0001", "bob-submit-token-000001", "carol-submit-token-00001",
                                   "reader-read-token-000001", "ops-admin-token-00000001")
@@ -107,7 +107,8 @@ def test_replaying_another_tenants_idempotency_key_reveals_nothing(served):
     # another submitter asking for her request: the answer of an unknown id
     sid = alice["sub"]["id"]
     assert served.call("GET", f"/v1/requests/{sid}", token=BOB) == (404, {"error": f"no request {sid}"})
-    assert served.call("GET", "/v1/requests/987654", token=BOB) == (404, {"error": "no request 987654"})
+    assert served.call("GET", "/v1/requests/s0123456789abcdef01234567", token=BOB) == \
+        (404, {"error": "no request s0123456789abcdef01234567"})
     # the read and admin roles see neither her idempotency key nor her salt
     for token in (READER, OPS):
         code, log = served.call("GET", "/v1/log", token=token)
@@ -279,7 +280,7 @@ def test_a_worker_stops_when_the_record_breaks_under_it(served):
         time.sleep(0.2)
     assert log["worker_halted"] and "field 'sigma' disagrees with its signed receipt" in log["worker_error"]
     time.sleep(1.5)
-    assert store.submission(served.ckpt, sub["id"])["status"] == "queued"  # nothing applied after the forgery
+    assert row(served.ckpt, sub)["status"] == "queued"  # nothing applied after the forgery
     assert [r["id"] for r in store.requests(served.ckpt)] == [r["id"] for r in before[0]]
     assert [s["receipt"] for s in store.submissions(served.ckpt)][:-1] == [s["receipt"] for s in before[1]]
     code, out = served.call("POST", "/v1/requests", {"ids": deletable(served.ckpt, 1, skip=12)}, token=ALICE,

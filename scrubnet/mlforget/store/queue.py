@@ -93,12 +93,15 @@ def submission(path: str | Path, sid: int) -> dict | None:
     return _row_to_submission(row) if row is not None else None
 
 
-def submissions(path: str | Path, status: str | None = None, limit: int = 1000) -> list[dict]:
-    """Submissions in arrival order (``status`` filters), at most ``limit`` (the latest ones)."""
+def submissions(path: str | Path, status: str | None = None, limit: int = 1000,
+                client: str | None = None) -> list[dict]:
+    """Submissions in arrival order (``status``, ``client`` filter), at most ``limit`` (the latest ones)."""
+    conds = [c for c, v in (("status = ?", status), ("client = ?", client)) if v is not None]
+    args = tuple(v for v in (status, client) if v is not None)
     with _open(path) as (_, con, _static_):
-        where = "WHERE status = ?" if status else ""
+        where = ("WHERE " + " AND ".join(conds)) if conds else ""
         rows = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions {where} ORDER BY id DESC "
-                           "LIMIT ?", ((status,) if status else ()) + (int(limit),)).fetchall()
+                           "LIMIT ?", args + (int(limit),)).fetchall()
     return [_row_to_submission(r) for r in reversed(rows)]
 
 

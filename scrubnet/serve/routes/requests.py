@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 import math
 import re
@@ -21,6 +22,14 @@ from scrubnet.serve.http import HTTPError, Service
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
 #: deepest JSON nesting a body may have (a valid body needs 2: the object and its ids list)
 MAX_DEPTH = 16
+#: an opaque submission id: ``s`` and 24 hex digits of an HMAC of the store's number (no count of anyone's
+#: submissions can be read from it)
+OPAQUE_ID = re.compile(r"^s[0-9a-f]{24}$")
+
+
+def opaque_id(secret: bytes, sid: int) -> str:
+    """The id the API shows for submission ``sid``: ``s`` + 24 hex of HMAC-SHA256(secret, sid)."""
+    return "s" + hmac.new(secret, str(int(sid)).encode(), hashlib.sha256).hexdigest()[:24]
 
 
 def scoped_key(token: Token, key: str) -> str:
@@ -29,7 +38,7 @@ def scoped_key(token: Token, key: str) -> str:
     return hashlib.sha256(token.name.encode()).hexdigest()[:16] + "/" + key
 
 
-def public_submission(sub: dict, full: bool, owner: bool = False) -> dict:
+def public_submission(sub: dict, full: bool, owner: bool = False, secret: bytes = b"") -> dict:
     """A submission as the API shows it.
 
     Parameters
@@ -40,13 +49,15 @@ def public_submission(sub: dict, full: bool, owner: bool = False) -> dict:
         Add the ids (the submitter and admin).
     owner : bool
         The submitter: also the salt and the idempotency key (per-tenant secrets no other role sees).
+    secret : bytes
+        The service's id secret: ``id`` is the opaque id (:func:`opaque_id`), never the store's counter.
 
     Returns
     -------
     dict
         The JSON answer.
     """
-    out = {"id": sub["id"], "status": sub["status"], "kind": sub["kind"], "n_ids": len(sub["ids"]),
+    out = {"id": opaque_id(secret, sub["id"]), "status": sub["status"], "kind": sub["kind"], "n_ids": len(sub["ids"]),
            "sigma": sub["sigma"], "submitted_utc": sub["submitted_utc"], "finished_utc": sub["finished_utc"],
            "reason": sub["reason"], "request_id": sub["request_id"], "ids_sha256": sub["ids_hash"],
            "receipt": sub["receipt"]}
@@ -133,11 +144,11 @@ def parse_submission(raw: bytes, token: Token, max_ids: int) -> tuple[str, list[
     return kind, ids, None if sigma is None else float(sigma), salt.lower()
 
 
-def submitted(sub: dict, created: bool, token: Token) -> JSONResponse:
+def submitted(sub: dict, created: bool, token: Token, secret: bytes) -> JSONResponse:
     """The answer to a POST: 202 while queued (200 for a replay of a finished one). Only the submitter's own
     submissions are ever found (keys are scoped to the identity), so the answer is the submitter's."""
-    out = public_submission(sub, full=token.may("admin"), owner=sub["client"] == token.name)
-    out["status_url"] = f"/v1/requests/{sub['id']}"
+    out = public_submission(sub, full=token.may("admin"), owner=sub["client"] == token.name, secret=secret)
+    out["status_url"] = f"/v1/requests/{out['id']}"
     out["replayed"] = not created
     return JSONResponse(out, status_code=202 if sub["status"] == "queued" else 200)
 
@@ -189,7 +200,7 @@ async def post_request(request, service: Service, token: Token):
     if first is not None:  # a replay: the first one's result, whatever happened since
         if (first["kind"], first["ids"], first["sigma"]) != (kind, sorted(ids), sigma):
             raise HTTPError(422, "this Idempotency-Key was already used for a different request")
-        return submitted(first, False, token)
+        return submitted(first, False, token, service.id_secret)
     if kind == "forget":
         try:  # whether an id is already forgotten is other tenants' business: checked for admin only
             ids = await run_in_threadpool(store.check_ids_now, path, ids, token.may("admin"))
@@ -198,20 +209,25 @@ async def post_request(request, service: Service, token: Token):
     ids_hash = receipts.ids_sha256(ids, salt)
     sub, created = await _queue(service, token, (idem, kind, ids, sigma, ids_hash, salt))
     service.worker.wake.set()
-    return submitted(sub, created, token)
+    return submitted(sub, created, token, service.id_secret)
 
 
 @authorised(None)
 async def get_request(request, service: Service, token: Token):
     """A submission's status (and receipt once applied): role read, or the token that submitted it."""
     raw = request.path_params["sid"]
-    if not re.fullmatch(r"[0-9]{1,18}", raw):  # ASCII digits only: no Unicode digit, sign or huge number
+    if not OPAQUE_ID.match(raw):  # ASCII only: no Unicode digit, no number, nothing huge
         raise HTTPError(404, "no such request")
-    sid = int(raw)
-    sub = await run_in_threadpool(store.submission, service.path, sid)
-    if sub is None:
-        raise HTTPError(404, f"no request {sid}")
+    sub = await run_in_threadpool(_find, service, raw, None if token.may("read") else token.name)
+    if sub is None:  # unknown, or another submitter's: the same answer
+        raise HTTPError(404, f"no request {raw}")
     own = sub["client"] == token.name
-    if not (own or token.may("read")):  # the same answer as an unknown id: ids say nothing about others
-        raise HTTPError(404, f"no request {sid}")
-    return JSONResponse(public_submission(sub, full=token.may("admin"), owner=own))
+    return JSONResponse(public_submission(sub, full=token.may("admin"), owner=own, secret=service.id_secret))
+
+
+def _find(service: Service, public_id: str, client: str | None) -> dict | None:
+    """The submission whose opaque id is ``public_id`` among ``client``'s (None: everyone's)."""
+    for sub in store.submissions(service.path, limit=1 << 62, client=client):
+        if hmac.compare_digest(opaque_id(service.id_secret, sub["id"]), public_id):
+            return sub
+    return None
