@@ -138,7 +138,7 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
     typer.echo(f"serving {checkpoint} on http://{host}:{port} (public key {receipts.public_key_hex(private)}, "
                f"fingerprint {tlog.fingerprint(private)})")
     uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=5,
-                                  limit_concurrency=256)).run(sockets=[sock])
+                                  limit_concurrency=256, http=startup.guarded_http(10.0))).run(sockets=[sock])
 
 
 def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),

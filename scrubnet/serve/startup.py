@@ -88,3 +88,51 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
+
+
+def guarded_http(header_timeout_s: float = 10.0):
+    """uvicorn's h11 protocol with a deadline on the request line and headers: a connection that has not sent
+    a whole request head ``header_timeout_s`` seconds after it opened (or after its previous response) is
+    closed. uvicorn bounds only idle keep-alive connections; a client sending half a request held its
+    connection for good (300 of 300 after 45 s). The body has its own deadline in the route (408).
+
+    Parameters
+    ----------
+    header_timeout_s : float
+        Seconds a client may take to send a request's line and headers.
+
+    Returns
+    -------
+    type
+        The protocol class, for ``uvicorn.Config(http=...)``.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._guard = None
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+            self._guard_cycle = self.cycle
+            self._guard = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _expire(self) -> None:
+            cycle = self.cycle
+            if cycle is self._guard_cycle and (cycle is None or cycle.response_complete) \
+                    and not self.transport.is_closing():
+                self.transport.close()  # no whole request head arrived in time
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+            super().connection_lost(exc)
+
+    return GuardedH11

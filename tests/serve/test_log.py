@@ -423,6 +423,23 @@ def test_a_flood_from_one_tenant_gets_429_while_another_is_served(served):
     assert code == 202, out  # another tenant is not held back
 
 
+def test_slow_clients_are_cut_off(served):
+    """Half a request head is closed after 10 s, half a body answered 408 after 10 s; neither holds on."""
+    import socket
+    head = socket.create_connection(("127.0.0.1", served.port))
+    head.sendall(b"POST /v1/requests HTTP/1.1\r\nHost: x\r\n")
+    body = socket.create_connection(("127.0.0.1", served.port))
+    body.sendall(b"POST /v1/requests HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nAuthorization: Bearer "
+                 + BOB.encode() + b"\r\nIdempotency-Key: slow-1\r\n\r\n{\"ids\"")
+    t0 = time.monotonic()
+    for s in (head, body):
+        s.settimeout(30)
+    assert body.recv(100).startswith(b"HTTP/1.1 408")
+    assert head.recv(100) == b"" and time.monotonic() - t0 < 25  # closed by the server
+    head.close()
+    body.close()
+
+
 def test_the_token_bucket():
     lim = Limits(rate=2.0, burst=3, max_queued=5)
     assert [lim.admit("a", now=0.0) for _ in range(3)] == [None, None, None]

@@ -11,6 +11,7 @@ import secrets
 import sqlite3
 
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from scrubnet.data.ids import IdsFormatError, parse_sample_ids
@@ -74,11 +75,14 @@ async def read_body(request, max_body: int) -> bytes:
     if length is not None and (not length.isdigit() or int(length) > max_body):
         raise HTTPError(413, f"request body over {max_body} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body:
-            raise HTTPError(413, f"request body over {max_body} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                raise HTTPError(413, f"request body over {max_body} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away mid-body: nothing to answer, nothing to log
+        raise HTTPError(400, "the client disconnected before sending its body") from None
     return b"".join(chunks)
 
 
