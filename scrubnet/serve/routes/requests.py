@@ -62,6 +62,8 @@ def public_submission(sub: dict, full: bool, owner: bool = False, secret: bytes 
            "sigma": sub["sigma"], "submitted_utc": sub["submitted_utc"], "finished_utc": sub["finished_utc"],
            "reason": sub["reason"], "request_id": sub["request_id"], "ids_sha256": sub["ids_hash"],
            "receipt": sub["receipt"]}
+    if sub["status"] == "refused" and not full:
+        out["reason"] = store.REFUSED  # rows refused before the reasons were made generic may name ids
     if full or owner:
         out["ids"] = sub["ids"]
     if owner:
