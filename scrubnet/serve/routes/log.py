@@ -24,7 +24,8 @@ def log_info(service: Service) -> dict:
                                                     "requests": len(rec["requests"])},
             "queued": sum(s["status"] == "queued" for s in subs), "worker_error": service.worker.last_error,
             "worker_halted": service.worker.halted is not None,
-            "submissions": [{**public_submission(s, full=False, secret=service.id_secret), "remaining_information_bound_nats":
+            "submissions": [{**public_submission(s, full=False, secret=service.id_secret),
+                             "remaining_information_bound_nats":
                              (s["receipt"] or {}).get("remaining_information_bound_nats"),
                              "sigma_applied": (s["receipt"] or {}).get("sigma", s["sigma"])} for s in subs]}
 
