@@ -2,7 +2,6 @@
 apart from the data, receipts anyone can verify (RFC 8785, a shell script with openssl, a second verifier written
 here without the package's code), tenants who learn nothing, and the service's limits — over HTTP against a live
 server where it matters."""
-import base64
 import hashlib
 import json
 import os
