@@ -29,6 +29,7 @@ applied, kills and restarts included), ``lost:`` (accepted requests not applied 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -167,8 +168,8 @@ def main() -> None:
                 while time.monotonic() < t_end:
                     try:
                         code, out, wait = post(server.port, key, {"ids": ids}, c)
-                    except OSError:
-                        time.sleep(0.2)  # the server is down (killed): retry the same request
+                    except (OSError, http.client.HTTPException):
+                        time.sleep(0.2)  # the server is down (killed, maybe mid-answer): retry the same request
                         continue
                     if c == FLOOD:
                         flood_codes.append(code)
