@@ -516,3 +516,28 @@ def test_a_full_disk_is_retryable(base, tmp_path, monkeypatch):
         asyncio.run(routes._queue(service, Token("alice", frozenset({"submit"})), ("k2", "forget", ids, None, "h",
                                                                                    "00" * 16)))
     assert e.value.status == 503 and e.value.headers["Retry-After"] == "30" and "disk is full" in e.value.message
+
+
+def test_show_reads_a_checkpoint_it_cannot_write_beside(base, tmp_path, monkeypatch):
+    """On a read-only mount SQLite cannot create its side files: the database is opened immutable. Simulated
+    (the tests run as root, for whom a directory's mode forbids nothing): the directory reads as unwritable."""
+    from scrubnet.mlforget.store import db
+    ck = tmp_path / "ck"
+    shutil.copytree(base, ck)
+    expected = store.verify(ck)
+    for side in ("store.sqlite-wal", "store.sqlite-shm"):
+        (ck / side).unlink(missing_ok=True)
+    opened = []
+    real_connect = sqlite3.connect
+
+    def spy(database, *a, **k):
+        opened.append(str(database))
+        return real_connect(database, *a, **k)
+    import types
+    monkeypatch.setattr(db, "os", types.SimpleNamespace(access=lambda p, mode: False, W_OK=os.W_OK))
+    monkeypatch.setattr(db.sqlite3, "connect", spy)
+    r = CliRunner().invoke(mlforget_app, ["show", str(ck)])
+    assert r.exit_code == 0 and "hash chain: valid" in r.output, r.output
+    assert opened and all("immutable=1" in u for u in opened)
+    assert not (ck / "store.sqlite-wal").exists() and not (ck / "store.sqlite-shm").exists()
+    assert store.verify(ck)["requests"] == expected["requests"]
