@@ -15,15 +15,21 @@ run and restarts it at once. At the end (the server running again until every re
   link to the previous receipt and sha256_before = the previous sha256_after;
 * the weights equal a replay of the store's requests, in its order, on a copy of the trained checkpoint.
 
-Prints ``requests_per_second:`` (applied requests / wall time from the first request to the last one
-applied, kills and restarts included) and ``lost:`` (accepted requests not applied exactly once; must be 0),
-then ``ok`` or the failed checks (exit 1).
+Each client is a tenant with a token of its own; the signing key and the witness of the transparency log
+live outside the checkpoint. While the clients run, one more tenant floods the server with ``--flood`` POSTs
+as fast as it can: the per-tenant rate limit and queue quota answer it 429 (with ``Retry-After``) while the
+other tenants' requests complete. A client that gets a 429 waits ``Retry-After`` and resends (same key).
 
-    python benchmarks/serve_load.py [--clients 32 --requests 2 --ids 1 --kills 3 --seed 0]
+Prints ``requests_per_second:`` (applied requests / wall time from the first request to the last one
+applied, kills and restarts included), ``lost:`` (accepted requests not applied exactly once; must be 0) and
+``flood:`` (the flooding tenant's POSTs answered 429 / accepted), then ``ok`` or the failed checks (exit 1).
+
+    python benchmarks/serve_load.py [--clients 32 --requests 2 --ids 1 --kills 3 --flood 60 --seed 0]
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -45,7 +51,13 @@ from scrubnet.experiments.checkpoints import ml_data_loader as _data_loader
 from scrubnet.mlforget import store
 from scrubnet.serve import anchor, receipts
 
-TOKEN = "load-benchmark-token-0001"
+FLOOD = "flood"
+#: the server's limits in this benchmark: a tenant may send 10 POSTs at once, 2 per second after, and keep 8 queued
+LIMITS = ("--burst", "10", "--rate", "2", "--max-queued", "8")
+
+
+def token(client) -> str:
+    return f"load-benchmark-token-{client}-0001"
 DATA = {"num_samples": 1000, "n_train_per_class": 40, "n_test_per_class": 10, "forget_count": 2}
 TRAIN = {"pretrain_epochs": 2, "max_epochs": 5}
 
@@ -57,15 +69,16 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, ckpt: Path, tokens: Path, port: int, env: dict):
-        self.ckpt, self.tokens, self.port, self.env = ckpt, tokens, port, env
+    def __init__(self, ckpt: Path, tokens: Path, port: int, env: dict, keys: Path):
+        self.ckpt, self.tokens, self.port, self.env, self.keys = ckpt, tokens, port, env, keys
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
 
     def start(self, timeout_s: float = 180.0) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "scrubnet.cli", "serve", str(self.ckpt), "--tokens",
-                                      str(self.tokens), "--port", str(self.port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=self.env)
+                                      str(self.tokens), "--port", str(self.port), "--key",
+                                      str(self.keys / "key.pem"), "--witness", str(self.keys / "witness.json"),
+                                      *LIMITS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             try:
@@ -87,14 +100,16 @@ class Server:
             self.proc.wait(timeout=60)
 
 
-def post(port: int, key: str, body: dict) -> tuple[int, dict]:
+def post(port: int, key: str, body: dict, client) -> tuple[int, dict, float]:
+    """(status, answer, Retry-After in seconds or 0)."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/requests", data=json.dumps(body).encode(),
-                                 method="POST", headers={"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": key})
+                                 method="POST", headers={"Authorization": f"Bearer {token(client)}",
+                                                         "Idempotency-Key": key})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
+            return r.status, json.loads(r.read()), 0.0
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        return e.code, json.loads(e.read() or b"{}"), float(e.headers.get("Retry-After") or 0)
 
 
 def main() -> None:
@@ -103,13 +118,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--ids", type=int, default=1, help="sample ids per request")
     ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--flood", type=int, default=60, help="POSTs of the flooding tenant")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline", type=float, default=600.0, help="seconds the clients may take, at most")
     args = ap.parse_args()
     if not (1 <= args.clients <= 256 and 1 <= args.requests <= 100 and 1 <= args.ids <= 100
-            and 0 <= args.kills <= 20 and 10 <= args.deadline <= 3600):
+            and 0 <= args.kills <= 20 and 10 <= args.deadline <= 3600 and 0 <= args.flood <= 1000):
         raise SystemExit("error: --clients 1..256, --requests 1..100, --ids 1..100, --kills 0..20, "
-                         "--deadline 10..3600")
+                         "--deadline 10..3600, --flood 0..1000")
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -125,28 +141,42 @@ def main() -> None:
         state, _ = store.load(base)
         deletable = state.deletable_ids().tolist()
         need = args.clients * args.requests * args.ids
-        if need >= len(deletable):
+        if need + args.flood * args.ids >= len(deletable):
             raise SystemExit(f"error: {need} ids needed, the checkpoint has {len(deletable)} deletable samples")
         rng.shuffle(deletable)
         plan = {(c, k): sorted(deletable[(c * args.requests + k) * args.ids:(c * args.requests + k + 1) * args.ids])
                 for c in range(args.clients) for k in range(args.requests)}
+        plan.update({(FLOOD, k): sorted(deletable[need + k * args.ids:need + (k + 1) * args.ids])
+                     for k in range(args.flood)})
         tokens = work / "tokens.txt"
-        tokens.write_text(f"{TOKEN} submit,read load\n")
-        server = Server(ckpt, tokens, free_port(), env)
+        tokens.write_text("".join(f"{token(c)} submit client{c}\n" for c in [*range(args.clients), FLOOD]))
+        os.chmod(tokens, 0o600)
+        keys = work / "keys"
+        keys.mkdir(mode=0o700)
+        server = Server(ckpt, tokens, free_port(), env, keys)
         server.start()
         accepted: dict[str, dict] = {}
         failures: list[str] = []
         lock = threading.Lock()
         t_end = time.monotonic() + args.deadline
 
-        def client(c: int) -> None:
-            for k in range(args.requests):
+        flood_codes: list[int] = []
+
+        def client(c) -> None:
+            for k in range(args.flood if c == FLOOD else args.requests):
                 key, ids = f"client{c}-request{k}", plan[(c, k)]
                 while time.monotonic() < t_end:
                     try:
-                        code, out = post(server.port, key, {"ids": ids})
-                    except OSError:
-                        time.sleep(0.2)  # the server is down (killed): retry the same request
+                        code, out, wait = post(server.port, key, {"ids": ids}, c)
+                    except (OSError, http.client.HTTPException):
+                        time.sleep(0.2)  # the server is down (killed, maybe mid-answer): retry the same request
+                        continue
+                    if c == FLOOD:
+                        flood_codes.append(code)
+                        if code == 429:
+                            break  # the flood moves on to its next request at once
+                    if code == 429:
+                        time.sleep(wait)  # rate limited: wait as told, then resend the same request
                         continue
                     if code in (200, 202):
                         with lock:
@@ -167,7 +197,7 @@ def main() -> None:
                 server.start()
 
         t0 = time.monotonic()
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
+        threads = [threading.Thread(target=client, args=(c,)) for c in [*range(args.clients), FLOOD]]
         kt = threading.Thread(target=killer)
         kt.start()
         for t in threads:
@@ -182,6 +212,7 @@ def main() -> None:
         wall = time.monotonic() - t0
         key_hex = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/key", timeout=30).read())
         server.stop()
+        pub = receipts.load_public_key(_write(work / "key.pub", key_hex["pem"]))
 
         problems = list(failures)
         reqs = store.requests(ckpt)
@@ -204,13 +235,16 @@ def main() -> None:
             problems.append(f"{twice} id sets applied more than once")
         if not_planned:
             problems.append(f"requests {not_planned[:5]} applied without an accepted submission")
-        never = need // args.ids - len(accepted)
+        others = [k for k in accepted if not k.startswith(f"client{FLOOD}-")]
+        never = need // args.ids - len(others)
         if never:
-            problems.append(f"{never} requests never got a 202 before the deadline")
-        rec = anchor.verify(ckpt)  # the chain, and the signed receipts and head against it
+            problems.append(f"{never} requests of the ordinary tenants never got a 202 before the deadline")
+        n429 = flood_codes.count(429)
+        if args.flood and not n429:
+            problems.append("the flooding tenant never got a 429")
+        rec = anchor.verify(ckpt, pub)  # the chain, the signed receipts, head and tree heads, under the key
         if not rec["valid"]:
             problems.append("record chain: " + "; ".join(rec["problems"]))
-        pub = receipts.load_public_key(_write(work / "key.pub", key_hex["pem"]))
         prev, bad_receipts = None, 0
         for s in sorted((s for s in subs.values() if s["status"] == "applied"), key=lambda s: s["request_id"]):
             if s["receipt"] is None or receipts.verify_receipt(s["receipt"], pub, ids=s["ids"], salt=s["salt"],
@@ -231,6 +265,9 @@ def main() -> None:
               f"accepted: {len(accepted)}  applied: {applied}  wall_s: {wall:.1f}  (loaded shared 2-core machine)")
         print(f"requests_per_second: {applied / wall:.2f}")
         print(f"lost: {lost}")
+        print(f"flood: {n429} of {len(flood_codes)} POSTs answered 429, "
+              f"{len(accepted) - len(others)} accepted; the other tenants' {len(others)} requests all accepted"
+              if not never else f"flood: {n429} of {len(flood_codes)} POSTs answered 429")
         if problems:
             print("FAILED: " + "; ".join(problems))
             raise SystemExit(1)

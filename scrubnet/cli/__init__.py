@@ -36,7 +36,8 @@ app.add_typer(study_cmds.study_app, name="study",
               help="empirical studies of training (critical periods of regularisation)")
 app.command(name="serve")(handle_errors(serve_cmds.serve))
 serve_cmds.receipt_app.command(name="verify")(handle_errors(serve_cmds.verify_cmd))
-app.add_typer(serve_cmds.receipt_app, name="receipt", help="Signed receipts of deletion requests: verify")
+serve_cmds.receipt_app.command(name="audit")(handle_errors(serve_cmds.audit_cmd))
+app.add_typer(serve_cmds.receipt_app, name="receipt", help="Signed receipts of deletion requests: verify, audit")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

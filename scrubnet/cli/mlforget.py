@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import typer
@@ -37,7 +37,8 @@ from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_
 from scrubnet.models.call import call_model
 from scrubnet.mlforget.pipeline import train_ml
 from scrubnet.mlforget.store import forget as store_forget, forget_everything, save_new, upgrade as store_upgrade
-from scrubnet.serve.anchor import verify  # the chain, and the signed receipts and head against it
+from scrubnet.serve import receipts
+from scrubnet.serve.anchor import FINGERPRINT_ENV, verify_pinned  # the chain, receipts, head, tree heads
 from scrubnet.training import TrainConfig
 
 mlforget_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -218,17 +219,36 @@ def forget_all_cmd(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: 
                else f"forget-all already applied as #{record['id']} (nothing done)")
 
 
+def _pinned(checkpoint: Path, key: Optional[Path], fingerprint: Optional[str], retired: list) -> dict:
+    """The record verified against the pinned key (never the file beside the data)."""
+    if key is None:
+        if retired:
+            raise UserError("--retired-key needs --key (the current key)")
+        return verify_pinned(checkpoint, fingerprint=fingerprint)
+    try:
+        return verify_pinned(checkpoint, receipts.load_public_key(key),
+                             retired=[receipts.load_public_key(k) for k in retired])
+    except receipts.ReceiptError as e:
+        raise UserError(f"--key: {e}") from None
+
+
 def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
          as_json: bool = typer.Option(False, "--json", help="print the record as one JSON object"),
+         key: Optional[Path] = typer.Option(None, "--key", help="the service's public key (PEM or hex, from GET "
+                                            "/v1/key, kept apart from the data) to check the signed record with"),
+         fingerprint: Optional[str] = typer.Option(None, "--fingerprint", envvar=FINGERPRINT_ENV,
+                                                   help="sha256 of the service's public key, instead of --key"),
+         retired_key: Optional[List[Path]] = typer.Option(None, "--retired-key", help="a key the service signed "
+                                                          "with before a rotation (with --key); repeatable"),
          threads: int = threads_option(THREADS_HELP),
          device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Print the requests and verify the record chain: every field of the checkpoint's static record, of each
     request and of the state, and the chain of weight hashes (exit 2 naming any edited field)."""
     require_cpu(device)
-    rec = verify(_checkpoint(checkpoint, checkpoint_opt))
+    rec = _pinned(_checkpoint(checkpoint, checkpoint_opt), key, fingerprint, retired_key or [])
     st = rec["state"]
     if as_json:
-        typer.echo(json.dumps(rec, indent=1))
+        typer.echo(json.dumps({k: v for k, v in rec.items() if k != "leaf_hashes"}, indent=1))
     else:
         for r in rec["requests"]:
             typer.echo(f"#{r['id']:<4} {r['kind']:<10} {r['time_utc']}  ids={r['n_ids']:<5} "
@@ -238,6 +258,9 @@ def show(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[P
                    f"{rec['n_core']} core (never forgotten)"
                    + ("; user weights dropped (forget-all)" if st["user_weights_dropped"] else ""))
         typer.echo("hash chain: valid" if rec["valid"] else "hash chain: BROKEN")
+        if rec["key_fingerprint"] is not None:
+            typer.echo(f"signed by key {rec['key_fingerprint']}" + (" (pinned)" if rec["key_pinned"] else
+                                                                    " (NOT pinned)"))
     if not rec["valid"]:
         raise UserError("the checkpoint's record is inconsistent: " + "; ".join(rec["problems"]))
 

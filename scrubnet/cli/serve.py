@@ -1,9 +1,12 @@
-"""``scrubnet serve`` (deletion requests over HTTP, optional extra ``scrubnet[serve]``) and
-``scrubnet receipt verify`` (offline check of a signed receipt).
+"""``scrubnet serve`` (deletion requests over HTTP, optional extra ``scrubnet[serve]``),
+``scrubnet receipt verify`` (offline check of a signed receipt) and ``scrubnet receipt audit`` (a receipt
+against the service's transparency log now).
 
-    scrubnet serve CHECKPOINT --tokens tokens.txt [--host 127.0.0.1 --port 8000 --key FILE]
+    scrubnet serve CHECKPOINT --tokens tokens.txt --key FILE [--witness FILE | --witness-cmd CMD]
+        [--host 127.0.0.1 --port 8000]          (or the key's PEM in SCRUBNET_RECEIPT_KEY instead of --key)
     scrubnet receipt verify RECEIPT.json --key KEY.pub [--weights W.safetensors] [--ids IDS --salt S]
         [--previous PREVIOUS_RECEIPT.json]
+    scrubnet receipt audit RECEIPT.json --key KEY.pub --url http://HOST:PORT
 
 Bad input gives one line ``error: …`` on stderr and exit code 2; a receipt that does not verify exits 2
 naming every mismatch.
@@ -11,16 +14,21 @@ naming every mismatch.
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
+import urllib.error
+import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from scrubnet.cli.common import UserError, fail, read_ids, read_json_file, threads_option
 from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.mlforget import store
-from scrubnet.serve import receipts, startup
+from scrubnet.serve import receipts, startup, tlog
 from scrubnet.serve.app import create_app, read_tokens
+from scrubnet.serve.limits import Limits
 
 try:  # optional dependency: pip install "scrubnet[serve]"
     import uvicorn
@@ -41,17 +49,65 @@ def _cached_loader():
     return load
 
 
+KEY_ENV = "SCRUBNET_RECEIPT_KEY"
+
+
+def _signing_key(checkpoint: Path, key: Optional[Path]):
+    """The private key: ``--key FILE`` (created with FILE.pub beside it when missing) or the PEM in
+    ``SCRUBNET_RECEIPT_KEY``; never inside the checkpoint (every copy of the data would carry it)."""
+    if key is None:
+        pem = os.environ.get(KEY_ENV)
+        if not pem:
+            old = checkpoint / "receipt-key.pem"
+            hint = (f"; the key of earlier versions lies inside the checkpoint: move it out (mv {old} "
+                    "~/scrubnet-keys/) and give that path") if old.exists() else ""
+            raise UserError(f"give the signing key: --key FILE outside the checkpoint (created when missing) or "
+                            f"its PEM in {KEY_ENV}{hint}")
+        try:
+            return receipts.serialization.load_pem_private_key(pem.encode(), password=None), []
+        except (ValueError, TypeError) as e:
+            raise UserError(f"{KEY_ENV} is not a PEM private key: {e}") from None
+    ck, k = checkpoint.resolve(), key.resolve()
+    if ck == k.parent or ck in k.parents:
+        raise UserError(f"--key {key} lies inside the checkpoint: keep the signing key apart from the data "
+                        "(every copy of the checkpoint would carry it)")
+    if not key.exists():
+        receipts.write_key_pair(key, key.with_suffix(".pub"))
+    warnings = startup.check_modes(key=key)
+    return receipts.load_private_key(key), warnings
+
+
+def _witness(path: Optional[Path], command: Optional[str]):
+    if path is not None and command is not None:
+        raise UserError("give --witness or --witness-cmd, not both")
+    if path is None and command is None:
+        return None
+    return tlog.Witness(path=path, command=command)
+
+
 def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (scrubnet mlforget train)"),
           tokens: Path = typer.Option(..., "--tokens", help="file of lines 'TOKEN ROLES [NAME]'; roles: "
                                       "submit, read, admin (comma-separated)"),
           host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
           port: int = typer.Option(8000, help="TCP port"),
-          key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key (PEM) signing the receipts; "
-                                             "default CHECKPOINT/receipt-key.pem, created with its .pub on first "
-                                             "start"),
+          key: Optional[Path] = typer.Option(None, "--key", help="Ed25519 private key (PEM) signing receipts and "
+                                             "tree heads, outside the checkpoint; created with its .pub when "
+                                             f"missing (or the PEM in {KEY_ENV})"),
+          witness: Optional[Path] = typer.Option(None, "--witness", help="file outside the checkpoint keeping the "
+                                                 "latest signed tree head; start-up refuses a checkpoint whose "
+                                                 "log does not extend it"),
+          witness_cmd: Optional[str] = typer.Option(None, "--witness-cmd", help="command instead of a file: "
+                                                    "'CMD publish' reads a head on stdin, 'CMD latest' prints it"),
           max_body: int = typer.Option(1 << 20, help="largest request body accepted, bytes (413 above)"),
+          rate: float = typer.Option(2.0, help="POSTs per second one token may sustain (429 above)"),
+          burst: int = typer.Option(20, help="POSTs one token may send at once"),
+          max_queued: int = typer.Option(16, help="submissions one token may have queued (429 above)"),
+          verify_every: float = typer.Option(30.0, help="seconds between verifications of the record while idle"),
+          retired_key: Optional[List[Path]] = typer.Option(None, "--retired-key", help="public key (PEM or hex) the "
+                                                           "service signed with before a key rotation; repeatable"),
           threads: int = threads_option("torch CPU threads")):
-    """Serve one ML checkpoint: queue deletion requests, apply them in order, sign a receipt for each."""
+    """Serve one ML checkpoint: queue deletion requests, apply them in order, log each in a transparency log
+    and sign a receipt for it."""
     if uvicorn is None:
         raise UserError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     try:
@@ -62,20 +118,27 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
         raise UserError(f"--port must be in 1..65535, got {port}")
     if not 1024 <= max_body <= 1 << 30:
         raise UserError("--max-body must be in 1024..2^30 bytes")
+    if not (rate > 0 and burst >= 1 and max_queued >= 1 and verify_every > 0):
+        raise UserError("--rate and --verify-every must be > 0, --burst and --max-queued ≥ 1")
     token_table = read_tokens(tokens)
     store.verify(checkpoint)  # a missing or damaged checkpoint is refused before binding
     warnings = startup.check_modes(checkpoint, tokens)  # refused before anything is written
-    key = key or checkpoint / "receipt-key.pem"
-    if not key.exists():
-        receipts.write_key_pair(key, key.with_suffix(".pub"))
-    warnings += startup.check_modes(key=key)
-    private = receipts.load_private_key(key)
-    app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body)  # anchored verify
-    for w in warnings + app.state.warnings:
+    private, key_warnings = _signing_key(checkpoint, key)
+    wit = _witness(witness, witness_cmd)
+    if wit is None:
+        key_warnings.append("no --witness: a restore of the whole checkpoint to an older copy is detected only by "
+                            "clients holding later receipts (scrubnet receipt audit)")
+    retired = [receipts.load_public_key(k) for k in retired_key or []]
+    app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body, witness=wit,
+                     limits=Limits(rate=rate, burst=burst, max_queued=max_queued), verify_every_s=verify_every,
+                     retired_keys=retired)
+    for w in warnings + key_warnings + app.state.warnings:
         typer.echo(f"warning: {w}", err=True)
     sock = startup.bind(host, port)  # a busy port: one error line, exit 2, before claiming to serve
-    typer.echo(f"serving {checkpoint} on http://{host}:{port} (public key {receipts.public_key_hex(private)})")
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    typer.echo(f"serving {checkpoint} on http://{host}:{port} (public key {receipts.public_key_hex(private)}, "
+               f"fingerprint {tlog.fingerprint(private)})")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=5,
+                                  limit_concurrency=256, http=startup.guarded_http(10.0))).run(sockets=[sock])
 
 
 def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),
@@ -108,3 +171,44 @@ def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'rece
     checked = ["signature", "key"] + (["weights"] if weights else []) + (["ids"] if id_list is not None else []) \
         + (["chain link"] if prev is not None else [])
     typer.echo(f"receipt {receipt}: request #{rec['request_id']} verifies ({', '.join(checked)})")
+
+
+def _fetch(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise UserError(f"{url}: HTTP {e.code} {e.read()[:200].decode(errors='replace')}") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{url}: {e}") from None
+
+
+def audit_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),
+              key: Path = typer.Option(..., "--key", help="the service's public key (PEM or hex), pinned"),
+              url: str = typer.Option(..., "--url", help="the service's address, e.g. http://127.0.0.1:8000"),
+              threads: int = threads_option("torch CPU threads (auditing a receipt needs one)")):
+    """Check a receipt against the service's log now: its request is in the head it was signed in, and the
+    current head extends that one (a smaller or different log: the service was rolled back; exit 2)."""
+    rec = read_json_file(receipt, "receipt")
+    if isinstance(rec, dict) and isinstance(rec.get("receipt"), dict):
+        rec = rec["receipt"]
+    pub = receipts.load_public_key(key)
+    problems = receipts.verify_receipt(rec, pub)
+    sth = rec.get("tree_head") if isinstance(rec, dict) else None
+    if not problems and isinstance(sth, dict):
+        base = url.rstrip("/")
+        current = _fetch(f"{base}/v1/log/head")
+        proof = {"proof": []}
+        if isinstance(current, dict) and isinstance(current.get("tree_size"), int) \
+                and current["tree_size"] >= sth["tree_size"]:
+            proof = _fetch(f"{base}/v1/log/consistency?first={sth['tree_size']}&second={current['tree_size']}")
+        problems = tlog.audit(rec, current, proof.get("proof"), pub)
+    elif not problems:
+        problems = ["the receipt carries no tree head (format 1): it cannot be audited against the log"]
+    if problems:
+        for p in problems:
+            typer.echo(f"MISMATCH {p}")
+        fail(f"receipt {receipt} does not audit: " + "; ".join(problems))
+    typer.echo(f"receipt {receipt}: request #{rec['request_id']} is in the log, whose head now (size "
+               f"{current['tree_size']}, root {current['root_hash'][:16]}…) extends the one in the receipt "
+               f"(size {sth['tree_size']})")

@@ -40,12 +40,14 @@ is refused at start (``scrubnet mlforget upgrade`` first): serving never upgrade
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 
 from scrubnet.mlforget import store
-from scrubnet.serve import anchor, receipts
+from scrubnet.serve import anchor, receipts, tlog
 from scrubnet.serve.auth import ROLES, Token, authorised, read_tokens, resolve_token
 from scrubnet.serve.http import HTTPError, Service
+from scrubnet.serve.limits import Limits
 from scrubnet.serve.worker import Worker, issue_receipts
 
 try:  # optional dependency: pip install "scrubnet[serve]"
@@ -59,6 +61,7 @@ if Starlette is not None:
     from scrubnet.serve.routes.model import get_model, get_weights
     from scrubnet.serve.routes.pages import OPERATOR_PAGE, operator
     from scrubnet.serve.routes.requests import IDEMPOTENCY_KEY, get_request, post_request
+    from scrubnet.serve.routes.transparency import get_consistency, get_head
 
 __all__ = ["IDEMPOTENCY_KEY", "MAX_BODY", "MAX_IDS", "OPERATOR_PAGE", "ROLES", "HTTPError", "Service", "Token",
            "Worker", "authorised", "create_app", "issue_receipts", "read_tokens", "resolve_token"]
@@ -89,11 +92,21 @@ def _routes() -> list:
             Route("/v1/model/weights", get_weights, methods=["GET"]),
             Route("/v1/key", get_key, methods=["GET"]),
             Route("/v1/log", get_log, methods=["GET"]),
+            Route("/v1/log/head", get_head, methods=["GET"]),
+            Route("/v1/log/consistency", get_consistency, methods=["GET"]),
             Route("/operator", operator, methods=["GET"])]
 
 
+def id_secret(key) -> bytes:
+    """The secret of the opaque submission ids: a hash of the private signing key under a domain tag."""
+    raw = key.private_bytes(receipts.serialization.Encoding.Raw, receipts.serialization.PrivateFormat.Raw,
+                            receipts.serialization.NoEncryption())
+    return hashlib.sha256(b"scrubnet-submission-id/1\x00" + raw).digest()
+
+
 def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loader, *, max_body: int = MAX_BODY,
-               max_ids: int = MAX_IDS, start_worker: bool = True):
+               max_ids: int = MAX_IDS, start_worker: bool = True, witness=None, limits=None,
+               verify_every_s: float = 30.0, retired_keys=()):
     """The Starlette application serving ``checkpoint``; its worker starts with the application.
 
     Parameters
@@ -115,6 +128,15 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
         Most ids per request.
     start_worker : bool
         Start the worker thread with the application.
+    witness : scrubnet.serve.tlog.Witness or None
+        Where the signed tree heads are published; the checkpoint's log must extend the head it holds, else
+        ``StoreError`` (a restored older copy of the checkpoint).
+    limits : scrubnet.serve.limits.Limits or None
+        Per-tenant rate limits and queue quotas (None: the defaults).
+    verify_every_s : float
+        While idle, the worker verifies the record this often.
+    retired_keys : sequence of Ed25519PublicKey
+        Keys the service signed with before a rotation (their signatures stay valid; new ones use ``key``).
 
     Returns
     -------
@@ -126,13 +148,23 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     if Starlette is None:
         raise ValueError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     path = Path(checkpoint)
-    check = anchor.verify(path, key.public_key())  # read-only; an old format is refused (StoreError)
+    check = anchor.verify(path, key.public_key(), retired_keys)  # read-only; an old format: StoreError
     if not check["valid"]:
         raise store.StoreError(f"{path}: the record does not verify, refusing to serve it: "
                                + "; ".join(check["problems"]))
-    worker = Worker(path, key, data_loader)
+    if witness is not None:
+        try:
+            problems = tlog.witness_problems(witness.latest(), check["leaf_hashes"], key.public_key(),
+                                             retired_keys)
+        except ValueError as e:
+            problems = [str(e)]
+        if problems:
+            raise store.StoreError(f"{path}: refusing to serve it against its {witness}: " + "; ".join(problems))
+    worker = Worker(path, key, data_loader, witness=witness, verify_every_s=verify_every_s,
+                    retired=retired_keys)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
-                      public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids)
+                      public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids,
+                      public_key=key.public_key(), limits=limits or Limits(), id_secret=id_secret(key))
     app = Starlette(routes=_routes(), lifespan=_lifespan)
     late = [i for i in check["unanchored"] if i > check["anchored_through"] >= 0]
     app.state.warnings = [f"requests {', '.join(f'#{i}' for i in late)} were committed outside the service since "

@@ -2,7 +2,8 @@
 :class:`HTTPError`, the one way a route refuses (answered as JSON ``{"error": "..."}``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,17 @@ class HTTPError(Exception):
         return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
 
 
+def answer_errors(handler):
+    """A public endpoint (no token) whose :class:`HTTPError` is answered as JSON."""
+    @functools.wraps(handler)
+    async def endpoint(request):
+        try:
+            return await handler(request)
+        except HTTPError as e:
+            return e.response()
+    return endpoint
+
+
 @dataclass(frozen=True)
 class Service:
     """The state the routes read, one per application (``request.app.state.service``).
@@ -42,6 +54,12 @@ class Service:
         Largest request body, bytes (413 above).
     max_ids : int
         Most ids in one request (422 above).
+    public_key : Ed25519PublicKey or None
+        The key the service signs with (its public half), to verify the record with.
+    limits : object or None
+        Per-tenant rate limits and queue quotas (:class:`scrubnet.serve.limits.Limits`).
+    id_secret : bytes
+        The secret behind the opaque submission ids (derived from the signing key).
     """
     path: Path
     tokens: dict
@@ -50,3 +68,6 @@ class Service:
     public_pem: str
     max_body: int
     max_ids: int
+    public_key: Any = None
+    limits: Any = field(default=None)
+    id_secret: bytes = b""

@@ -1,23 +1,29 @@
 """Signed receipts of applied deletion requests, and their offline verification.
 
-A receipt is a JSON object (format ``RECEIPT_FORMAT``)::
+A receipt is a JSON object (format ``RECEIPT_FORMAT``, ``scrubnet-receipt/2``)::
 
-    request_id, submission_id, time_utc      the committed request (its row in the store) and its submission
+    request_id, time_utc                     the committed request (its row in the store); request_id is also
+                                             its leaf index in the transparency log
     kind, n_ids, ids_sha256                  ids_sha256 = sha256("scrubnet-ids/1" ‖ 0x00 ‖ salt ‖ canonical JSON
                                              of the sorted ids): the requester holds the salt and can check
                                              their ids; the receipt reveals no id to anyone else
     sha256_before, sha256_after              the weights file before and after the request
     sigma, remaining_information_bound_nats  σ and the bound on the information left (see below)
-    solver                                   every figure the solver recorded (the store's whole info dict)
+    solver                                   the solver's figures (the store's info dict without the keys that
+                                             count other tenants' samples, ``PRIVATE_SOLVER_KEYS``)
+    verdict                                  what the deletion is (:func:`verdict_of`): ``exact`` for
+                                             ML-Forgetting's closed-form deletion, with the certificate's numbers
     record_hash, previous_record_hash        the request's link in the store's record chain and its predecessor's
-    record_digests                           sha256 of every field of the request's row (as the chain computes
-                                             them): a verifier names the field edited after signing
     previous_receipt_sha256                  sha256 of the previous receipt this server issued (null for the first)
+    leaf_index, tree_head, inclusion_proof   the transparency log (:mod:`scrubnet.serve.tlog`): the signed tree
+                                             head the request was logged in and the audit path of its leaf
     public_key                               the signer's Ed25519 public key (hex, 32 bytes)
     signature                                Ed25519 over the canonical JSON of every other field (hex)
 
-Canonical JSON: keys sorted, separators ``,`` and ``:``, UTF-8. The receipt's own sha256 is taken over the
-canonical JSON of the whole signed object.
+Canonical JSON: RFC 8785 (:mod:`scrubnet.serve.canonical`), so that any JCS implementation, or ``jq -cS``
+with the exponent rule of the service guide, reproduces the signed bytes. The receipt's own sha256 is taken
+over the canonical JSON of the whole signed object. Receipts of format ``scrubnet-receipt/1`` (signed over
+``json.dumps(sort_keys=True)``, carrying ``submission_id`` and ``record_digests``) still verify.
 
 The remaining-information bound (:func:`information_bound`): KL(N(w', σ²I) ‖ N(w*, σ²I)) ≤ ε²/(2σ²) from the
 solver's certificate or its proven weight error ε; null, with ``bound_basis`` saying why, when the solver
@@ -30,6 +36,9 @@ import json
 import math
 import os
 
+from scrubnet.serve import tlog
+from scrubnet.serve.canonical import canonical
+
 try:  # optional dependency: pip install "scrubnet[serve]"
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
@@ -37,7 +46,10 @@ try:  # optional dependency: pip install "scrubnet[serve]"
 except ImportError:  # pragma: no cover - exercised only without the extra
     Ed25519PrivateKey = Ed25519PublicKey = serialization = InvalidSignature = None
 
-RECEIPT_FORMAT = "scrubnet-receipt/1"
+RECEIPT_FORMAT = "scrubnet-receipt/2"
+RECEIPT_FORMAT_V1 = "scrubnet-receipt/1"
+#: solver keys left out of a receipt: they count other tenants' samples
+PRIVATE_SOLVER_KEYS = ("n_remaining",)
 IDS_DOMAIN = b"scrubnet-ids/1\x00"
 MISSING_EXTRA = 'signed receipts need the serve extra: pip install "scrubnet[serve]"'
 
@@ -51,8 +63,17 @@ def _require() -> None:
         raise ReceiptError(MISSING_EXTRA)
 
 
-def canonical(obj) -> bytes:
+def canonical_v1(obj) -> bytes:
+    """The canonical form of format 1 (receipts ``scrubnet-receipt/1``, heads ``scrubnet-record-head/1``)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def canonical_for(obj: dict) -> bytes:
+    """The signed bytes of a receipt or head ``obj`` (without its signature): RFC 8785 JSON, or the old form
+    for objects of format 1."""
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    old = fmt in (RECEIPT_FORMAT_V1, "scrubnet-record-head/1")
+    return canonical_v1(obj) if old else canonical(obj)
 
 
 def ids_sha256(ids, salt_hex: str) -> str:
@@ -83,7 +104,47 @@ def information_bound(solver: dict, sigma: float | None) -> tuple[float | None, 
 
 
 def receipt_sha256(receipt: dict) -> str:
-    return hashlib.sha256(canonical(receipt)).hexdigest()
+    """sha256 (hex) of the receipt's canonical JSON, signature included."""
+    return hashlib.sha256(canonical_for(receipt)).hexdigest()
+
+
+def receipt_solver(solver: dict) -> dict:
+    """The solver dict as a receipt states it: without :data:`PRIVATE_SOLVER_KEYS`."""
+    return {k: v for k, v in json.loads(json.dumps(solver)).items() if k not in PRIVATE_SOLVER_KEYS}
+
+
+def verdict_of(request: dict) -> dict:
+    """The verdict a receipt signs for committed ``request`` (a store row).
+
+    The worker has no held-out data to run the membership verdict of :mod:`scrubnet.readouts.forgetting`; what
+    it has is the deletion itself: ML-Forgetting removes the ids in closed form (the user weights become those
+    of training without them, up to the solver's numbers), and ``forget_all`` sets the user weights to 0.
+    So the verdict is ``exact`` with the certificate's numbers (None where the solver recorded none).
+
+    Parameters
+    ----------
+    request : dict
+        The committed request row (``kind``, ``sigma``, ``solver``).
+
+    Returns
+    -------
+    dict
+        ``{"verdict": "exact", "basis", "kl_bound_nats", "weight_error_bound", "relative_residual", "sigma"}``.
+    """
+    solver = request.get("solver") or {}
+    cert = solver.get("certificate") if isinstance(solver.get("certificate"), dict) else {}
+    bound, _ = information_bound(solver, request.get("sigma"))
+
+    def num(v):
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    if request.get("kind") == "forget_all":
+        basis = "forget_all: the user weights are set to 0, the model is the core model (never trained on user data)"
+    else:
+        basis = ("ML-Forgetting's closed-form deletion: the user weights are those of training without the ids, "
+                 "up to the solver's error below (no membership verdict: the worker holds no held-out data)")
+    return {"verdict": "exact", "basis": basis, "kl_bound_nats": bound,
+            "weight_error_bound": num(cert.get("weight_error_bound", solver.get("weight_error_bound"))),
+            "relative_residual": num(solver.get("relative_residual")), "sigma": num(request.get("sigma"))}
 
 
 def public_key_hex(key) -> str:
@@ -91,25 +152,44 @@ def public_key_hex(key) -> str:
     return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
-def build_receipt(request: dict, submission: dict, record_hash: str, previous_record_hash: str | None,
-                  previous_receipt_sha256: str | None, key, record_digests: dict | None = None) -> dict:
-    """The signed receipt of committed ``request`` (a store row) for ``submission`` (a queue row).
+def build_receipt(request: dict, record_hash: str, previous_record_hash: str | None,
+                  previous_receipt_sha256: str | None, key, *, ids_hash: str, tree_head: dict,
+                  inclusion_proof: list[str]) -> dict:
+    """The signed receipt (format 2) of committed ``request`` (a store row).
 
-    ``record_digests`` (the sha256 of every field of the request's row, as the record chain computes them)
-    lets a verifier name the field of the row that was edited after signing. The submitter's idempotency key
-    is not in the receipt: receipts are shown to the read role, keys belong to their submitter."""
+    Parameters
+    ----------
+    request : dict
+        The committed request row.
+    record_hash, previous_record_hash : str
+        Its record-chain link and its predecessor's.
+    previous_receipt_sha256 : str or None
+        sha256 of the previous receipt this server signed.
+    key : Ed25519PrivateKey
+        The service's signing key.
+    ids_hash : str
+        The salted hash of the submission's ids.
+    tree_head : dict
+        The signed tree head whose tree holds the request's leaf (:func:`scrubnet.serve.tlog.sign_tree_head`).
+    inclusion_proof : list of str
+        The audit path of the request's leaf in that tree (hex).
+
+    Returns
+    -------
+    dict
+        The receipt; the submitter's idempotency key and the submission's number are not in it (receipts are
+        shown to the read role), nor any count of other tenants' samples.
+    """
     _require()
     bound, basis = information_bound(request["solver"], request["sigma"])
-    body = {"format": RECEIPT_FORMAT, "request_id": request["id"], "submission_id": submission["id"],
-            "time_utc": request["time_utc"],
-            "kind": request["kind"], "n_ids": request["n_ids"], "ids_sha256": submission["ids_hash"],
+    body = {"format": RECEIPT_FORMAT, "request_id": request["id"], "time_utc": request["time_utc"],
+            "kind": request["kind"], "n_ids": request["n_ids"], "ids_sha256": ids_hash,
             "sha256_before": request["sha256_before"], "sha256_after": request["sha256_after"],
             "sigma": request["sigma"], "remaining_information_bound_nats": bound, "bound_basis": basis,
-            "solver": json.loads(json.dumps(request["solver"])), "record_hash": record_hash,
-            "previous_record_hash": previous_record_hash, "previous_receipt_sha256": previous_receipt_sha256,
-            "public_key": public_key_hex(key)}
-    if record_digests is not None:
-        body["record_digests"] = dict(record_digests)
+            "solver": receipt_solver(request["solver"]), "verdict": verdict_of(request),
+            "record_hash": record_hash, "previous_record_hash": previous_record_hash,
+            "previous_receipt_sha256": previous_receipt_sha256, "leaf_index": request["id"],
+            "tree_head": tree_head, "inclusion_proof": list(inclusion_proof), "public_key": public_key_hex(key)}
     return {**body, "signature": key.sign(canonical(body)).hex()}
 
 
@@ -161,7 +241,7 @@ def load_public_key(path):
     return key
 
 
-REQUIRED = ("format", "request_id", "submission_id", "time_utc", "kind", "n_ids", "ids_sha256", "sha256_before",
+REQUIRED = ("format", "request_id", "time_utc", "kind", "n_ids", "ids_sha256", "sha256_before",
             "sha256_after", "sigma", "remaining_information_bound_nats", "solver", "record_hash",
             "previous_record_hash", "previous_receipt_sha256", "public_key", "signature")
 
@@ -179,13 +259,15 @@ def verify_receipt(receipt, public_key, *, weights: bytes | None = None, ids=Non
     if missing:
         return [f"the receipt lacks field(s) {', '.join(missing)}"]
     problems = []
-    if receipt["format"] != RECEIPT_FORMAT:
+    if receipt["format"] not in (RECEIPT_FORMAT, RECEIPT_FORMAT_V1):
         problems.append(f"format {receipt['format']!r} is not {RECEIPT_FORMAT}")
+    elif receipt["format"] == RECEIPT_FORMAT:
+        problems += _log_problems(receipt, public_key)
     body = {k: v for k, v in receipt.items() if k != "signature"}
     if receipt["public_key"] != public_key_hex(public_key):
         problems.append("key: the receipt was signed by another key than the one given")
     try:
-        public_key.verify(bytes.fromhex(receipt["signature"]), canonical(body))
+        public_key.verify(bytes.fromhex(receipt["signature"]), canonical_for(body))
     except (InvalidSignature, ValueError, TypeError):
         problems.append("signature: does not verify under the given key (the receipt was altered or signed "
                         "by another key)")
@@ -209,4 +291,20 @@ def verify_receipt(receipt, public_key, *, weights: bytes | None = None, ids=Non
                 problems.append("chain: previous_record_hash is not the previous receipt's record_hash")
             if previous.get("sha256_after") != receipt["sha256_before"]:
                 problems.append("chain: sha256_before is not the previous receipt's sha256_after")
+    return problems
+
+
+def _log_problems(receipt: dict, public_key) -> list[str]:
+    """A format-2 receipt's log fields: the tree head signed by the key, the leaf in it, the verdict stated."""
+    missing = [k for k in ("leaf_index", "tree_head", "inclusion_proof", "verdict") if k not in receipt]
+    if missing:
+        return [f"the receipt lacks field(s) {', '.join(missing)}"]
+    problems = tlog.tree_head_problems(receipt["tree_head"], public_key, "log: the receipt's tree head")
+    if receipt["leaf_index"] != receipt["request_id"]:
+        problems.append("log: leaf_index is not the request's id")
+    if not problems:
+        problems += [f"log: {p}" for p in tlog.inclusion_problems(receipt["leaf_index"], receipt["record_hash"],
+                                                                  receipt["tree_head"], receipt["inclusion_proof"])]
+    if not isinstance(receipt["verdict"], dict) or receipt["verdict"].get("verdict") not in ("exact",):
+        problems.append("verdict: not a verdict this service signs")
     return problems

@@ -3,14 +3,13 @@
 File modes (POSIX; nothing is checked elsewhere). ``ValueError`` (the CLI's ``error:`` line, exit 2) for what
 lets another local user act as the service; a warning line for what lets them read:
 
-=============================== ======================================= =====================================
-file                            refused when                            warned when
-=============================== ======================================= =====================================
-signing key (``--key``)         any group/other permission (≠ 0600)     —
-tokens file (``--tokens``)      writable by group/others (add a token)  readable by group/others (read them)
-checkpoint dir, ``store.sqlite``, writable by group/others (edit the      ``store.sqlite`` readable by group/
-``record-head.json``            record, swap the head)                  others (every submitter's ids, salt)
-=============================== ======================================= =====================================
+* signing key (``--key``): refused with any group/other permission (≠ 0600);
+* tokens file (``--tokens``): refused when writable by group/others (they could add a token), warned when
+  readable by them;
+* every file and directory of the checkpoint (``store.sqlite`` and its side files, ``record-head.json``,
+  ``weights/`` and each weights file, the factors): refused when writable by group/others (they could edit
+  the record, swap the head or the weights); ``store.sqlite`` warned when readable by group/others (every
+  submitter's ids and salt).
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ import stat
 from pathlib import Path
 
 from scrubnet.mlforget import store
-from scrubnet.serve import anchor
 
 
 def _mode(path: Path) -> int | None:
@@ -67,7 +65,7 @@ def check_modes(checkpoint: str | Path | None = None, tokens: str | Path | None 
                             f"(chmod 600 {tokens})")
     if checkpoint is not None:
         ck = Path(checkpoint)
-        for f in (ck, ck / store.DB, ck / anchor.HEAD):
+        for f in [ck, *sorted(ck.rglob("*"))]:
             m = _mode(f)
             if m is not None and m & 0o022:
                 raise ValueError(f"{f} has mode {m:04o}: others may edit the record (chmod go-w {f})")
@@ -90,3 +88,51 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
+
+
+def guarded_http(header_timeout_s: float = 10.0):
+    """uvicorn's h11 protocol with a deadline on the request line and headers: a connection that has not sent
+    a whole request head ``header_timeout_s`` seconds after it opened (or after its previous response) is
+    closed. uvicorn bounds only idle keep-alive connections; a client sending half a request held its
+    connection for good (300 of 300 after 45 s). The body has its own deadline in the route (408).
+
+    Parameters
+    ----------
+    header_timeout_s : float
+        Seconds a client may take to send a request's line and headers.
+
+    Returns
+    -------
+    type
+        The protocol class, for ``uvicorn.Config(http=...)``.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._guard = None
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+            self._guard_cycle = self.cycle
+            self._guard = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _expire(self) -> None:
+            cycle = self.cycle
+            if cycle is self._guard_cycle and (cycle is None or cycle.response_complete) \
+                    and not self.transport.is_closing():
+                self.transport.close()  # no whole request head arrived in time
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+            super().connection_lost(exc)
+
+    return GuardedH11

@@ -3,6 +3,7 @@ idempotency, tokens and roles, bad bodies, restart with queued requests, and the
 headless Chromium."""
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -57,6 +58,11 @@ def deletable(path, k, skip=0):
     return [i for i in users if i not in static_core and i not in done][skip:skip + k]
 
 
+def row(ck, sub):
+    """The store's row of a submission the API answered with (its ``id`` is opaque; its salt is unique)."""
+    return next(s for s in store.submissions(ck, limit=1 << 40) if s["salt"] == sub["salt"])
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,8 +76,13 @@ class Server:
         self.ckpt, self.port = Path(ckpt), free_port()
         self.tokens = Path(tmp) / "tokens.txt"
         self.tokens.write_text(TOKENS)
+        os.chmod(self.tokens, 0o600)
+        # the signing key apart from the data, one per test directory (created on first start)
+        self.key = Path(tmp) / "signing-key.pem"
+        self.pub = self.key.with_suffix(".pub")
+        key_args = () if "--key" in extra else ("--key", str(self.key))
         self.proc = subprocess.Popen([sys.executable, "-m", "scrubnet.cli", "serve", str(ckpt), "--tokens",
-                                      str(self.tokens), "--port", str(self.port), *extra],
+                                      str(self.tokens), "--port", str(self.port), *key_args, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or ENV)
         end = time.monotonic() + 120
         while time.monotonic() < end:
@@ -144,7 +155,13 @@ def test_submit_status_receipt_and_offline_verification(server, tmp_path):
     req, link, prev_link = store.request_with_link(server.ckpt, done["request_id"])
     assert (rec["sha256_before"], rec["sha256_after"], rec["record_hash"], rec["previous_record_hash"]) == \
         (req["sha256_before"], req["sha256_after"], link, prev_link)
-    assert rec["solver"] == req["solver"] and rec["sigma"] == req["sigma"] and rec["n_ids"] == 2
+    # the solver's figures without the count of other tenants' samples; the verdict with the certificate's numbers
+    assert rec["solver"] == {k: v for k, v in req["solver"].items() if k != "n_remaining"}
+    assert "n_remaining" in req["solver"] and "n_remaining" not in json.dumps(rec) and "submission_id" not in rec
+    assert rec["sigma"] == req["sigma"] and rec["n_ids"] == 2
+    assert rec["verdict"]["verdict"] == "exact" and rec["verdict"]["sigma"] == req["sigma"]
+    assert rec["verdict"]["kl_bound_nats"] == rec["remaining_information_bound_nats"]
+    assert rec["verdict"]["relative_residual"] == req["solver"]["relative_residual"]
     assert rec["ids_sha256"] == receipts.ids_sha256(ids, out["salt"]) and "ids" not in rec  # no id in clear
     assert store.verify(server.ckpt)["valid"]
     # offline verification: the key from GET /v1/key, the weights from GET /v1/model/weights
@@ -163,7 +180,8 @@ def test_submit_status_receipt_and_offline_verification(server, tmp_path):
     assert code == 0 and "verifies" in text, text
     # tampered receipts: any field
     for field, value in [("sigma", 1.0), ("sha256_after", "0" * 64), ("n_ids", 3), ("previous_receipt_sha256", "x"),
-                         ("solver", {**rec["solver"], "relative_residual": 0.0})]:
+                         ("solver", {**rec["solver"], "relative_residual": 0.0}),
+                         ("verdict", {**rec["verdict"], "verdict": "exact", "kl_bound_nats": 0.0})]:
         bad = tmp_path / f"bad_{field}.json"
         bad.write_text(json.dumps({**rec, field: value}))
         code, text = verify_cli(bad, "--key", key)
@@ -269,8 +287,8 @@ def test_a_duplicate_queued_request_is_refused_with_its_reason(base_ckpt, tmp_pa
     c, _ = store.submit(ck, "c", "forget", [ids[0], deletable(ck, 1, skip=5)[0]], None, "h", "00" * 16, "carol")
     assert [store.apply_submission(ck, s["id"], _data_loader)["status"] for s in (a, b, c)] == \
         ["applied", "refused", "refused"]
-    assert "already applied as request #1" in store.submission(ck, b["id"])["reason"]
-    assert "already forgotten" in store.submission(ck, c["id"])["reason"]
+    # one reason for both, naming no id and no other request: a submitter learns nothing of others' requests
+    assert store.submission(ck, b["id"])["reason"] == store.submission(ck, c["id"])["reason"] == store.REFUSED
     assert [r["kind"] for r in store.requests(ck)] == ["train", "forget"]
 
 
@@ -284,10 +302,11 @@ def test_restart_resumes_queued_requests(base_ckpt, tmp_path):
             for k, s in enumerate(id_sets)]
     assert all(s["status"] == "queued" for s in subs)
     end = time.monotonic() + 60
-    while store.submission(ck, subs[0]["id"])["status"] != "applied" and time.monotonic() < end:
+    while row(ck, subs[0])["status"] != "applied" and time.monotonic() < end:
         time.sleep(0.1)
-    assert [store.submission(ck, s["id"])["status"] for s in subs] == ["applied", "queued", "queued"]
-    assert store.submission(ck, subs[0]["id"])["receipt"] is None
+    assert [row(ck, s)["status"] for s in subs] == ["applied", "queued", "queued"]
+    assert row(ck, subs[0])["receipt"] is None
+    assert all(re.fullmatch("s[0-9a-f]{24}", s["id"]) for s in subs)  # opaque: no counter of anyone's requests
     srv.stop(kill=True)
     srv = Server(ck, tmp_path)
     try:
@@ -298,7 +317,7 @@ def test_restart_resumes_queued_requests(base_ckpt, tmp_path):
     assert [d["request_id"] for d in done] == [1, 2, 3]
     rec = store.verify(ck)
     assert rec["valid"] and [r["ids"] for r in rec["requests"][1:]] == [sorted(s) for s in id_sets]
-    key = receipts.load_public_key(ck / "receipt-key.pub")
+    key = receipts.load_public_key(srv.pub)
     prev = None
     for d, s in zip(done, subs):
         assert receipts.verify_receipt(d["receipt"], key, ids=s["ids"], salt=s["salt"], previous=prev) == []

@@ -24,7 +24,7 @@ from scrubnet.mlforget import store  # noqa: E402
 from scrubnet.mlforget.store.chain import _seal_all  # noqa: E402
 from scrubnet.serve import anchor  # noqa: E402
 from scrubnet.serve.auth import read_tokens, token_name  # noqa: E402
-from test_serve import DATA, ENV, TRAIN, Server, _chromium, deletable  # noqa: E402
+from test_serve import DATA, ENV, TRAIN, Server, _chromium, deletable, row  # noqa: E402
 
 ALICE, BOB, CAROL, READER, OPS = ("alice-submit-token-0001", "bob-submit-token-000001", "carol-submit-token-00001",
                                   "reader-read-token-000001", "ops-admin-token-00000001")
@@ -107,7 +107,8 @@ def test_replaying_another_tenants_idempotency_key_reveals_nothing(served):
     # another submitter asking for her request: the answer of an unknown id
     sid = alice["sub"]["id"]
     assert served.call("GET", f"/v1/requests/{sid}", token=BOB) == (404, {"error": f"no request {sid}"})
-    assert served.call("GET", "/v1/requests/987654", token=BOB) == (404, {"error": "no request 987654"})
+    assert served.call("GET", "/v1/requests/s0123456789abcdef01234567", token=BOB) == \
+        (404, {"error": "no request s0123456789abcdef01234567"})
     # the read and admin roles see neither her idempotency key nor her salt
     for token in (READER, OPS):
         code, log = served.call("GET", "/v1/log", token=token)
@@ -161,7 +162,7 @@ def _copy(srv_ck, dest):
 
 @pytest.mark.parametrize("rid, field, value, needle", [
     (1, "sigma", 123.0, "request #1: field 'sigma' disagrees with its signed receipt"),
-    (1, "n_remaining", 1, "request #1: field 'n_remaining' disagrees with its signed receipt"),
+    (1, "n_remaining", 1, "request #1: field 'n_remaining' differs from the signed head"),
     (0, "seconds", 0.5, "request #0: field 'seconds' differs from the signed head")])
 def test_a_resealed_forged_row_fails_verify_show_and_serve_startup(served, tmp_path, rid, field, value, needle):
     ck = _copy(served.ckpt, tmp_path / "ck")
@@ -170,13 +171,13 @@ def test_a_resealed_forged_row_fails_verify_show_and_serve_startup(served, tmp_p
     assert store.verify(ck)["valid"]  # the chain alone is fooled: the forger re-sealed it
     rec = anchor.verify(ck)
     assert not rec["valid"] and any(needle in p for p in rec["problems"]), rec["problems"]
-    r = CliRunner().invoke(mlforget_app, ["show", str(ck)])
+    r = CliRunner().invoke(mlforget_app, ["show", str(ck), "--key", str(served.pub)])
     assert r.exit_code == 2 and needle in r.output and "hash chain: BROKEN" in r.output, r.output
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(TOKENS)
     os.chmod(tokens, 0o600)
     p = subprocess.run([sys.executable, "-m", "scrubnet.cli", "serve", str(ck), "--tokens", str(tokens), "--port",
-                        "9"], capture_output=True, text=True, env=ENV, timeout=120)
+                        "9", "--key", str(served.key)], capture_output=True, text=True, env=ENV, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error:") and needle in p.stderr, p.stderr
     assert "serving" not in p.stdout and "Traceback" not in p.stderr
 
@@ -279,7 +280,7 @@ def test_a_worker_stops_when_the_record_breaks_under_it(served):
         time.sleep(0.2)
     assert log["worker_halted"] and "field 'sigma' disagrees with its signed receipt" in log["worker_error"]
     time.sleep(1.5)
-    assert store.submission(served.ckpt, sub["id"])["status"] == "queued"  # nothing applied after the forgery
+    assert row(served.ckpt, sub)["status"] == "queued"  # nothing applied after the forgery
     assert [r["id"] for r in store.requests(served.ckpt)] == [r["id"] for r in before[0]]
     assert [s["receipt"] for s in store.submissions(served.ckpt)][:-1] == [s["receipt"] for s in before[1]]
     code, out = served.call("POST", "/v1/requests", {"ids": deletable(served.ckpt, 1, skip=12)}, token=ALICE,

@@ -28,8 +28,8 @@ from scrubnet.mlforget.store.apply import (DUAL_RESIDUAL_TOL, forget, forget_eve
 from scrubnet.mlforget.store.blobs import _read_factor, _read_primal, _write_factor, factor_key, weights_bytes
 from scrubnet.mlforget.store.chain import field_digests, link_hash
 from scrubnet.mlforget.store.migrate import migrate_legacy, upgrade
-from scrubnet.mlforget.store.queue import (applied_without_receipt, apply_submission, check_ids_now,
-                                           oldest_queued, previous_receipt, set_receipt, submission,
+from scrubnet.mlforget.store.queue import (REFUSED, applied_without_receipt, apply_submission, check_ids_now,
+                                           oldest_queued, previous_receipt, queued_count, set_receipt, submission,
                                            submission_by_key, submissions, submit)
 from scrubnet.mlforget.store.record import (load, request_links, request_with_link, requests, save_new,
                                             state_record, verify)
@@ -41,10 +41,12 @@ from scrubnet.mlforget.store.schema import (CHAIN_FORMAT, DB, FACTOR, FACTOR_FOR
 
 __all__ = ["CHAIN_FORMAT", "DB", "DUAL_RESIDUAL_TOL", "FACTOR", "FACTOR_FORMAT", "FORMAT", "FORMAT_UNSEALED",
            "LEGACY_FORMAT", "LEGACY_LEDGER", "LEGACY_STATE", "LOCK_TIMEOUT_S", "PAUSE_ENV", "PRIMAL",
-           "PRIMAL_FORMAT", "REQUEST_COLUMNS", "SCHEMA", "SEAL_KEY", "SUBMISSION_COLUMNS", "SUBMISSIONS_SCHEMA",
+           "PRIMAL_FORMAT", "REFUSED",
+           "REQUEST_COLUMNS", "SCHEMA", "SEAL_KEY", "SUBMISSION_COLUMNS", "SUBMISSIONS_SCHEMA",
            "WEIGHTS", "StoreError", "applied_without_receipt", "apply_submission", "check_ids_now", "factor_key",
            "field_digests", "forget", "forget_everything", "forgotten_by_request", "link_hash", "load",
-           "migrate_legacy", "needs_upgrade", "oldest_queued", "previous_receipt", "request_key", "request_links",
+           "migrate_legacy", "needs_upgrade", "oldest_queued", "previous_receipt",
+           "queued_count", "request_key", "request_links",
            "request_with_link", "requests", "save_new", "set_receipt", "solver_result_problem", "state_record",
            "submission", "submission_by_key", "submissions", "submit", "upgrade", "verify", "weights_bytes",
            "_read_factor", "_read_primal", "_write_factor"]

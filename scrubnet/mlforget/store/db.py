@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -38,7 +39,9 @@ def _connect(db: Path, *, read_only: bool = False) -> sqlite3.Connection:
     read_only : bool
         Open with SQLite's ``mode=ro``: any write (a migration, a seal, a checkpoint of the WAL into the
         file) fails instead of happening. SQLite may still create the empty ``-wal``/``-shm`` side files
-        (the WAL's index, shared with writers); the database file itself is never written.
+        (the WAL's index, shared with writers); the database file itself is never written. In a directory
+        that cannot be written (a read-only mount) SQLite cannot create them: the file is then opened
+        ``immutable`` (no locks, nobody can be writing it there).
 
     Returns
     -------
@@ -47,6 +50,8 @@ def _connect(db: Path, *, read_only: bool = False) -> sqlite3.Connection:
     """
     if read_only:
         uri = f"file:{urllib.parse.quote(str(Path(db).resolve()))}?mode=ro"
+        if not os.access(Path(db).resolve().parent, os.W_OK):
+            uri += "&immutable=1"
         con = sqlite3.connect(uri, uri=True, timeout=LOCK_TIMEOUT_S, isolation_level=None)
     else:
         con = sqlite3.connect(str(db), timeout=LOCK_TIMEOUT_S, isolation_level=None)

@@ -6,6 +6,7 @@ an applied one. Reads open the database read-only; the writes take the write loc
 """
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 from pathlib import Path
@@ -92,13 +93,30 @@ def submission(path: str | Path, sid: int) -> dict | None:
     return _row_to_submission(row) if row is not None else None
 
 
-def submissions(path: str | Path, status: str | None = None, limit: int = 1000) -> list[dict]:
-    """Submissions in arrival order (``status`` filters), at most ``limit`` (the latest ones)."""
+def submissions(path: str | Path, status: str | None = None, limit: int = 1000,
+                client: str | None = None) -> list[dict]:
+    """Submissions in arrival order (``status``, ``client`` filter), at most ``limit`` (the latest ones)."""
+    conds = [c for c, v in (("status = ?", status), ("client = ?", client)) if v is not None]
+    args = tuple(v for v in (status, client) if v is not None)
     with _open(path) as (_, con, _static_):
-        where = "WHERE status = ?" if status else ""
+        where = ("WHERE " + " AND ".join(conds)) if conds else ""
         rows = con.execute(f"SELECT {', '.join(SUBMISSION_COLUMNS)} FROM submissions {where} ORDER BY id DESC "
-                           "LIMIT ?", ((status,) if status else ()) + (int(limit),)).fetchall()
+                           "LIMIT ?", args + (int(limit),)).fetchall()
     return [_row_to_submission(r) for r in reversed(rows)]
+
+
+#: the reason of every refusal that depends on other requests: it names no id and no other request, so a
+#: submitter (or the read role) learns nothing of what others asked to forget from it
+REFUSED = "not every id of this request can be forgotten now (already forgotten, or forget-all was applied)"
+#: errors that leave a submission queued, to be retried: the disk is full (the request was not committed)
+RETRYABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def queued_count(path: str | Path, client: str) -> int:
+    """How many submissions of ``client`` wait in the queue."""
+    with _open(path) as (_, con, _static_):
+        return con.execute("SELECT COUNT(*) FROM submissions WHERE client = ? AND status = 'queued'",
+                           (client,)).fetchone()[0]
 
 
 def _finish(con: sqlite3.Connection, sid: int, status: str, reason: str | None, request_id: int | None) -> None:
@@ -110,7 +128,8 @@ def apply_submission(path: str | Path, sid: int, data_loader) -> dict:
     """Apply queued submission ``sid`` through :func:`forget` / :func:`forget_everything`: marked ``applied``
     in the request's own transaction (so a kill leaves either both or neither), ``refused`` with the reason
     when the store refuses it (ids already forgotten, the same request already applied, …), ``failed`` with
-    the error on anything else. Returns the submission as it ends."""
+    the error on anything else; a full disk leaves it queued (the error propagates; the worker retries).
+    A refusal's reason is :data:`REFUSED`, naming no id. Returns the submission as it ends."""
     sub = submission(path, sid)
     if sub is None or sub["status"] != "queued":
         return sub
@@ -119,7 +138,7 @@ def apply_submission(path: str | Path, sid: int, data_loader) -> dict:
         _finish(con, sid, "applied", None, record["id"])
 
     def on_duplicate(con, record):
-        _finish(con, sid, "refused", f"the same request was already applied as request #{record['id']}", None)
+        _finish(con, sid, "refused", REFUSED, None)
 
     try:
         if sub["kind"] == "forget_all":
@@ -127,8 +146,12 @@ def apply_submission(path: str | Path, sid: int, data_loader) -> dict:
         else:
             forget(path, sub["ids"], sigma=sub["sigma"], data_loader=data_loader, on_commit=on_commit,
                    on_duplicate=on_duplicate)
-    except (StoreError, ValueError) as e:
-        _mark(path, sid, "refused", str(e.args[0]) if e.args else type(e).__name__)
+    except (StoreError, ValueError):
+        _mark(path, sid, "refused", REFUSED)
+    except (OSError, sqlite3.OperationalError) as e:
+        if getattr(e, "errno", None) in RETRYABLE_ERRNOS or "disk is full" in str(e):
+            raise  # left queued: the worker retries it once there is room
+        _mark(path, sid, "failed", f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 — recorded on the submission, the worker goes on
         _mark(path, sid, "failed", f"{type(e).__name__}: {e}")
     return submission(path, sid)
