@@ -40,7 +40,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            classifier: str | None = None, force: bool = False, readouts: bool = False, test=None,
            reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
-           max_cost_vs_retrain: float | None = None, **method_options: Any) -> tuple[nn.Module, ForgetResult]:
+           max_cost_vs_retrain: float | None = None, train: Any = None, retrain_start: nn.Module | None = None,
+           **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
     Parameters
@@ -78,8 +79,14 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain_error_tolerance : float
         The largest allowed rise of the retain error (a fraction: 0.05 = 5 points), measured on every call.
     max_cost_vs_retrain : float, optional
-        Refuse (``BudgetExceeded``, before any work) a call estimated above this many retrainings from the
-        model's initialisation with the recipe (:func:`scrubnet.cost_guard.price_call`).
+        Refuse (``BudgetExceeded``, before any work) a call estimated above this many of the user's retrainings
+        (:func:`scrubnet.cost_guard.price_call`).
+    train : callable or HuggingFace Trainer, optional
+        The user's own training, ``train(model, data) -> model``: ``method="retrain"`` runs it on D_r (from
+        ``retrain_start`` or the model's initialisation drawn anew) and the cost reference times it on a probe
+        (:mod:`scrubnet.recipe.retrain`). Without it the recipe is reproduced faithfully.
+    retrain_start : nn.Module, optional
+        Where the user's training started (the pretrained weights a model was fine-tuned from).
     **method_options
         The method's options, checked against its rules. A method costing more than one retraining runs its
         budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
@@ -104,6 +111,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
                    classifier=classifier)
+    ctx.train, ctx.retrain_start = train, retrain_start
     ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
     method_options = _with_classifier(method, classifier, method_options)
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced

@@ -93,6 +93,12 @@ class ForgetContext:
         Run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
         :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's own protocol,
         which trained the model to the recipe itself, leaves it off.
+    train : callable or HuggingFace Trainer or None
+        The user's own training, ``train(model, data) -> model`` (or a ``Trainer``): what ``retrain`` runs and
+        the cost reference times (:mod:`scrubnet.recipe.retrain`); None: the recipe is reproduced.
+    retrain_start : nn.Module or None
+        Where the user's training started (e.g. the pretrained weights a model was fine-tuned from); None: the
+        model's initialisation drawn anew (:func:`~scrubnet.recipe.retrain.initial_model`).
 
     Returns
     -------
@@ -112,6 +118,8 @@ class ForgetContext:
     force: bool = False
     chunk_size: int = 512
     verify_recipe: bool = False
+    train: Any = None
+    retrain_start: nn.Module | None = None
 
     def __post_init__(self):
         if not isinstance(self.recipe, TrainingRecipe):
@@ -131,13 +139,15 @@ class ForgetContext:
     @classmethod
     def from_recipe(cls, model: nn.Module, recipe: TrainingRecipe | None = None, *, num_classes: int | None = None,
                     seed: int = 0, forget_class: int | None = None, classifier: str | None = None,
-                    cache: ArtifactCache | None = None, probe: Inputs | None = None) -> "ForgetContext":
+                    cache: ArtifactCache | None = None, probe: Inputs | None = None, train: Any = None,
+                    retrain_start: nn.Module | None = None) -> "ForgetContext":
         """The context of a user's model trained with ``recipe`` (default: ordinary training, no weight decay).
 
         ``num_classes`` defaults to the output features of the model's classifier (found as
         ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``), else, when no classifier is
         found, to the width of the model's output on ``probe`` (one batch of inputs, e.g. the first chunk of
         D_r: a nested head such as ``wrapper.bert.classifier`` needs no name); the stationarity check is on.
+        ``train`` / ``retrain_start``: the user's own training and its start (the fields of the same names).
         """
         recipe = TrainingRecipe() if recipe is None else recipe
         if not isinstance(recipe, TrainingRecipe):
@@ -148,7 +158,7 @@ class ForgetContext:
             raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
         recipe.center_for(model)  # refuse a centre that does not fit the model now, not inside a method
         return cls(recipe=recipe, num_classes=num_classes, seed=int(seed), forget_class=forget_class,
-                   cache=cache or ArtifactCache(), verify_recipe=True)
+                   cache=cache or ArtifactCache(), verify_recipe=True, train=train, retrain_start=retrain_start)
 
 
 def protocol_context(start: nn.Module, train: TrainConfig, *, num_classes: int, seed: int = 0,
@@ -536,8 +546,6 @@ def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num
     if int(n_retain) < 1 or int(n_forget) < 0:
         raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
     x1, num_classes = _probe(model, x_probe, in_shape, num_classes)
-    if recipe is not None and getattr(cls, "epochs_from_recipe", False) and options.get("epochs") is None:
-        options["epochs"] = recipe.epochs     # a user's call trains the recipe's epochs, not the protocol's
     ref = retrain_estimate(model, int(n_retain), x_probe=x1, recipe=recipe, epochs=retrain_epochs)
     if cls.anchor == "retrain" and (recipe is not None if retrain_from_init is None else retrain_from_init):
         est = CostEstimate(method, ref.flops, ref.seconds, ref.peak_bytes, ref.passes, dict(ref.details))
