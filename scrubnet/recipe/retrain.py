@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -118,14 +119,22 @@ def _user_data(retain: Any) -> Any:
     return retain.source if isinstance(retain, DataStream) else retain
 
 
+@contextmanager
+def seeded_globally(seed: int):
+    """Run the block under ``torch.manual_seed(seed)`` (the draws of dropout, a user's shuffling), the global
+    CPU and CUDA generators restored afterwards."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        yield
+
+
 def run_user_training(train: TrainFn | Any, start: nn.Module, data: Any, seed: int) -> nn.Module:
     """The user's training of a copy of ``start`` on ``data`` under ``torch.manual_seed(seed)`` (the global
     generators restored afterwards): a callable ``train(model, data)`` (its return value, or the model it
     trained in place when it returns None) or a HuggingFace ``Trainer``."""
     model = copy.deepcopy(start)
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(seed))
+    with seeded_globally(seed):
         if is_trainer(train):
             out = _run_trainer(train, model, data)
         elif callable(train):
@@ -171,7 +180,8 @@ def retrain_like_user(model: nn.Module, retain: Any, *, train: TrainFn | Any = N
     if recipe is None:
         raise ValueError("retrain_like_user needs the user's training (train=) or the recipe it followed (recipe=)")
     out = copy.deepcopy(start)
-    train_like_recipe(out, as_stream(retain), recipe, seed=seed)
+    with seeded_globally(seed):     # dropout and other global draws: fixed by the seed, as a user's are
+        train_like_recipe(out, as_stream(retain), recipe, seed=seed)
     return out.eval()
 
 
