@@ -81,7 +81,8 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     torch.set_num_threads(1)
     from scrubnet.curvature.fisher import fisher_diag
     from scrubnet.methods import get_method
-    from scrubnet.methods.base import estimate, protocol_context
+    from scrubnet.cost_guard import estimate
+    from scrubnet.methods.base import protocol_context
     from scrubnet.training.cost import matmul_rate
     from scrubnet.models import build_model
     from scrubnet.training import TrainConfig

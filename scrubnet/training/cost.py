@@ -1,7 +1,7 @@
 """What a forgetting method will cost, before it runs: FLOPs, seconds, peak memory, passes over the data.
 
 The shared cost engine. Each method declares its own estimate on its class (``ForgettingMethod.cost``);
-``scrubnet.estimate`` (:func:`scrubnet.methods.base.estimate`) dispatches to it. A method's estimate counts, from
+``scrubnet.estimate`` (:func:`scrubnet.cost_guard.estimate`) dispatches to it. A method's estimate counts, from
 the model (one probe sample through :class:`torch.utils.flop_counter.FlopCounterMode`), N and c and the
 method's options, with the helpers here (:func:`train_cost`, :func:`fisher_diagonal_cost`, :func:`copy_cost`,
 :func:`seconds_at`):
@@ -222,7 +222,7 @@ _DEVICE: list[torch.device] = [torch.device("cpu")]   # the device of the model 
 
 def estimating_on(device: torch.device | str) -> None:
     """Set the device whose GEMM rate :func:`seconds_at` and :func:`gemm_seconds` use (the probe's device;
-    :func:`scrubnet.methods.base.estimate` sets it before calling a method's ``cost``)."""
+    :func:`scrubnet.cost_guard.estimate` sets it before calling a method's ``cost``)."""
     _DEVICE[0] = torch.device(device)
 
 

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 import scrubnet
 from scrubnet.cli import app
 from scrubnet.methods import ForgetContext, get_method
-from scrubnet.methods.base import estimate, method_class, retrain_estimate
+from scrubnet.cost_guard import estimate, retrain_estimate
+from scrubnet.methods.base import method_class
 from scrubnet.models import build_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training.cost import BudgetExceeded

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import scrubnet
+from scrubnet.methods import ForgetContext, get_method
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.recipe.retrain import initial_model, make_optimizer, measure_retraining, retrain_like_user
 
@@ -219,7 +220,7 @@ def test_fine_tuning_baselines_train_their_own_epochs_not_the_recipes():
         return orig(self, *a, **k)
     torch.optim.SGD.step = counting
     try:
-        scrubnet.forget(m, (x[:80], y[:80]), (x[80:], y[80:]), method="finetune", recipe=recipe, on_failure="return")
+        get_method("finetune")(m, (x[:80], y[:80]), (x[80:], y[80:]), ForgetContext.from_recipe(m, recipe, num_classes=3))
     finally:
         torch.optim.SGD.step = orig
     assert len(steps) == 10 * 5                            # 10 epochs of 80/16 batches, not 60
