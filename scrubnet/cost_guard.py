@@ -114,6 +114,11 @@ def price_call(method: str, options: dict, model: nn.Module, retain: DataStream,
     return est.against(ref), ref
 
 
+#: the user's retraining as measured, once per process for a model, |D_r|, recipe and training function: every
+#: decision taken on it (a budgeted mode's size) is then the same for the same call within a process
+_MEASURED: dict = {}
+
+
 def retrain_reference(model: nn.Module, retain: DataStream, ctx: ForgetContext) -> CostEstimate:
     """The retraining every cost is compared with.
 
@@ -126,7 +131,7 @@ def retrain_reference(model: nn.Module, retain: DataStream, ctx: ForgetContext) 
     ctx : ForgetContext
         A user's model (no ``ctx.start``): the user's retraining measured on this machine
         (:func:`~scrubnet.recipe.retrain.measure_retraining` with ``ctx.train``, ``ctx.recipe``,
-        ``ctx.retrain_start``), once per context and model (``ctx.cache``). scrubnet's protocol: the FLOP model
+        ``ctx.retrain_start``), once per process for the same model, |D_r|, recipe and training. scrubnet's protocol: the FLOP model
         of retraining with its recipe (:func:`retrain_estimate`).
 
     Returns
@@ -141,10 +146,11 @@ def retrain_reference(model: nn.Module, retain: DataStream, ctx: ForgetContext) 
         return flop_model
     key = artifact_key("retrain_price", weights=[model], options={
         "n_retain": len(retain), "recipe": ctx.recipe.to_dict(), "train": id(ctx.train), "seed": ctx.seed,
-        "start": id(ctx.retrain_start)})
-    measured = ctx.cache.get_or_compute(key, lambda: measure_retraining(
-        model, retain, train=ctx.train, recipe=ctx.recipe, seed=ctx.seed, start=ctx.retrain_start))
-    out = copy.deepcopy(measured)
+        "start": id(ctx.retrain_start), "device": str(x1.device)})
+    if key not in _MEASURED:
+        _MEASURED[key] = measure_retraining(model, retain, train=ctx.train, recipe=ctx.recipe, seed=ctx.seed,
+                                            start=ctx.retrain_start)
+    out = copy.deepcopy(_MEASURED[key])
     out.flops = flop_model.flops
     if out.passes != out.passes:   # the user's function: its epochs unknown
         out.passes = flop_model.passes

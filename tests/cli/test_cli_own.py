@@ -291,8 +291,7 @@ def test_recipe_check_refuses_a_wrong_weight_decay_unless_forced(own, tmp_path):
 
 
 def test_dry_run_prices_against_retraining_and_says_when_the_recipe_check_would_refuse(own, tmp_path):
-    """--dry-run on the user's model: the estimate beside retraining from the model's initialisation, the
-    ratio, and the recipe check's verdict (a wrong wd: 'would be refused'); retrain itself is offered at
+    """--dry-run on the user's model: the estimate beside the user's retraining (measured), the ratio, and the recipe check's verdict (a wrong wd: 'would be refused'); retrain itself is offered at
     ≈ 1× retraining; nothing is written."""
     bad = tmp_path / "bad.toml"
     bad.write_text(RECIPE.replace("wd = 1e-3", "wd = 0.5"))
@@ -301,13 +300,13 @@ def test_dry_run_prices_against_retraining_and_says_when_the_recipe_check_would_
             "--dry-run"]
     r = runner.invoke(app, base + ["--recipe", str(bad), "--method", "newton"])
     assert r.exit_code == 0, r.output
-    assert "retrain (recipe)" in r.output and "cost_vs_retrain:" in r.output
+    assert "retrain (measured)" in r.output and "cost_vs_retrain:" in r.output
     assert "would be refused by the recipe check" in r.output and "far from a minimum" in r.output
     r = runner.invoke(app, base + ["--recipe", str(own / "recipe.toml"), "--method", "newton"])
     assert r.exit_code == 0 and "would be refused" not in r.output, r.output
     r = runner.invoke(app, base + ["--recipe", str(own / "recipe.toml"), "--method", "retrain"])
     assert r.exit_code == 0, r.output
-    # ≈ 1×: retraining plus the retain rule's two forwards (LayerNorm/GELU elements priced since costfix)
+    # ≈ 1×: the measured retraining plus the retain rule's two forwards
     ratio = float(r.output.split("cost_vs_retrain: ")[1].split()[0])
     assert 1.0 <= ratio < 1.15, r.output
     assert not (tmp_path / "x.safetensors").exists()
