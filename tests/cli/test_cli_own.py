@@ -350,3 +350,47 @@ def test_forget_ids_that_are_a_whole_class_make_it_the_forget_class(own, tmp_pat
     (tmp_path / "part3.txt").write_text(" ".join(map(str, cls3[:-1])))
     r = runner.invoke(app, args + [str(tmp_path / "part3.txt"), "--out", str(tmp_path / "p.safetensors")])
     assert r.exit_code == 2 and "class" in r.output and not (tmp_path / "p.safetensors").exists()
+
+
+TRAIN_PY = '''
+import torch
+
+
+def train(model, data):
+    x, y = data
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(5):
+        perm = torch.randperm(len(y))
+        for i in range(0, len(y), 32):
+            idx = perm[i:i + 32]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+    return model
+'''
+
+
+def test_retrain_runs_the_users_training_file(own, tmp_path):
+    """--train FILE.py:FUNCTION: --method retrain writes what that function trains on D_r (same seed, bit for
+    bit); a missing function is one error line naming --train, exit 2, nothing written."""
+    from safetensors.torch import load_file
+
+    import scrubnet
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    out = tmp_path / "r.safetensors"
+    r = _forget(own, out, method="retrain", extra=["--train", f"{tmp_path / 'train.py'}:train"])
+    assert r.exit_code == 0, r.output
+    d = np.load(own / "data.npz")
+    keep = np.ones(len(d["y_train"]), dtype=bool)
+    keep[[0, 1, 2, 3, 4]] = False
+    net = build_user_model(f"{own / 'net.py'}:make_net")
+    net.load_state_dict(torch.load(own / "net.pt"))
+    ns = {}
+    exec(TRAIN_PY, ns)
+    want = scrubnet.retrain_like_user(net, (torch.from_numpy(d["x_train"][keep]), torch.from_numpy(d["y_train"][keep])),
+                                      train=ns["train"], seed=0)
+    got = load_file(str(out))
+    assert all(torch.equal(got[k], v) for k, v in want.state_dict().items())
+    bad = _forget(own, tmp_path / "b.safetensors", method="retrain", extra=["--train", f"{tmp_path / 'train.py'}:nope"])
+    assert bad.exit_code == 2 and "--train" in bad.output and "nope" in bad.output
+    assert not (tmp_path / "b.safetensors").exists()
