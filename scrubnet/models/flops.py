@@ -46,9 +46,11 @@ NONGEMM_OPS = {aten._softmax, aten._softmax_backward_data, aten.native_layer_nor
                aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.sigmoid, aten.sigmoid_,
                aten.sigmoid_backward, aten.tanh, aten.tanh_, aten.tanh_backward}
 _RNN_FWD, _RNN_BWD = aten.mkldnn_rnn_layer, aten.mkldnn_rnn_layer_backward
-#: non-GEMM elements of a fused LSTM layer per hidden unit per time step and sample: four gate activations,
-#: the cell update and tanh(c), h (forward); the backward writes about twice as many
-RNN_GATE_ELEMENTS = 8.0
+#: non-GEMM elements of a fused LSTM layer per hidden unit per time step and sample (backward: twice as many), at
+#: :data:`NONGEMM_FLOP_EQUIV` each: the oneDNN kernel fuses its gates and cell update, so they cost far less
+#: than the 8 elements it writes would cost unfused; fitted on benchmarks/cost_check.py's LSTM cases (retrain
+#: and Newton within 1.5× of measured: docs/decisions/cost-vs-retrain.md, "Recurrent layers")
+RNN_GATE_ELEMENTS = 0.5
 _SDPA_FWD = {aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
              aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention}
 _SDPA_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward,

@@ -233,6 +233,17 @@ def estimating_on(device: torch.device | str) -> None:
 BATCHNORM_PRODUCT_FACTOR = 1.5
 
 
+#: per-sample passes through ``nn.LSTM`` (the Fisher diagonal's per-sample gradients, the NTK Gram's Jacobian
+#: rows): vmap has no batching rule for the fused oneDNN kernel, so they run sample by sample; the factors on
+#: those passes' seconds were fitted on benchmarks/cost_check.py's LSTM cases (docs/decisions/cost-vs-retrain.md)
+RECURRENT_PER_SAMPLE_FACTOR = {"fisher": 8.5, "ntk": 3.0}
+
+
+def per_sample_factor(model: nn.Module, kind: str) -> float:
+    """:data:`RECURRENT_PER_SAMPLE_FACTOR` ``[kind]`` for a network holding an ``nn.LSTM``, else 1."""
+    return RECURRENT_PER_SAMPLE_FACTOR[kind] if any(isinstance(m, nn.LSTM) for m in model.modules()) else 1.0
+
+
 def product_factor(model: nn.Module) -> float:
     """:data:`BATCHNORM_PRODUCT_FACTOR` for a network with BatchNorm layers, else 1."""
     bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -287,7 +298,8 @@ def fisher_diagonal_cost(model: nn.Module, x1: Tensor, n_r: int, kind: str = "tr
     plan = plan_fisher(model, x1, n_r, kind=kind, budget_bytes=budget_bytes, batch_size=batch_size)
     conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
     equiv = ELEMENTWISE_FLOP_EQUIV if conv else ELEMENTWISE_FLOP_EQUIV_DENSE
-    seconds = seconds_at(plan.flops, "fisher") + gemm_seconds(equiv * plan.activation_elements)
+    seconds = per_sample_factor(model, "fisher") * (seconds_at(plan.flops, "fisher")
+                                                    + gemm_seconds(equiv * plan.activation_elements))
     return CostEstimate("fisher", plan.flops, seconds, plan.peak_bytes, float(plan.passes),
                         {"batch": plan.batch, "budget_bytes": budget_bytes})
 
