@@ -36,7 +36,7 @@ A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_
     batch_size = 128
     epochs = 10                # how long the model was trained (the retraining reference runs this)
     optimizer = "sgd"          # or "adamw" (then adamw_weight_decay = its λ, betas = [0.9, 0.999])
-    schedule = "constant"      # or "cosine" (annealed to 0 over the training's steps)
+    schedule = "constant"      # or "cosine" / "linear" (annealed to 0 over the training's steps)
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ PROTOCOL_BASELINE_EPOCHS = 10
 
 #: the optimisers and learning-rate schedules a recipe can state (what the faithful retraining runs)
 RECIPE_OPTIMIZERS = ("sgd", "adamw")
-RECIPE_SCHEDULES = ("constant", "cosine")
+RECIPE_SCHEDULES = ("constant", "cosine", "linear")
 
 #: allowed ranges of the numeric recipe keys
 RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "label_smoothing": "[0, 1)", "lr": "> 0", "momentum": "[0, 1)",
@@ -102,9 +102,10 @@ class TrainingRecipe:
         The optimiser the model was trained with: ``torch.optim.SGD(lr, momentum, weight_decay=wd)`` or
         ``torch.optim.AdamW(lr, betas, weight_decay=adamw_weight_decay)`` (decoupled decay on the decayed
         parameters: the centre's keys when ``wd_center`` is given, else all). :meth:`from_adamw` sets it.
-    schedule : {"constant", "cosine"}
-        The learning-rate schedule over the training's optimiser steps: constant, or cosine annealing from
-        ``lr`` to 0 (``CosineAnnealingLR(T_max = total steps)``, stepped per batch).
+    schedule : {"constant", "cosine", "linear"}
+        The learning-rate schedule over the training's optimiser steps: constant, cosine annealing from ``lr``
+        to 0 (``CosineAnnealingLR(T_max = total steps)``, stepped per batch), or linear decay to 0 (the
+        HuggingFace Trainer's default, without warm-up).
     adamw_weight_decay : float
         AdamW's decoupled λ (``weight_decay=`` of ``torch.optim.AdamW``), what the retraining runs; ``wd`` is
         its L2 equivalent, what the curvature methods read (:mod:`scrubnet.recipe.adamw`). SGD: 0.

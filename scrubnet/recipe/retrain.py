@@ -8,7 +8,7 @@
   ``torch.manual_seed(seed)`` (the global generators are restored afterwards);
 * or, without one, by reproducing the stated :class:`~scrubnet.recipe.TrainingRecipe` faithfully
   (:func:`train_like_recipe`): its optimiser (SGD with momentum and weight decay, or AdamW with its decoupled λ
-  on the decayed parameters and its betas), its schedule (constant or cosine annealing per step), its loss
+  on the decayed parameters and its betas), its schedule (constant, cosine or linear decay per step), its loss
   (label smoothing, MSE target scale), its batch size and its epochs.
 
 The start (:func:`initial_model`) is the model's initialisation drawn anew, for its *trainable* parameters
@@ -235,9 +235,15 @@ def explicit_pull(recipe) -> bool:
     return recipe.optimizer == "sgd" and recipe.wd > 0 and not recipe.center_is_zero
 
 
-def cosine_rate(lr: float, step: int, total: int) -> float:
-    """Cosine annealing from ``lr`` to 0 over ``total`` steps: lr·(1 + cos(π·step/total))/2."""
-    return 0.5 * lr * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
+def scheduled_rate(schedule: str, lr: float, step: int, total: int) -> float:
+    """The rate of step ``step`` (0-based) of ``total``: ``"cosine"`` lr·(1 + cos(π·step/total))/2, ``"linear"``
+    lr·(1 − step/total), ``"constant"`` lr."""
+    t = min(step, total) / max(total, 1)
+    if schedule == "cosine":
+        return 0.5 * lr * (1.0 + math.cos(math.pi * t))
+    if schedule == "linear":
+        return lr * (1.0 - t)
+    return lr
 
 
 def steps_per_epoch(data: DataStream, batch_size: int) -> int:
@@ -298,9 +304,9 @@ def train_like_recipe(model: nn.Module, data: DataStream, recipe, *, seed: int =
         if recipe.freeze_bn:
             freeze_batchnorm(model)
         for xb, yb in epoch_batches(data, recipe.batch_size, g):
-            if schedule == "cosine":
+            if schedule != "constant":
                 for group in opt.param_groups:
-                    group["lr"] = cosine_rate(lr, step, total)
+                    group["lr"] = scheduled_rate(schedule, lr, step, total)
             loss = recipe.loss_spec.mean(call_model(model, xb.to(dev)), yb.to(dev))
             if center is not None:
                 loss = loss + 0.5 * recipe.wd * sum(((p - center[k]) ** 2).sum()
