@@ -53,10 +53,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
     recipe : TrainingRecipe, optional
         How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
-    seed : int
-        Fixes the method's random choices (noise, batch order).
-    on_failure : {"raise", "return"}
-        A failed scrub raises :class:`ScrubFailed` or is returned with ``ok=False``.
+    seed, on_failure : int, {"raise", "return"}
+        Fixes the method's random choices; a failed scrub raises :class:`ScrubFailed` or returns ``ok=False``.
     num_classes : int, optional
         c (default: from the classifier, else the width of the model's output on the first chunk of ``retain``).
     forget_class : int, optional
@@ -78,14 +76,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain_error_tolerance : float
         The largest allowed rise of the retain error (a fraction: 0.05 = 5 points), measured on every call.
     max_cost_vs_retrain : float, optional
-        Refuse (``BudgetExceeded``, before any work) a call estimated above this many of the user's retrainings
-        (:func:`scrubnet.cost_guard.price_call`).
-    train : callable or HuggingFace Trainer, optional
-        The user's own training, ``train(model, data) -> model``: ``method="retrain"`` runs it on D_r (from
-        ``retrain_start`` or the model's initialisation drawn anew) and the cost reference times it on a probe
-        (:mod:`scrubnet.recipe.retrain`). Without it the recipe is reproduced faithfully.
-    retrain_start : nn.Module, optional
-        Where the user's training started (the pretrained weights a model was fine-tuned from).
+        Refuse (``BudgetExceeded``) before any work above this many of the user's retrainings (``price_call``).
+    train, retrain_start : callable or HuggingFace Trainer, nn.Module, optional
+        The user's ``train(model, data) -> model`` and its start: ``retrain`` runs it, the cost times it.
     **method_options
         The method's options, checked against its rules. A method costing more than one retraining runs its
         budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
@@ -107,18 +100,17 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
-    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    retain_s = as_stream(retain, keys, chunk_size)
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
                    classifier=classifier)
-    ctx.train, ctx.retrain_start = train, retrain_start
-    ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    ctx.force, ctx.chunk_size, ctx.train, ctx.retrain_start = bool(force), int(chunk_size), train, retrain_start
     method_options = _with_classifier(method, classifier, method_options)
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
     out = priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
-                        retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
-                        on_not_forgotten=on_not_forgotten)
+                       retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
+                       on_not_forgotten=on_not_forgotten)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

@@ -131,7 +131,8 @@ def retrain_reference(model: nn.Module, retain: DataStream, ctx: ForgetContext) 
     ctx : ForgetContext
         A user's model (no ``ctx.start``): the user's retraining measured on this machine
         (:func:`~scrubnet.recipe.retrain.measure_retraining` with ``ctx.train``, ``ctx.recipe``,
-        ``ctx.retrain_start``), once per process for the same model, |D_r|, recipe and training. scrubnet's protocol: the FLOP model
+        ``ctx.retrain_start``), once per process for the same model, |D_r|, recipe and training. scrubnet's
+        protocol: the FLOP model
         of retraining with its recipe (:func:`retrain_estimate`).
 
     Returns

@@ -236,7 +236,7 @@ BATCHNORM_PRODUCT_FACTOR = 1.5
 #: per-sample passes through ``nn.LSTM`` (the Fisher diagonal's per-sample gradients, the NTK Gram's Jacobian
 #: rows): vmap has no batching rule for the fused oneDNN kernel, so they run sample by sample; the factors on
 #: those passes' seconds were fitted on benchmarks/cost_check.py's LSTM cases (docs/decisions/cost-vs-retrain.md)
-RECURRENT_PER_SAMPLE_FACTOR = {"fisher": 8.5, "ntk": 3.0}
+RECURRENT_PER_SAMPLE_FACTOR = {"fisher": 11.5, "ntk": 3.0}
 
 
 def per_sample_factor(model: nn.Module, kind: str) -> float:

@@ -248,12 +248,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
 
     Monitors: ``on_epoch(e)`` is called at the same points as ``stop`` (before epoch e, and once after the last
     epoch), before ``stop``; ``on_step(s)`` after every optimiser step s = 1, 2, … (the model is in train mode
-    there; a monitor that evaluates must restore it, as the Fisher-trace monitor does).
-
-    ``make_opt(model)``: another optimiser in place of SGD (a recipe's AdamW, built with its own rate and
-    decoupled decay; ``lr``, ``momentum`` and ``weight_decay`` are then the caller's to leave unused).
-
-    Returns (epochs trained, whether ``stop`` ended it).
+    there; a monitor that evaluates must restore it, as the Fisher-trace monitor does). ``make_opt(model)``:
+    another optimiser in place of SGD (a recipe's AdamW). Returns (epochs trained, whether ``stop`` ended it).
     """
     kind = loss_fn.kind if isinstance(loss_fn, LossSpec) else loss_fn
     if kind not in ("ce", "mse") or (kind == "mse" and ascent is not None):

@@ -222,7 +222,8 @@ def test_fine_tuning_baselines_train_their_own_epochs_not_the_recipes():
         return orig(self, *a, **k)
     torch.optim.SGD.step = counting
     try:
-        get_method("finetune")(m, (x[:80], y[:80]), (x[80:], y[80:]), ForgetContext.from_recipe(m, recipe, num_classes=3))
+        ctx = ForgetContext.from_recipe(m, recipe, num_classes=3)
+        get_method("finetune")(m, (x[:80], y[:80]), (x[80:], y[80:]), ctx)
     finally:
         torch.optim.SGD.step = orig
     assert len(steps) == 10 * 5                            # 10 epochs of 80/16 batches, not 60
