@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {"mlp": ("mlp", (40,), 5, {}),
             "resnet": ("resnet18", (3, 16, 16), 10, {"width": 0.25}),
             "transformer": ("transformer", (3, 32, 32), 10, {}),   # benchmarks/cost_vs_retrain.SmallTransformer
-            "lstm": ("lstm", (24,), 5, {})}                        # LSTMNet below: 24 tokens of a 200-word vocabulary
+            "lstm": ("lstm", (24,), 5, {})}          # lstm_net below: 24 tokens of a 200-word vocabulary
 
 # which EFFICIENCY constant each case's time mostly depends on (NTK-CG: its VJP/JVP products run at Newton's)
 KIND = {"user-retrain": "measured", "user-retrain-fn": "measured", "retrain": "train", "finetune": "train", "newton": "newton", "ntk-cg": "newton", "ntk": "ntk",
@@ -127,8 +127,30 @@ def users_training(epochs: int):
     return train
 
 
+def build_case(family: str, n: int):
+    """(model in eval mode, x (n, ...), y (n,), c) of a family: random inputs (token ids for the LSTM)."""
+    import torch
+    from scrubnet.models import build_model
+
+    name, shape, c, kw = FAMILIES[family]
+    if name == "transformer":
+        from benchmarks.cost_vs_retrain import SmallTransformer
+        torch.manual_seed(0)
+        model = SmallTransformer(c).eval()
+    elif name == "lstm":
+        model = lstm_net(c).eval()
+    else:
+        model = build_model(name, shape, c, seed=0, **kw).eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(200, (n, *shape), generator=g) if name == "lstm" else torch.randn(n, *shape, generator=g)
+    return model, x, torch.randint(c, (n,), generator=g), c
+
+
 def user_retrain_case(method: str, model, retain, work: dict) -> tuple[float, object]:
     """(measured seconds of the whole retraining, the reference's estimate made just before it)."""
+    from dataclasses import replace
+
+    from scrubnet.cost_guard import retrain_estimate
     from scrubnet.recipe import TrainingRecipe
     from scrubnet.recipe.retrain import measure_retraining, retrain_like_user
 
@@ -138,6 +160,9 @@ def user_retrain_case(method: str, model, retain, work: dict) -> tuple[float, ob
     small = (retain[0][:64], retain[1][:64])
     retrain_like_user(model, small, train=fn, recipe=recipe)          # warm-up
     est = measure_retraining(model, retain, train=fn, recipe=recipe)
+    est.details = {**{k: str(v) for k, v in est.details.items()},     # the FLOP model's price beside it
+                   "flop_model_seconds": retrain_estimate(model, len(retain[1]), x_probe=retain[0][:1],
+                                                          recipe=replace(recipe, batch_size=64)).seconds}
     t0 = time.process_time()
     retrain_like_user(model, retain, train=fn, recipe=recipe)
     return time.process_time() - t0, est
@@ -160,21 +185,9 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     from scrubnet.cost_guard import estimate
     from scrubnet.methods.base import protocol_context
     from scrubnet.training.cost import matmul_rate
-    from scrubnet.models import build_model
     from scrubnet.training import TrainConfig
 
-    name, shape, c, kw = FAMILIES[family]
-    if name == "transformer":
-        from benchmarks.cost_vs_retrain import SmallTransformer
-        torch.manual_seed(0)
-        model = SmallTransformer(c).eval()
-    elif name == "lstm":
-        model = lstm_net(c).eval()
-    else:
-        model = build_model(name, shape, c, seed=0, **kw).eval()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(200, (n, *shape), generator=g) if name == "lstm" else torch.randn(n, *shape, generator=g)
-    y = torch.randint(c, (n,), generator=g)
+    model, x, y, c = build_case(family, n)
     n_f = max(1, n // 10)
     n_r = n - n_f
     retain, forget = (x[:n_r], y[:n_r]), (x[n_r:], y[n_r:])
@@ -182,7 +195,7 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
         seconds, est = user_retrain_case(method, model, retain, work)
         return {"method": method, "family": family, "n": n, "work": work, "count": None, "seconds": seconds,
                 "bytes": 0, "est_seconds": est.seconds, "est_bytes": 1, "est_flops": 0.0, "passes": est.passes,
-                "gemm_gflops": matmul_rate() / 1e9, "details": {k: str(v) for k, v in est.details.items()}}
+                "gemm_gflops": matmul_rate() / 1e9, "details": est.details}
     def job(ret, fgt, warm: bool):
         """The method's work on (ret, fgt); returns the count of iterations/epochs it ran (None: fixed)."""
         if method == "fisher":
@@ -281,6 +294,10 @@ def main(argv=None) -> None:
     for method in dict.fromkeys(r["method"] for r in rows):
         ratios = [r["ratio"] for r in rows if r["method"] == method]
         print(f"ratio_{method}: {statistics.median(ratios):.3g}  (cases: {', '.join(f'{q:.2f}' for q in ratios)})")
+    for r in rows:
+        if r["method"].startswith("user-retrain"):
+            print(f"{r['method']} {r['family']}: measured / FLOP model's retraining "
+                  f"{r['seconds'] / r['details']['flop_model_seconds']:.2f} (measured / measured price {r['ratio']:.2f})")
     print()
     from scrubnet.training.cost import EFFICIENCY
     for kind in dict.fromkeys(KIND[r["method"]] for r in rows if KIND[r["method"]] in EFFICIENCY):

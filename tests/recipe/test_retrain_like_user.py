@@ -251,3 +251,27 @@ def test_retrain_refuses_a_function_that_returns_no_model():
         retrain_like_user(m, _data(), train=lambda model, data: 3, seed=0)
     with pytest.raises(ValueError, match="train=.*recipe="):
         retrain_like_user(m, _data())
+
+
+def test_a_budgeted_mode_is_sized_under_the_measured_retraining(monkeypatch):
+    """The reference of a user's model is the measured retraining (once per process for the same call); a
+    method whose estimate is above it runs its budgeted mode, sized under it."""
+    import scrubnet.cost_guard as cg
+    from scrubnet.training.cost import CostEstimate
+    m = _net()
+    x, y = _data(300)
+    recipe = TrainingRecipe(epochs=3, batch_size=32)
+    full = cg.estimate(m, 280, 20, method="newton", x_probe=x[:1], recipe=recipe)
+    seconds = full.ceiling / 10                            # the full Newton: ten of these retrainings
+    calls = []
+
+    def measured(*a, **k):
+        calls.append(1)
+        return CostEstimate("retrain (measured)", float("nan"), seconds, 0, 3.0, {"probe_seconds": 0.0})
+    monkeypatch.setattr(cg, "measure_retraining", measured)
+    monkeypatch.setattr(cg, "_MEASURED", {})
+    _, res = scrubnet.forget(m, (x[:280], y[:280]), (x[280:], y[280:]), method="newton", recipe=recipe, force=True,
+                             on_failure="return")
+    assert calls == [1] and res.cost["retrain_seconds_estimate"] == seconds
+    assert res.cost["budgeted"].startswith("cg_budget=")
+    assert res.cost.get("estimate_seconds_upper", res.cost["estimate_seconds"]) <= seconds
