@@ -275,3 +275,20 @@ def test_a_budgeted_mode_is_sized_under_the_measured_retraining(monkeypatch):
     assert calls == [1] and res.cost["retrain_seconds_estimate"] == seconds
     assert res.cost["budgeted"].startswith("cg_budget=")
     assert res.cost.get("estimate_seconds_upper", res.cost["estimate_seconds"]) <= seconds
+
+
+def test_the_training_fields_read_from_toml_and_bad_ones_are_refused(tmp_path):
+    from scrubnet._config import ConfigValueError
+    p = tmp_path / "r.toml"
+    p.write_text('[recipe]\noptimizer = "adamw"\nschedule = "cosine"\nadamw_weight_decay = 0.05\n'
+                 'betas = [0.9, 0.98]\nlr = 1e-3\nepochs = 60\n')
+    r = TrainingRecipe.from_toml(p)
+    assert (r.optimizer, r.schedule, r.adamw_weight_decay, r.betas, r.epochs) == ("adamw", "cosine", 0.05,
+                                                                                  (0.9, 0.98), 60)
+    assert TrainingRecipe.from_dict(r.to_dict() | {"wd_center": "zero"}) == r
+    for bad in ('optimizer = "adam"', 'schedule = "step"', 'betas = [0.9]'):
+        p.write_text(f"[recipe]\n{bad}\n")
+        with pytest.raises(ConfigValueError, match=bad.split()[0]):
+            TrainingRecipe.from_toml(p)
+    with pytest.raises(ValueError, match="adamw_weight_decay"):
+        TrainingRecipe(adamw_weight_decay=0.1)          # an SGD recipe has no decoupled decay
