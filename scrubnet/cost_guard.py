@@ -148,10 +148,13 @@ def retrain_reference(model: nn.Module, retain: DataStream, ctx: ForgetContext) 
     key = artifact_key("retrain_price", weights=[model], options={
         "n_retain": len(retain), "recipe": ctx.recipe.to_dict(), "train": id(ctx.train), "seed": ctx.seed,
         "start": id(ctx.retrain_start), "device": str(x1.device)})
-    if key not in _MEASURED:
+    fresh = key not in _MEASURED
+    if fresh:
         _MEASURED[key] = measure_retraining(model, retain, train=ctx.train, recipe=ctx.recipe, seed=ctx.seed,
                                             start=ctx.retrain_start)
     out = copy.deepcopy(_MEASURED[key])
+    if not fresh:
+        out.details["probe_seconds"] = 0.0     # measured before in this process: nothing spent now
     out.flops = flop_model.flops
     if out.passes != out.passes:   # the user's function: its epochs unknown
         out.passes = flop_model.passes
@@ -184,10 +187,13 @@ def recipe_refusal(method: str, model: nn.Module, retain: DataStream, ctx: Forge
 
 def measured_cost(seconds: float, est: CostEstimate | None, ref: CostEstimate) -> dict[str, float]:
     """What a result records: ``seconds`` (measured process CPU time of the call), ``retrain_seconds_estimate``,
-    ``cost_vs_retrain`` (measured / retraining estimate) and, when the method has a cost model,
+    ``cost_vs_retrain`` (measured / retraining estimate), ``retrain_probe_seconds`` (what measuring the
+    reference cost, not in ``seconds``; a user's model) and, when the method has a cost model,
     ``estimate_seconds`` and ``estimate_cost_vs_retrain``."""
     out = {"seconds": float(seconds), "retrain_seconds_estimate": float(ref.seconds),
            "cost_vs_retrain": float(seconds) / max(float(ref.seconds), 1e-12)}
+    if isinstance(ref.details.get("probe_seconds"), float):   # what timing the user's retraining cost, apart
+        out["retrain_probe_seconds"] = ref.details["probe_seconds"]
     if est is not None:
         out.update(estimate_seconds=float(est.seconds), estimate_cost_vs_retrain=float(est.cost_vs_retrain))
         if est.seconds_upper is not None:
