@@ -292,3 +292,27 @@ def test_the_training_fields_read_from_toml_and_bad_ones_are_refused(tmp_path):
             TrainingRecipe.from_toml(p)
     with pytest.raises(ValueError, match="adamw_weight_decay"):
         TrainingRecipe(adamw_weight_decay=0.1)          # an SGD recipe has no decoupled decay
+
+
+def test_a_huggingface_trainer_is_the_users_training(tmp_path):
+    """A real ``transformers.Trainer`` (tiny BERT from a config, nothing downloaded): retrain runs it on D_r from
+    the re-drawn start, the same as that Trainer run by hand on that start; the user's Trainer keeps its model."""
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hf_models import tiny_bert, token_batch
+    from transformers import Trainer, TrainingArguments
+    b = token_batch(32)
+    m = tiny_bert()
+    args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=1, per_device_train_batch_size=8,
+                             learning_rate=1e-3, report_to=[], save_strategy="no", logging_strategy="no",
+                             use_cpu=True, seed=0, disable_tqdm=True)
+    trainer = Trainer(model=m, args=args, train_dataset=_DictSet(b["input_ids"], b["labels"]))
+    got = retrain_like_user(m, _DictSet(b["input_ids"], b["labels"]), train=trainer, seed=0)
+    torch.manual_seed(0)
+    twin = Trainer(model=initial_model(m, 0), args=args, train_dataset=_DictSet(b["input_ids"], b["labels"]))
+    torch.manual_seed(0)
+    twin.train()
+    assert trainer.model is m and not torch.equal(_flat(got), _flat(m))
+    assert torch.equal(_flat(got), _flat(twin.model))
