@@ -7,7 +7,8 @@ ceiling, measured after.
 * :func:`retrain_reference` — the reference every cost of a user's model is divided by: the user's retraining
   *measured* on this machine (:func:`scrubnet.recipe.retrain.measure_retraining`: their training function run
   on a probe of D_r at two sizes, or the recipe's training step timed on one batch, times the steps of their
-  epochs), cached per call; scrubnet's own protocol keeps the FLOP model of its retraining from w_0.
+  epochs), once per process for the same call; scrubnet's own protocol keeps the FLOP model of its
+  retraining from w_0.
 * :func:`price_call` — what one :func:`scrubnet.forget` call runs (the method, the recipe check before a
   curvature method, the retain-error rule's two forward passes over D_r) against that reference;
   :func:`budgeted_options` sizes a budgeted mode under one retraining; :func:`refuse_over` raises
@@ -132,8 +133,7 @@ def retrain_reference(model: nn.Module, retain: DataStream, ctx: ForgetContext) 
         A user's model (no ``ctx.start``): the user's retraining measured on this machine
         (:func:`~scrubnet.recipe.retrain.measure_retraining` with ``ctx.train``, ``ctx.recipe``,
         ``ctx.retrain_start``), once per process for the same model, |D_r|, recipe and training. scrubnet's
-        protocol: the FLOP model
-        of retraining with its recipe (:func:`retrain_estimate`).
+        protocol: the FLOP model of retraining with its recipe (:func:`retrain_estimate`).
 
     Returns
     -------
