@@ -23,7 +23,6 @@ from scrubnet.methods.base import available_methods, method_class, protocol_meth
 from scrubnet.scrub import scrub_and_measure
 from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
 from scrubnet.data.stream import as_stream
-from scrubnet.methods.baselines import reinitialised
 from scrubnet.training.cost import check_budget, format_bytes, format_seconds
 from scrubnet.own_model import evaluate_own, forget_own
 
@@ -79,12 +78,6 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
     def budget(net, retain, forget_set, ctx) -> bool:
         if not (dry_run or max_seconds is not None or max_bytes is not None or max_cost_vs_retrain is not None):
             return False
-        cls = method_class(method)
-        if cls is not None and cls.anchor == "retrain" and ctx.start is None:
-            try:   # retrain on a user's model starts from its initialisation, or is not offered
-                reinitialised(net, ctx.seed)
-            except ValueError as e:
-                raise UserError(str(e)) from None
         r_s, f_s = as_stream(retain), as_stream(forget_set)
         est, ref = price_call(method, opts, net, r_s, f_s, ctx)
         if est is None:
