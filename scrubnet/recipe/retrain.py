@@ -406,21 +406,40 @@ def measure_retraining(model: nn.Module, retain: Any, *, train: TrainFn | Any = 
     return CostEstimate("retrain (measured)", float("nan"), float(seconds), int(peak), passes, details)
 
 
+#: the recipe's step is timed until at least this many steps and this much time (and at most
+#: :data:`PROBE_MAX_STEPS` steps): a median of more steps keeps a loaded machine's noise out of the reference
+PROBE_MIN_SECONDS = 0.1
+PROBE_MAX_STEPS = 30
+
+
+class _Enough(Exception):
+    """Raised by the probe's step monitor once enough steps are timed."""
+
+
 def _time_recipe_steps(start: nn.Module, stream: DataStream, recipe, seed: int, probe_steps: int,
                        clock: Callable[[], float]) -> tuple[float, dict]:
-    """(predicted seconds of the recipe's whole training, details): the median time of ``probe_steps`` steps
-    on the first batch of D_r (after one warm-up step), times the training's steps."""
+    """(predicted seconds of the recipe's whole training, details): the median time of the steps on the first
+    batch of D_r after one warm-up step (at least ``probe_steps`` and :data:`PROBE_MIN_SECONDS`, at most
+    :data:`PROBE_MAX_STEPS`), times the training's steps."""
     batch = next(iter(stream.chunks(recipe.batch_size)))   # a loader: its first batch
-    probe = DataStream(batch)
     model = copy.deepcopy(start)
-    stamps: list[float] = []
-    steps = 1 + max(int(probe_steps), 1)
-    probe_recipe = _one_batch(recipe, len(batch[1]))
-    stamps.append(clock())
-    train_like_recipe(model, probe, probe_recipe, seed=seed, epochs=steps, on_step=lambda s: stamps.append(clock()))
-    per_step = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))[(steps - 1) // 2]
+    stamps: list[float] = [clock()]
+    need = max(int(probe_steps), 1)
+
+    def monitor(step: int) -> None:
+        stamps.append(clock())
+        timed = len(stamps) - 2                            # steps after the warm-up
+        if timed >= PROBE_MAX_STEPS or (timed >= need and stamps[-1] - stamps[1] >= PROBE_MIN_SECONDS):
+            raise _Enough
+    try:
+        train_like_recipe(model, DataStream(batch), _one_batch(recipe, len(batch[1])), seed=seed,
+                          epochs=PROBE_MAX_STEPS + 1, on_step=monitor)
+    except _Enough:
+        pass
+    times = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))
+    per_step = times[(len(times) - 1) // 2]
     total = int(recipe.epochs) * steps_per_epoch(stream, recipe.batch_size)
-    return per_step * total, {"probe": f"{steps - 1} timed steps on a batch of {len(batch[1])}",
+    return per_step * total, {"probe": f"{len(times)} timed steps on a batch of {len(batch[1])}",
                               "step_seconds": per_step, "optimiser_steps": float(total)}
 
 
