@@ -360,8 +360,8 @@ def measure_retraining(model: nn.Module, retain: Any, *, train: TrainFn | Any = 
     With the user's ``train``: it runs on the first m and 2m samples of D_r (m = ``probe_samples``, at most
     half of D_r); its time is affine in the samples, so T(n) = T(m) + (T(2m) − T(m))·(n − m)/m (the slope at
     least 0, and T(n) at least the proportional T(m)·n/m when the two probes disagree). With the recipe: one
-    batch of ``batch_size`` samples trained ``probe_steps`` steps after a warm-up step, the median step time
-    times the training's steps (epochs × steps per epoch).
+    batch of ``batch_size`` samples trained after a warm-up step for at least ``probe_steps`` steps and
+    :data:`PROBE_MIN_SECONDS`, the median step time times the training's steps (epochs × steps per epoch).
 
     Parameters
     ----------
