@@ -5,8 +5,8 @@
 For each method (retrain, finetune, newton, ntk with Cholesky, ntk with CG, and the Fisher diagonal — the
 reference the Fisher constants were fitted on) on four model families (the default experiment's MLP
 40-256-256-5, a BatchNorm ResNet-18 at width 0.25 on 3×16×16 inputs with 10 classes, a two-layer attention
-encoder on 8×8 patches, and an embedding + LSTM + head on 24 tokens) and two sizes N each, one fresh process per case: build the model and random data (|D_f| = N/10), run the method once on a
-few samples (first-call set-up: thread pools, allocator, autograd kernels), then run it on the full data and
+encoder on 8×8 patches, and an embedding + LSTM + head on 24 tokens) and two sizes N each, one fresh process
+per case: build the model and random data (|D_f| = N/10), run the method once on a few samples (first-call set-up: thread pools, allocator, autograd kernels), then run it on the full data and
 report its process CPU time (one torch thread) and the growth of the resident high-water mark over the
 resident size just before it (``/proc/self/clear_refs``). The estimate is made in the same process just before
 the measured run, so the GEMM rate it divides by was measured under the same machine load.
@@ -19,7 +19,9 @@ reach and no safeguard (one solve; the measured run checks the iteration count),
 The ``user-retrain`` cases check the reference every cost of a user's model is divided by: the user's
 retraining as :func:`scrubnet.recipe.retrain.measure_retraining` prices it (``user-retrain``: the recipe's
 AdamW + cosine step timed on one batch × the training's steps; ``user-retrain-fn``: the user's own training
-function timed on probes of 256 and 512 samples) against the whole retraining, run and timed.
+function timed on probes of 256 and 512 samples) against the whole retraining, run and timed. The
+``budgeted-*`` cases run a user's call at its defaults (the budgeted mode when the full method costs more than
+one retraining) against the retraining, run and timed: the ratio printed is the call's cost in retrainings.
 
 Prints one line per case (measured, estimated, ratio measured/estimated for seconds and for peak memory) and
 per method ``ratio_<method>: <median over its cases of measured/estimated seconds>``.
@@ -44,7 +46,9 @@ FAMILIES = {"mlp": ("mlp", (40,), 5, {}),
             "lstm": ("lstm", (24,), 5, {})}          # lstm_net below: 24 tokens of a 200-word vocabulary
 
 # which EFFICIENCY constant each case's time mostly depends on (NTK-CG: its VJP/JVP products run at Newton's)
-KIND = {"user-retrain": "measured", "user-retrain-fn": "measured", "retrain": "train", "finetune": "train", "newton": "newton", "ntk-cg": "newton", "ntk": "ntk",
+KIND = {"user-retrain": "measured", "user-retrain-fn": "measured", "budgeted-newton": "budget",
+        "budgeted-fisher": "budget", "budgeted-ntk": "budget", "retrain": "train", "finetune": "train",
+        "newton": "newton", "ntk-cg": "newton", "ntk": "ntk",
         "fisher": "fisher", "fisher-default": "fisher", "newton-default": "newton"}
 
 # (method, family, N, fixed work): two sizes per method and family, each run well under a minute
@@ -82,6 +86,10 @@ CASES = [
     ("user-retrain", "transformer", 512, {"epochs": 2}), ("user-retrain", "lstm", 2048, {"epochs": 2}),
     ("user-retrain-fn", "mlp", 8000, {"epochs": 5}), ("user-retrain-fn", "resnet", 1024, {"epochs": 2}),
     ("user-retrain-fn", "transformer", 1024, {"epochs": 2}), ("user-retrain-fn", "lstm", 2048, {"epochs": 2}),
+    # a user's call (a 20-epoch SGD recipe): the budgeted mode when the full method costs more than one retraining;
+    # "measured" is the call's CPU seconds, "estimate" the whole retraining run and timed (ratio ≤ 1 wanted)
+    *[(f"budgeted-{m}", f, n, {"epochs": 20}) for m in ("newton", "fisher", "ntk")
+      for f, n in (("mlp", 4000), ("resnet", 256), ("transformer", 512), ("lstm", 1024))],
 ]
 
 
@@ -125,6 +133,26 @@ def users_training(epochs: int):
                 sched.step()
         return model
     return train
+
+
+def budgeted_case(method: str, family: str, n: int, work: dict, model, retain, forget) -> dict:
+    """A user's call of ``method`` with an SGD recipe of ``work["epochs"]`` epochs (its default: the budgeted
+    mode when the full method costs more than one retraining) against that retraining, run and timed."""
+    import scrubnet
+    from scrubnet.recipe import TrainingRecipe
+    from scrubnet.recipe.retrain import retrain_like_user
+    from scrubnet.training.cost import matmul_rate
+
+    recipe = TrainingRecipe(lr=0.05, momentum=0.9, wd=5e-4, batch_size=64, epochs=work["epochs"])
+    retrain_like_user(model, (retain[0][:64], retain[1][:64]), recipe=recipe)       # warm-up
+    t0 = time.process_time()
+    retrain_like_user(model, retain, recipe=recipe)
+    retrain_s = time.process_time() - t0
+    _, res = scrubnet.forget(model, retain, forget, method=method, recipe=recipe, force=True, on_failure="return")
+    return {"method": f"budgeted-{method}", "family": family, "n": n, "work": work, "count": None,
+            "seconds": res.cost["seconds"], "bytes": 0, "est_seconds": retrain_s, "est_bytes": 1,
+            "est_flops": 0.0, "passes": 0.0, "gemm_gflops": matmul_rate() / 1e9,
+            "details": {**{k: v for k, v in res.cost.items()}, "ok": res.ok}}
 
 
 def build_case(family: str, n: int):
@@ -191,6 +219,8 @@ def run_case(method: str, family: str, n: int, work: dict) -> dict:
     n_f = max(1, n // 10)
     n_r = n - n_f
     retain, forget = (x[:n_r], y[:n_r]), (x[n_r:], y[n_r:])
+    if method.startswith("budgeted-"):
+        return budgeted_case(method.split("-", 1)[1], family, n, work, model, retain, forget)
     if method.startswith("user-retrain"):
         seconds, est = user_retrain_case(method, model, retain, work)
         return {"method": method, "family": family, "n": n, "work": work, "count": None, "seconds": seconds,
@@ -295,9 +325,13 @@ def main(argv=None) -> None:
         ratios = [r["ratio"] for r in rows if r["method"] == method]
         print(f"ratio_{method}: {statistics.median(ratios):.3g}  (cases: {', '.join(f'{q:.2f}' for q in ratios)})")
     for r in rows:
+        if r["method"].startswith("budgeted-"):
+            print(f"{r['method']} {r['family']}: {r['details'].get('budgeted', 'full method')}, call / measured "
+                  f"retraining {r['ratio']:.2f} (its own record: {r['details']['cost_vs_retrain']:.2f})")
         if r["method"].startswith("user-retrain"):
-            print(f"{r['method']} {r['family']}: measured / FLOP model's retraining "
-                  f"{r['seconds'] / r['details']['flop_model_seconds']:.2f} (measured / measured price {r['ratio']:.2f})")
+            flop = r["seconds"] / r["details"]["flop_model_seconds"]
+            print(f"{r['method']} {r['family']}: measured / FLOP model's retraining {flop:.2f} "
+                  f"(measured / measured price {r['ratio']:.2f})")
     print()
     from scrubnet.training.cost import EFFICIENCY
     for kind in dict.fromkeys(KIND[r["method"]] for r in rows if KIND[r["method"]] in EFFICIENCY):
