@@ -6,7 +6,8 @@ For each method (retrain, finetune, newton, ntk with Cholesky, ntk with CG, and 
 reference the Fisher constants were fitted on) on four model families (the default experiment's MLP
 40-256-256-5, a BatchNorm ResNet-18 at width 0.25 on 3×16×16 inputs with 10 classes, a two-layer attention
 encoder on 8×8 patches, and an embedding + LSTM + head on 24 tokens) and two sizes N each, one fresh process
-per case: build the model and random data (|D_f| = N/10), run the method once on a few samples (first-call set-up: thread pools, allocator, autograd kernels), then run it on the full data and
+per case: build the model and random data (|D_f| = N/10), run the method once on a few samples (first-call
+set-up: thread pools, allocator, autograd kernels), then run it on the full data and
 report its process CPU time (one torch thread) and the growth of the resident high-water mark over the
 resident size just before it (``/proc/self/clear_refs``). The estimate is made in the same process just before
 the measured run, so the GEMM rate it divides by was measured under the same machine load.
