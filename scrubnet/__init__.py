@@ -6,10 +6,12 @@ __version__ = "0.1.0"
 from scrubnet.api import ForgetResult, ScrubFailed, forget  # noqa: E402
 from scrubnet.data.stream import BatchKeys  # noqa: E402
 from scrubnet.models.call import ModelInputs  # noqa: E402
-from scrubnet.methods.base import ForgetContext, estimate  # noqa: E402  (estimate: the public cost model)
+from scrubnet.cost_guard import estimate  # noqa: E402  (the public cost model)
+from scrubnet.methods.base import ForgetContext  # noqa: E402
 from scrubnet.recipe import TrainingRecipe  # noqa: E402
+from scrubnet.recipe.retrain import measure_retraining, retrain_like_user  # noqa: E402
 from scrubnet.scrub import scrub_and_measure  # noqa: E402
 from scrubnet.training.cost import CostEstimate  # noqa: E402
 
 __all__ = ["BatchKeys", "CostEstimate", "ForgetContext", "ForgetResult", "ModelInputs", "ScrubFailed", "TrainingRecipe", "estimate",
-           "forget", "scrub_and_measure"]
+           "forget", "measure_retraining", "retrain_like_user", "scrub_and_measure"]

@@ -17,18 +17,17 @@ does D_f now look like data the model never saw?); a method whose purpose is for
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any
 
 from torch import nn
 
-from scrubnet.cost_guard import budgeted_options, measured_cost, price_call, refuse_over
+from scrubnet.cost_guard import priced_scrub
 from scrubnet.data.stream import BatchKeys, as_stream
-from scrubnet.methods import ForgetContext, ForgettingMethod, get_method
+from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
-from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
+from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed
 
 ON_FAILURE = ("raise", "return")
 
@@ -40,7 +39,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            classifier: str | None = None, force: bool = False, readouts: bool = False, test=None,
            reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
-           max_cost_vs_retrain: float | None = None, **method_options: Any) -> tuple[nn.Module, ForgetResult]:
+           max_cost_vs_retrain: float | None = None, train: Any = None, retrain_start: nn.Module | None = None,
+           **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
     Parameters
@@ -53,10 +53,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
     recipe : TrainingRecipe, optional
         How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
-    seed : int
-        Fixes the method's random choices (noise, batch order).
-    on_failure : {"raise", "return"}
-        A failed scrub raises :class:`ScrubFailed` or is returned with ``ok=False``.
+    seed, on_failure : int, {"raise", "return"}
+        Fixes the method's random choices; a failed scrub raises :class:`ScrubFailed` or returns ``ok=False``.
     num_classes : int, optional
         c (default: from the classifier, else the width of the model's output on the first chunk of ``retain``).
     forget_class : int, optional
@@ -78,8 +76,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain_error_tolerance : float
         The largest allowed rise of the retain error (a fraction: 0.05 = 5 points), measured on every call.
     max_cost_vs_retrain : float, optional
-        Refuse (``BudgetExceeded``, before any work) a call estimated above this many retrainings from the
-        model's initialisation with the recipe (:func:`scrubnet.cost_guard.price_call`).
+        Refuse (``BudgetExceeded``) before any work above this many of the user's retrainings (``price_call``).
+    train, retrain_start : callable or HuggingFace Trainer, nn.Module, optional
+        The user's ``train(model, data) -> model`` and its start: ``retrain`` runs it, the cost times it.
     **method_options
         The method's options, checked against its rules. A method costing more than one retraining runs its
         budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
@@ -101,48 +100,20 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
-    retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
+    retain_s = as_stream(retain, keys, chunk_size)
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
                    classifier=classifier)
-    ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    ctx.force, ctx.chunk_size, ctx.train, ctx.retrain_start = bool(force), int(chunk_size), train, retrain_start
     method_options = _with_classifier(method, classifier, method_options)
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
-    out = _priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
-                        retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
-                        on_not_forgotten=on_not_forgotten)
+    out = priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
+                       retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
+                       on_not_forgotten=on_not_forgotten)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
-
-
-def _priced_scrub(scrubber: ForgettingMethod, method_options: dict, model: nn.Module, retain_s, forget_s,
-                  ctx: ForgetContext, test_s, max_cost_vs_retrain: float | None, **measure) -> ForgetResult:
-    """:func:`scrub_and_measure` after pricing the call against retraining: the method's budgeted mode when the
-    full method would cost more (:func:`~scrubnet.cost_guard.budgeted_options`), refused over
-    ``max_cost_vs_retrain``; ``result.cost`` holds the measured CPU seconds against the estimate."""
-    method = scrubber.name
-    call = {"n_test": 0 if test_s is None else len(test_s), "readouts": bool(measure["readouts"])}
-    est, ref = price_call(method, method_options, model, retain_s, forget_s, ctx, **call)
-    target = 1.0 if max_cost_vs_retrain is None else min(1.0, float(max_cost_vs_retrain))
-    budgeted = budgeted_options(method, method_options, model, retain_s, forget_s, ctx, est, target, **call)
-    if budgeted is not None:  # the full method would cost more than retraining: its budgeted mode
-        method_options, est = budgeted
-        scrubber = get_method(method, **method_options)
-    refuse_over(est, max_cost_vs_retrain, method)
-    t0 = time.process_time()
-    out = scrub_and_measure(scrubber, model, retain_s, forget_s, ctx, test=test_s, **measure)
-    out.cost = measured_cost(time.process_time() - t0, est, ref)
-    if budgeted is not None:
-        out.cost["budgeted"] = est.details["budgeted"]
-    ratio = out.cost["cost_vs_retrain"]
-    if ratio > 1.0 and scrubber.forgets and method != "retrain":   # the clock overruled the estimate: say it
-        said = "" if est is None else f" (estimated {out.cost['estimate_cost_vs_retrain']:.2g}×)"
-        out.warnings.append(f"cost more than retraining: {out.cost['seconds']:.3g} CPU-s measured against "
-                            f"{out.cost['retrain_seconds_estimate']:.3g} s estimated to retrain with the recipe, "
-                            f"{ratio:.2g}× one retraining{said}")
-    return out
 
 
 def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_classes: int | None, seed: int,

@@ -23,7 +23,7 @@ from scrubnet.data.user import UserData, load_user_data
 from scrubnet.methods.base import ForgetContext
 from scrubnet.recipe.objective import RecipeMismatch
 from scrubnet.models.call import ModelInputs, call_model
-from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256,
+from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256, load_factory,
                                   load_user_weights, read_state_dict)
 from scrubnet.readouts.basic import activation_l1, error_and_loss
 from scrubnet.recipe import TrainingRecipe
@@ -89,6 +89,16 @@ def recipe_record(recipe: TrainingRecipe, path: Path | None) -> dict:
     return rec
 
 
+def load_user_training(spec: str):
+    """The user's training function ``train(model, data) -> model`` named by ``--train FILE.py:FUNCTION`` (or
+    ``MODULE:FUNCTION``): imports (executes) the user's file, as ``--model`` does; a problem is one
+    :class:`OwnModelError` naming ``--train``."""
+    try:
+        return load_factory(spec)
+    except UserModelError as e:
+        raise OwnModelError(str(e).replace("--model", "--train")) from None
+
+
 def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | None, UserData, int]:
     model, meta = load_own_model(spec, options, weights)
     ud = load_user_data(data)
@@ -99,7 +109,8 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
 
 def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int], method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
-               device: torch.device, before_scrub=None, on_not_forgotten: str = "fail") -> dict | None:
+               device: torch.device, before_scrub=None, on_not_forgotten: str = "fail",
+               train_spec: str | None = None) -> dict | None:
     """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
     returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
@@ -107,8 +118,11 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     runs once the inputs are loaded and checked (the CLI's cost estimate and budgets); when it returns True
     nothing is scrubbed or written and None is returned.
     With test arrays in ``data`` the scrub gets the forgetting verdict (``on_not_forgotten``: see
-    :func:`scrubnet.forget`); the sidecar records it (``forgetting``) and the warnings (``warnings``)."""
+    :func:`scrubnet.forget`); the sidecar records it (``forgetting``) and the warnings (``warnings``).
+    ``train_spec`` (``--train FILE.py:FUNCTION``): the user's own training, what ``retrain`` runs and the cost
+    reference times (:mod:`scrubnet.recipe.retrain`); handed D_r as ``(x, y)`` tensors."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
+    train = load_user_training(train_spec) if train_spec is not None else None
     model, _, ud, c = _load_all(spec, options, weights, data, device)
     idx = validate_forget_ids(forget_ids, len(ud.y))
     keep = torch.ones(len(ud.y), dtype=torch.bool)
@@ -116,7 +130,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     retain = (ud.x[keep].to(device), ud.y[keep].to(device))
     forget_set = (ud.x[idx].to(device), ud.y[idx].to(device))
     if before_scrub is not None:
-        ctx = ForgetContext.from_recipe(model, recipe, num_classes=c, seed=seed, forget_class=whole_class(ud.y, idx))
+        ctx = ForgetContext.from_recipe(model, recipe, num_classes=c, seed=seed, forget_class=whole_class(ud.y, idx),
+                                        train=train)
         ctx.force = bool(force)
         if before_scrub(model, retain, forget_set, ctx):
             return None
@@ -124,7 +139,7 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     try:
         scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
                                        on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),
-                                       force=force, test=test, on_not_forgotten=on_not_forgotten,
+                                       force=force, test=test, on_not_forgotten=on_not_forgotten, train=train,
                                        **method_options)
     except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
         raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
@@ -133,7 +148,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
                             f"(nothing written to {out})")
     extra = {"role": "scrubbed", "method": method, "method_options": method_options, "forget_ids": idx.tolist(),
              "recipe": recipe_record(recipe, recipe_path), "factory": spec, "factory_options": options,
-             "factory_sha256": factory_source_sha256(spec), "source_weights": str(weights),
+             "factory_sha256": factory_source_sha256(spec), "source_weights": str(weights), "train": train_spec,
+             "train_sha256": None if train_spec is None else factory_source_sha256(train_spec),
              "source_sha256": state_sha256(Path(weights).read_bytes()), "data": str(data), "ok": True,
              "forgetting": None if result.forgetting is None else result.forgetting.to_dict(),
              "warnings": list(result.warnings), "cost": dict(result.cost),

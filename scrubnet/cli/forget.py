@@ -24,13 +24,12 @@ from scrubnet.readouts.forgetting import verdict_lines
 from scrubnet.scrub import scrub_and_measure
 from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
 from scrubnet.data.stream import as_stream
-from scrubnet.methods.baselines import reinitialised
 from scrubnet.training.cost import check_budget, format_bytes, format_seconds
 from scrubnet.own_model import evaluate_own, forget_own
 
 
 def _own_model_args(checkpoint, model, weights, data, recipe, model_option, force,
-                    reference_flag: str | None = None) -> bool:
+                    reference_flag: str | None = None, train: str | None = None) -> bool:
     """True for the own-model form (--model, --weights and --data all given), False for the checkpoint form;
     a mix of the two, or an incomplete own-model form, is refused naming what is missing."""
     own = {"--model": model, "--weights": weights, "--data": data}
@@ -46,7 +45,7 @@ def _own_model_args(checkpoint, model, weights, data, recipe, model_option, forc
         raise UserError("give --checkpoint (a model scrubnet trained), or --model, --weights and --data (your "
                         "own model)")
     extras = [k for k, v in (("--recipe", recipe), ("--model-option", model_option or None),
-                             ("--force", force or None)) if v is not None]
+                             ("--force", force or None), ("--train", train)) if v is not None]
     if extras:
         raise UserError(f"{', '.join(extras)} apply to your own model (--model/--weights/--data); a scrubnet "
                         "checkpoint carries its training configuration in its sidecar")
@@ -80,12 +79,6 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
     def budget(net, retain, forget_set, ctx) -> bool:
         if not (dry_run or max_seconds is not None or max_bytes is not None or max_cost_vs_retrain is not None):
             return False
-        cls = method_class(method)
-        if cls is not None and cls.anchor == "retrain" and ctx.start is None:
-            try:   # retrain on a user's model starts from its initialisation, or is not offered
-                reinitialised(net, ctx.seed)
-            except ValueError as e:
-                raise UserError(str(e)) from None
         r_s, f_s = as_stream(retain), as_stream(forget_set)
         est, ref = price_call(method, opts, net, r_s, f_s, ctx)
         if est is None:
@@ -152,8 +145,11 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                    "the forgetting verdict (D_f against the test data) is "
                                                    "did_not_forget or moved_wrong_way; default: that fails"),
            max_cost_vs_retrain: Optional[float] = typer.Option(
-               None, help="refuse (exit 2) before any work when the estimate exceeds this many retrainings from the "
-                          "model's initialisation with the recipe")):
+               None, help="refuse (exit 2) before any work when the estimate exceeds this many of your retrainings "
+                          "(measured: --train, else the recipe reproduced)"),
+           train: Optional[str] = typer.Option(None, "--train", help="FILE.py:FUNCTION (or MODULE:FUNCTION): your "
+                                               "own training, train(model, (x, y)) -> model; --method retrain runs "
+                                               "it on D_r and the cost against retraining times it")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
@@ -162,7 +158,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     With test data (the split's test set; x_test/y_test in --data) the forgetting verdict is printed: does D_f
     now look like data the model never saw? A forgetting method ending at did_not_forget or moved_wrong_way
     fails unless --warn-not-forgotten."""
-    own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
+    own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force, train=train)
     if json_out is not None and not dry_run:
         raise UserError(f"--json {json_out} applies to --dry-run only")
     if out is None and not dry_run:
@@ -181,7 +177,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
             meta = forget_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
                               data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
                               recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
-                              device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten)
+                              device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten,
+                              train_spec=train)
         if meta is not None:
             v = meta.get("forgetting")
             _print_verdict(v, meta.get("warnings", []))

@@ -143,6 +143,7 @@ class DataStream:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
         self.keys, self.chunk_size = keys or BatchKeys(), int(chunk_size)
+        self.source = source   # the data as the user gave it (what a user's own training function is handed)
         self.x: Inputs | None = None
         self.y: Tensor | None = None
         if isinstance(source, (tuple, list)) and len(source) == 2 and isinstance(source[0], (Tensor, ModelInputs)):

@@ -13,8 +13,9 @@ Gaussians with :mod:`scrubnet.readouts.information`.
 
 Methods register themselves by name with :func:`register`; :func:`get_method` builds one from its
 name and options (e.g. ``get_method("fisher", alpha=1e-6)``), checked against the class's declared
-:class:`Option` rules first. A method's cost estimate is its classmethod ``cost`` (:func:`estimate`
-dispatches to it). Every module in ``scrubnet.methods`` is imported on first use, so adding a method is
+:class:`Option` rules first. A method's cost estimate is its classmethod ``cost``
+(:func:`scrubnet.cost_guard.estimate` dispatches to it; :mod:`scrubnet.cost_guard` prices a call against the
+user's retraining). Every module in ``scrubnet.methods`` is imported on first use, so adding a method is
 adding a module (docs/decisions/scrub-seam.md shows the smallest one).
 
 A context is built in one of two ways: :meth:`ForgetContext.from_recipe` (a user's model and its recipe) and
@@ -42,7 +43,7 @@ from scrubnet.models import eval_mode, find_classifier
 from scrubnet.models.call import Inputs, call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.training import DEFAULT_RETRAIN_MODE, TrainConfig
-from scrubnet.training.cost import CostEstimate, estimating_on, retrain_reference_cost
+from scrubnet.training.cost import CostEstimate
 
 Data = tuple[Inputs, Tensor]
 
@@ -93,6 +94,12 @@ class ForgetContext:
         Run the stationarity check before a curvature method (:mod:`scrubnet.recipe.objective`;
         :func:`scrubnet.scrub.scrub_and_measure` runs it). :meth:`from_recipe` sets it; scrubnet's own protocol,
         which trained the model to the recipe itself, leaves it off.
+    train : callable or HuggingFace Trainer or None
+        The user's own training, ``train(model, data) -> model`` (or a ``Trainer``): what ``retrain`` runs and
+        the cost reference times (:mod:`scrubnet.recipe.retrain`); None: the recipe is reproduced.
+    retrain_start : nn.Module or None
+        Where the user's training started (e.g. the pretrained weights a model was fine-tuned from); None: the
+        model's initialisation drawn anew (:func:`~scrubnet.recipe.retrain.initial_model`).
 
     Returns
     -------
@@ -112,6 +119,8 @@ class ForgetContext:
     force: bool = False
     chunk_size: int = 512
     verify_recipe: bool = False
+    train: Any = None
+    retrain_start: nn.Module | None = None
 
     def __post_init__(self):
         if not isinstance(self.recipe, TrainingRecipe):
@@ -131,13 +140,15 @@ class ForgetContext:
     @classmethod
     def from_recipe(cls, model: nn.Module, recipe: TrainingRecipe | None = None, *, num_classes: int | None = None,
                     seed: int = 0, forget_class: int | None = None, classifier: str | None = None,
-                    cache: ArtifactCache | None = None, probe: Inputs | None = None) -> "ForgetContext":
+                    cache: ArtifactCache | None = None, probe: Inputs | None = None, train: Any = None,
+                    retrain_start: nn.Module | None = None) -> "ForgetContext":
         """The context of a user's model trained with ``recipe`` (default: ordinary training, no weight decay).
 
         ``num_classes`` defaults to the output features of the model's classifier (found as
         ``head``/``fc``/``classifier``/``get_classifier()`` or ``classifier``), else, when no classifier is
         found, to the width of the model's output on ``probe`` (one batch of inputs, e.g. the first chunk of
         D_r: a nested head such as ``wrapper.bert.classifier`` needs no name); the stationarity check is on.
+        ``train`` / ``retrain_start``: the user's own training and its start (the fields of the same names).
         """
         recipe = TrainingRecipe() if recipe is None else recipe
         if not isinstance(recipe, TrainingRecipe):
@@ -148,7 +159,7 @@ class ForgetContext:
             raise ValueError(f"num_classes must be an integer ≥ 2, got {num_classes!r}")
         recipe.center_for(model)  # refuse a centre that does not fit the model now, not inside a method
         return cls(recipe=recipe, num_classes=num_classes, seed=int(seed), forget_class=forget_class,
-                   cache=cache or ArtifactCache(), verify_recipe=True)
+                   cache=cache or ArtifactCache(), verify_recipe=True, train=train, retrain_start=retrain_start)
 
 
 def protocol_context(start: nn.Module, train: TrainConfig, *, num_classes: int, seed: int = 0,
@@ -476,107 +487,3 @@ def costed_methods() -> list[str]:
     """Registered methods that declare a cost estimate."""
     _load_all()
     return sorted(n for n, c in _REGISTRY.items() if c.cost.__func__ is not ForgettingMethod.cost.__func__)
-
-
-def estimate(model: nn.Module, n_retain: int, n_forget: int, *, method: str, num_classes: int | None = None,
-             x_probe: Tensor | None = None, in_shape: tuple[int, ...] | None = None,
-             config: TrainConfig | None = None, recipe: TrainingRecipe | None = None,
-             retrain_epochs: int | None = None, retrain_from_init: bool | None = None, **options) -> CostEstimate:
-    """Predicted cost of ``method`` on ``model``: the method class's :meth:`~ForgettingMethod.cost`, with the cost
-    of retraining beside it.
-
-    Parameters
-    ----------
-    model : nn.Module
-        The trained model (not modified; one probe sample is run through it).
-    n_retain, n_forget : int
-        |D_r| ≥ 1 and |D_f| ≥ 0, samples.
-    method : str
-        A registered method with a cost model (:func:`costed_methods`).
-    num_classes : int, optional
-        c (default: the model's output width on the probe).
-    x_probe : Tensor, optional
-        A batch of inputs, shape (n, ...); its first sample fixes the input shape.
-    in_shape : tuple of int, optional
-        The shape of one input, without the batch dimension (zeros of it are the probe) when ``x_probe`` is not
-        given.
-    config : TrainConfig, optional
-        Fine-tuning hyperparameters of the training-based methods (scrubnet's protocol; default
-        ``TrainConfig()``).
-    recipe : TrainingRecipe, optional
-        How the model was trained (a user's model): its epochs and batch size price the retraining reference,
-        and ``retrain`` is priced as that retraining (from the model's initialisation). Default
-        ``TrainingRecipe()`` for the reference; ``retrain`` then keeps the protocol's estimate (from w_0, at
-        the config's epoch cap).
-    retrain_epochs : int, optional
-        The epochs of the retraining reference (default the recipe's).
-    retrain_from_init : bool, optional
-        Whether ``retrain`` runs from the model's initialisation (a user's model: priced as the reference) or
-        from the protocol's w_0 (its own estimate); default: True when ``recipe`` is given.
-    **options
-        The method's own options (the same keywords as ``get_method(method, **options)``, checked the same way).
-
-    Returns
-    -------
-    CostEstimate
-        FLOPs, seconds, peak bytes and passes (:mod:`scrubnet.training.cost` for the fields), with
-        ``retrain_flops``, ``retrain_seconds`` (:func:`~scrubnet.training.cost.retrain_reference_cost`) and
-        ``cost_vs_retrain`` = seconds / retrain_seconds.
-
-    Raises
-    ------
-    ValueError
-        An unknown method or one without a cost model, a bad option, bad sizes, or neither ``x_probe`` nor
-        ``in_shape``.
-    """
-    cls = method_class(method)
-    if cls is None or method not in costed_methods():
-        raise ValueError(f"no cost model for method {method!r}; methods with one: {', '.join(costed_methods())}")
-    options = cls.check_options(options)
-    if int(n_retain) < 1 or int(n_forget) < 0:
-        raise ValueError(f"need n_retain ≥ 1 and n_forget ≥ 0, got {n_retain} and {n_forget}")
-    x1, num_classes = _probe(model, x_probe, in_shape, num_classes)
-    if recipe is not None and getattr(cls, "epochs_from_recipe", False) and options.get("epochs") is None:
-        options["epochs"] = recipe.epochs     # a user's call trains the recipe's epochs, not the protocol's
-    ref = retrain_estimate(model, int(n_retain), x_probe=x1, recipe=recipe, epochs=retrain_epochs)
-    if cls.anchor == "retrain" and (recipe is not None if retrain_from_init is None else retrain_from_init):
-        est = CostEstimate(method, ref.flops, ref.seconds, ref.peak_bytes, ref.passes, dict(ref.details))
-    else:
-        est = cls.cost(model, x1, int(n_retain), int(n_forget), int(num_classes), config or TrainConfig(), **options)
-    est.method = method
-    return est.against(ref)
-
-
-def _probe(model: nn.Module, x_probe, in_shape, num_classes) -> tuple[Tensor, int]:
-    """(one probe sample, c) for the estimates; sets the device whose GEMM rate prices them."""
-    if x_probe is None:
-        if in_shape is None:
-            raise ValueError("estimate needs x_probe (a batch of inputs) or in_shape")
-        param = next(model.parameters())
-        x_probe = torch.zeros((1, *in_shape), dtype=param.dtype, device=param.device)
-    x1 = x_probe[:1]
-    if num_classes is None:
-        with eval_mode(model), torch.no_grad():
-            num_classes = int(call_model(model, x1).shape[-1])
-    estimating_on(x1.device)
-    return x1, int(num_classes)
-
-
-def retrain_estimate(model: nn.Module, n_retain: int, *, x_probe: Tensor | None = None,
-                     in_shape: tuple[int, ...] | None = None, recipe: TrainingRecipe | None = None,
-                     epochs: int | None = None) -> CostEstimate:
-    """The cost of retraining ``model`` from its initialisation on |D_r| = ``n_retain`` samples with
-    ``recipe`` (its ``epochs`` unless ``epochs``, its ``batch_size``):
-    :func:`~scrubnet.training.cost.retrain_reference_cost`.
-
-    Returns
-    -------
-    CostEstimate
-        ``flops`` (FLOPs of the training loop), ``seconds`` on this machine, ``passes`` = epochs.
-    """
-    x1, _ = _probe(model, x_probe, in_shape, 0)
-    r = recipe or TrainingRecipe()
-    ep = r.epochs if epochs is None else int(epochs)
-    if ep < 1:
-        raise ValueError(f"the retraining reference needs ≥ 1 epoch, got {ep}")
-    return retrain_reference_cost(model, x1, int(n_retain), ep, r.batch_size)

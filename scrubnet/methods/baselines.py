@@ -25,28 +25,45 @@ from scrubnet.device import model_device, seeded_generator
 from scrubnet.curvature.ggn import per_sample_loss
 from scrubnet.data.stream import DataStream
 from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
+from scrubnet.recipe.retrain import initial_model, make_optimizer, retrain_like_user
 from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, batch_loss, l2_pull, retrain as retrain_fn, sgd_loop
 from scrubnet.training.cost import copy_cost, train_cost
 from scrubnet.models.call import call_model, cat_inputs
 
 
-#: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10)
-BASELINE_EPOCHS = 10
+#: epochs of the Finetune, NegGrad and Random-labels baselines (the papers' 10): their own length, whatever
+#: the recipe's training epochs (scrubnet's protocol recipe states the same 10)
+BASELINE_EPOCHS = PROTOCOL_BASELINE_EPOCHS
+
+
+def _optimizer(model: nn.Module, ctx: ForgetContext, lr: float | None) -> torch.optim.Optimizer:
+    """The recipe's optimiser at ``lr`` (default the recipe's rate, *for its optimiser*: an AdamW recipe's rate
+    is AdamW's, never SGD's): SGD with the decay as the optimiser's ``weight_decay`` (a pull to a given w_0 is
+    :func:`_step`'s term), or AdamW with its decoupled λ (:func:`~scrubnet.recipe.retrain.make_optimizer`)."""
+    r = ctx.recipe
+    if r.optimizer != "sgd":
+        return make_optimizer(model, r, lr)
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=r.lr if lr is None else lr,
+                           momentum=r.momentum, weight_decay=0.0 if r.pulls_to_start else r.wd)
 
 
 def _finetune(model: nn.Module, x: Tensor, y: Tensor, ctx: ForgetContext, *, epochs: int | None, lr: float | None,
               negate: Tensor | None = None, seed_offset: int = 0) -> nn.Module:
-    """``epochs`` epochs (default: the recipe's) of the recipe's objective — mean loss + (wd/2)‖w − c‖², by
-    :func:`~scrubnet.training.sgd_loop` at the recipe's lr (unless ``lr``), momentum and batch size — on a copy
-    of ``model``; samples with ``negate`` get −min(CE, log c). Ordinary weight decay (c = 0) is the optimiser's
-    ``weight_decay``, a pull toward a given w_0 the explicit term."""
+    """``epochs`` epochs (default :data:`BASELINE_EPOCHS`) of the recipe's objective — mean loss +
+    (wd/2)‖w − c‖², by :func:`~scrubnet.training.sgd_loop` with the recipe's optimiser (:func:`_optimizer`) at
+    its rate (unless ``lr``) and batch size — on a copy of ``model``; samples with ``negate`` get
+    −min(CE, log c). Ordinary weight decay (c = 0) is the optimiser's ``weight_decay``, a pull toward a given
+    w_0 the explicit term (SGD), AdamW's decay its decoupled λ."""
     model = copy.deepcopy(model)
     r = ctx.recipe
     g = seeded_generator(10_007 * ctx.seed + 100 + seed_offset, model_device(model))
-    decay = dict(w0=ctx.center(model), wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
+    if r.optimizer != "sgd":
+        decay = dict(make_opt=lambda m: _optimizer(m, ctx, lr))
+    else:
+        decay = dict(w0=ctx.center(model), wd=r.wd) if r.pulls_to_start else dict(weight_decay=r.wd)
     sgd_loop(model, x, y, lr=r.lr if lr is None else lr, momentum=r.momentum, batch_size=r.batch_size,
-             max_epochs=r.epochs if epochs is None else epochs, generator=g, freeze_bn=r.freeze_bn, ascent=negate,
-             ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.loss_spec, **decay)
+             max_epochs=BASELINE_EPOCHS if epochs is None else epochs, generator=g, freeze_bn=r.freeze_bn,
+             ascent=negate, ascent_cap=math.log(max(ctx.num_classes, 2)), loss_fn=r.loss_spec, **decay)
     return model
 
 
@@ -58,12 +75,10 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
     model = copy.deepcopy(model)
     r = ctx.recipe
     g = seeded_generator(10_007 * ctx.seed + 100, model_device(model))
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=r.lr if lr is None else lr, momentum=r.momentum,
-                          weight_decay=0.0 if r.pulls_to_start else r.wd)
+    opt = _optimizer(model, ctx, lr)
     dev = model_device(model)
     center = ctx.center(model) if r.pulls_to_start else None
-    for _ in range(r.epochs if epochs is None else epochs):
+    for _ in range(BASELINE_EPOCHS if epochs is None else epochs):
         model.train()
         if r.freeze_bn:
             freeze_batchnorm(model)
@@ -81,9 +96,9 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: Tensor, ctx: ForgetContext,
           center: dict[str, Tensor] | None) -> None:
     """One optimiser step on ``loss`` plus the recipe's (wd/2)‖w − c‖² pull when it pulls to the start
-    (``center`` = c, :meth:`ForgetContext.center`)."""
+    (``center`` = c, :meth:`ForgetContext.center`; SGD: an AdamW recipe's decay is the optimiser's)."""
     r = ctx.recipe
-    if r.pulls_to_start and r.wd > 0:
+    if r.pulls_to_start and r.wd > 0 and r.optimizer == "sgd":
         loss = loss + 0.5 * r.wd * l2_pull(model, center)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -103,14 +118,12 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
     r = ctx.recipe
     dev = model_device(model)
     g = seeded_generator(10_007 * ctx.seed + 100 + seed_offset, dev)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=r.lr if lr is None else lr, momentum=r.momentum,
-                          weight_decay=0.0 if r.pulls_to_start else r.wd)
+    opt = _optimizer(model, ctx, lr)
     n_r, n_f = len(retain), len(y_f)
     x_f, y_f = x_f.to(dev), y_f.to(dev)
     cap = math.log(max(ctx.num_classes, 2))
     center = ctx.center(model) if r.pulls_to_start else None
-    for _ in range(r.epochs if epochs is None else epochs):
+    for _ in range(BASELINE_EPOCHS if epochs is None else epochs):
         model.train()
         if r.freeze_bn:
             freeze_batchnorm(model)
@@ -159,48 +172,34 @@ class Original(ForgettingMethod):
 
 
 def reinitialised(model: nn.Module, seed: int) -> nn.Module:
-    """A copy of ``model`` with every module's ``reset_parameters`` called under a seeded generator (the
-    model's initialisation, drawn anew); ``ValueError`` naming a module whose trainable parameters no
-    ``reset_parameters`` re-draws (retraining from it would start from the trained weights).
+    """The start of a user's retraining: :func:`scrubnet.recipe.retrain.initial_model` (trainable parameters
+    drawn anew, bare ``nn.Parameter`` s included; frozen parameters kept).
 
     Parameters
     ----------
     model : nn.Module
         The trained model; not modified.
     seed : int
-        Fixes the draw (10_007 · seed + 8 on the global CPU generator, restored afterwards).
+        Fixes the draw.
 
     Returns
     -------
     nn.Module
         The re-initialised copy.
     """
-    out = copy.deepcopy(model)
-    bare = [name or type(m).__name__ for name, m in out.named_modules()
-            if any(p.requires_grad for p in m.parameters(recurse=False)) and _reset_fn(m) is None]
-    if bare:
-        raise ValueError(f"retrain from the model's initialisation: module(s) {', '.join(bare[:3])} have trainable "
-                         "parameters but no reset_parameters(); retrain is not offered for this model")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(10_007 * int(seed) + 8)
-        for m in out.modules():
-            if _reset_fn(m) is not None:
-                _reset_fn(m)()
-    return out
-
-
-def _reset_fn(m: nn.Module):
-    """A module's re-initialiser: ``reset_parameters``, or ``_reset_parameters`` (``nn.MultiheadAttention``)."""
-    return getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+    return initial_model(model, seed)
 
 
 @register("retrain")
 class Retrain(ForgettingMethod):
     """The gold standard: fine-tune from w_0 with the same seed and schedule without D_f.
 
-    On a user's model (no ``ctx.start`` and no protocol split): retrain on D_r from the model's initialisation
-    (:func:`reinitialised`, seeded) for the recipe's epochs with the recipe's objective and SGD settings —
-    the reference the verdict and the cost are compared with; refused when a module cannot be re-initialised.
+    On a user's model (no ``ctx.start`` and no protocol split): the user's retraining on D_r,
+    :func:`scrubnet.recipe.retrain.retrain_like_user` — their own training (``ctx.train``: a callable
+    ``train(model, data) -> model`` or a HuggingFace ``Trainer``) or the stated recipe reproduced faithfully
+    (its optimiser, schedule, loss, batch size and epochs), from ``ctx.retrain_start`` or the model's
+    initialisation drawn anew for its trainable parameters only (frozen ones kept) — the reference the verdict
+    and the cost are compared with.
 
     Needs ``ctx.start`` (the model at w_0); the model is an artifact of ``ctx.cache`` (the protocol stores the
     one it trained).
@@ -220,6 +219,7 @@ class Retrain(ForgettingMethod):
 
     anchor = "retrain"
     forgets = False  # the gold standard: judged by nothing, the others are judged against it
+    streams = True   # D_r reaches the user's training as the user gave it
     options = {"mode": Option(str | None, choices=RETRAIN_MODES)}
 
     @classmethod
@@ -241,15 +241,20 @@ class Retrain(ForgettingMethod):
         if ctx.start is None:
             if ctx.split is not None:
                 raise ValueError("retrain needs the fine-tuning start model (ctx.start)")
-            # a user's model: the reference is retraining from the model's initialisation with the recipe
-            return ScrubResult(_finetune(reinitialised(model, ctx.seed), retain[0], retain[1], ctx, epochs=None,
-                                         lr=None, seed_offset=7).eval(),
-                               info={"retrain_from_init": 1.0, "retrain_epochs": float(ctx.recipe.epochs)})
+            # a user's model: the reference is the user's own retraining (their function, or their recipe)
+            out = retrain_like_user(model, retain, train=ctx.train, recipe=ctx.recipe, seed=ctx.seed,
+                                    start=ctx.retrain_start)
+            info = {"retrain_from_init": float(ctx.retrain_start is None), "retrain_user_function":
+                    float(ctx.train is not None)}
+            if ctx.train is None:
+                info["retrain_epochs"] = float(ctx.recipe.epochs)
+            return ScrubResult(out, info=info)
         mode = self.mode or ctx.retrain_mode
         if ctx.split is not None:
             x, y, forget_idx = ctx.split.x, ctx.split.y, ctx.split.forget_idx
         elif mode == "remove":
-            x, y, forget_idx = retain[0], retain[1], torch.zeros(0, dtype=torch.long, device=retain[1].device)
+            x, y = retain.tensors()
+            forget_idx = torch.zeros(0, dtype=torch.long, device=y.device)
         else:
             raise ValueError("retrain mode 'replace' needs the full split (ctx.split)")
         key = retrain_key(ctx.start, x, y, forget_idx, train=ctx.config.to_dict(), seed=ctx.seed, mode=mode)
@@ -267,9 +272,10 @@ class Finetune(ForgettingMethod):
     Parameters
     ----------
     epochs : int or None
-        Passes over D_r (default: the recipe's; :data:`BASELINE_EPOCHS` in scrubnet's protocol).
+        Passes over D_r (default :data:`BASELINE_EPOCHS`: the method's own length, not the recipe's training
+        epochs).
     lr : float or None
-        SGD step size (default: the recipe's).
+        Step size of the recipe's optimiser (default: the recipe's rate, for its optimiser: SGD's or AdamW's).
 
     Returns
     -------
@@ -279,14 +285,13 @@ class Finetune(ForgettingMethod):
 
     streams = True
     passes = "epochs"
-    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, epochs: int | None = None, lr=None):
-        """``epochs`` epochs on D_r (default the protocol recipe's :data:`PROTOCOL_BASELINE_EPOCHS`, the number
-        the method runs: a fixed count, not a cap)."""
-        ep = int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs)
+        """``epochs`` epochs on D_r (default :data:`BASELINE_EPOCHS`, the number the method runs: a fixed count,
+        not a cap)."""
+        ep = int(BASELINE_EPOCHS if epochs is None else epochs)
         return train_cost(model, x1, n_retain, ep, config.batch_size)
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
@@ -303,13 +308,12 @@ class _FinetuneOnAllOfD(ForgettingMethod):
     and its cost. Not registered: a base, not a method."""
 
     streams = True
-    epochs_from_recipe = True   # epochs=None trains the recipe's epochs (what its estimate counts)
     options = {"epochs": Option(int | None, ">= 0"), "lr": Option(float | None, "> 0")}
 
     @classmethod
     def cost(cls, model, x1, n_retain, n_forget, num_classes, config, *, epochs: int | None = None, lr=None):
-        """``epochs`` epochs (default :data:`PROTOCOL_BASELINE_EPOCHS`) on all of D."""
-        ep = int(PROTOCOL_BASELINE_EPOCHS if epochs is None else epochs)
+        """``epochs`` epochs (default :data:`BASELINE_EPOCHS`) on all of D."""
+        ep = int(BASELINE_EPOCHS if epochs is None else epochs)
         return train_cost(model, x1, n_retain + n_forget, ep, config.batch_size)
 
     def __init__(self, epochs: int | None = None, lr: float | None = None):
@@ -325,9 +329,9 @@ class NegGrad(_FinetuneOnAllOfD):
     Parameters
     ----------
     epochs : int or None
-        Passes over all of D, D_f included (default: the recipe's).
+        Passes over all of D, D_f included (default :data:`BASELINE_EPOCHS`).
     lr : float or None
-        SGD step size (default: the recipe's).
+        Step size of the recipe's optimiser (default: the recipe's rate, for its optimiser).
 
     Returns
     -------
@@ -358,7 +362,8 @@ class RandomLabels(_FinetuneOnAllOfD):
     Parameters
     ----------
     epochs, lr : int or None, float or None
-        As :class:`NegGrad`'s: epochs over D and the SGD step size (defaults: the recipe's).
+        As :class:`NegGrad`'s: epochs over D (default :data:`BASELINE_EPOCHS`) and the step size of the recipe's
+        optimiser (default its rate).
 
     Returns
     -------

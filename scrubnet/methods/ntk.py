@@ -64,8 +64,8 @@ from scrubnet.curvature.params import flatten, get_flat, set_flat, trainable_par
 from scrubnet.methods.artifacts import ntk_direction_key
 from scrubnet.methods.base import ForgetContext, ForgettingMethod, Option, ScrubResult, WeightGaussian, register
 from scrubnet.models.loss import LossSpec
-from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_flops, gemm_seconds, product_factor,
-                                    seconds_at, trainable_numel)
+from scrubnet.training.cost import (CostEstimate, fisher_diagonal_cost, forward_flops, gemm_seconds,
+                                    per_sample_factor, product_factor, seconds_at, trainable_numel)
 from scrubnet.data.stream import as_stream
 from scrubnet.methods.fisher import (DEFAULT_LOSS_BUDGET, alpha_for_budget, check_noise_scale, fisher_noise,
                                      stream_fisher)
@@ -255,7 +255,8 @@ def ntk_cost(model: nn.Module, x1: Tensor, n_r: int, n_f: int, c: int, *, memory
     flops = gram + extra + products
     # the schedule's extra work (captures again, per-row gradients rebuilt: batched GEMMs) at the GEMM rate:
     # at the NTK efficiency it made the estimate 2.3× the measured time of ResNet-18 ×1.0 (11 layer groups)
-    seconds = seconds_at(gram, "ntk") + gemm_seconds(extra) + product_factor(model) * seconds_at(products, "newton")
+    seconds = per_sample_factor(model, "ntk") * seconds_at(gram, "ntk") + gemm_seconds(extra) \
+        + product_factor(model) * seconds_at(products, "newton")
     if solver == "cholesky":
         seconds += gemm_seconds(GRAM_ENTRY_FLOP_EQUIV * (rows ** 2 + rows_r ** 2))
     return CostEstimate("ntk", flops, seconds, int(peak), passes,

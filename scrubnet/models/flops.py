@@ -11,7 +11,12 @@ it knows (the CUDA ones). On a transformer three things were missing from its co
   FLOP count does not price; the cost model prices each element at :data:`NONGEMM_FLOP_EQUIV` GEMM-FLOP
   equivalents;
 * the encoder layers themselves in inference: ``nn.TransformerEncoderLayer``'s fast path runs one fused op
-  that no counter sees, so counting runs with the fast path off (the same products, counted).
+  that no counter sees, so counting runs with the fast path off (the same products, counted);
+* recurrent layers: ``nn.LSTM`` on the CPU runs one fused oneDNN kernel per layer and direction
+  (``mkldnn_rnn_layer``) that no counter sees — its products are counted here (forward 2·T·B·(|W_ih| + |W_hh|),
+  backward twice that: the input and weight gradients) with its gate nonlinearities and cell updates as
+  non-GEMM elements (:data:`RNN_GATE_ELEMENTS` per hidden unit per step); ``nn.GRU`` and ``nn.RNN`` decompose
+  into matmuls the counter sees, and their ``sigmoid``/``tanh`` gates are non-GEMM elements like GELU's.
 
 ReLU, BatchNorm, residual adds and the loss's log-softmax are not in :data:`NONGEMM_OPS`: the MLP and
 convolutional constants of the cost model were fitted without them, so their estimates are unchanged.
@@ -38,7 +43,14 @@ NONGEMM_FLOP_EQUIV = 1500.0
 
 #: ops whose output elements count as non-GEMM work (elements of their first output)
 NONGEMM_OPS = {aten._softmax, aten._softmax_backward_data, aten.native_layer_norm, aten.native_layer_norm_backward,
-               aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward}
+               aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.sigmoid, aten.sigmoid_,
+               aten.sigmoid_backward, aten.tanh, aten.tanh_, aten.tanh_backward}
+_RNN_FWD, _RNN_BWD = aten.mkldnn_rnn_layer, aten.mkldnn_rnn_layer_backward
+#: non-GEMM elements of a fused LSTM layer per hidden unit per time step and sample (backward: twice as many), at
+#: :data:`NONGEMM_FLOP_EQUIV` each: the oneDNN kernel fuses its gates and cell update, so they cost far less
+#: than the 8 elements it writes would cost unfused; fitted on benchmarks/cost_check.py's LSTM cases (retrain
+#: and Newton within 1.5× of measured: docs/decisions/cost-vs-retrain.md, "Recurrent layers")
+RNN_GATE_ELEMENTS = 0.5
 _SDPA_FWD = {aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
              aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention}
 _SDPA_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward,
@@ -71,6 +83,13 @@ class _NonGemmCounter(TorchDispatchMode):
         if packet in NONGEMM_OPS:
             first = next(t for t in tree_leaves(out) if isinstance(t, Tensor))
             self.elements += first.numel()
+        elif packet in (_RNN_FWD, _RNN_BWD):
+            x, w_ih, w_hh = args[0], args[1], args[2]
+            tokens = x.numel() // x.shape[-1]                  # T·B, whichever of them comes first
+            hidden = w_hh.shape[-1]
+            factor = 2.0 if packet is _RNN_BWD else 1.0
+            self.extra_flops += factor * 2.0 * tokens * (w_ih.numel() + w_hh.numel())
+            self.elements += factor * RNN_GATE_ELEMENTS * tokens * hidden
         elif packet in _SDPA_FWD or packet in _SDPA_BWD:
             scores, e, ev = _sdpa_shapes(packet, args)
             backward = packet in _SDPA_BWD

@@ -11,8 +11,10 @@ s = ``target_scale``, 1 by default, LQF's 15), :attr:`TrainingRecipe.loss_spec` 
 ``wd`` the weight-decay coefficient and ``c`` its centre (``wd_center``): ``None`` is ordinary weight decay
 (c = 0, what ``torch.optim.SGD(weight_decay=wd)`` minimises, the default), a dict of tensors a pull toward a
 known start w_0 (scrubnet's own fine-tuning protocol, :meth:`TrainingRecipe.scrubnet_protocol`). The optimiser
-settings (lr, momentum, batch_size, epochs, freeze_bn) are those the fine-tuning baselines (Finetune, NegGrad,
-Random labels) reuse.
+settings (optimizer, schedule, lr, momentum, batch_size, epochs, freeze_bn) say how the model *was trained*: the
+faithful retraining (:func:`~scrubnet.recipe.retrain.retrain_like_user`) runs them and the cost reference prices
+them; the fine-tuning baselines (Finetune, NegGrad, Random labels) reuse the optimiser at its own rate (an AdamW
+rate is never handed to SGD) and train their own number of epochs (a method option).
 
 From it the methods derive Newton's retain objective L_r (the sum above over D_r), the NTK ridge, Fisher's
 curvature and the baselines' loss; :meth:`TrainingRecipe.center_for` gives the centre as a dict over a model's
@@ -29,10 +31,12 @@ A TOML file states a recipe in a ``[recipe]`` table (:meth:`TrainingRecipe.from_
     wd_center = "zero"         # or the path of a safetensors file holding w_0 (relative to the TOML file)
     target_scale = 1.0         # s of the MSE target s·onehot(y) (loss = "mse" only)
     label_smoothing = 0.0      # ε of the CE target (1 − ε)·onehot(y) + ε/c (loss = "cross_entropy" only)
-    lr = 0.01
+    lr = 0.01                  # the (peak) step size of the training
     momentum = 0.9
     batch_size = 128
-    epochs = 10
+    epochs = 10                # how long the model was trained (the retraining reference runs this)
+    optimizer = "sgd"          # or "adamw" (then adamw_weight_decay = its λ, betas = [0.9, 0.999])
+    schedule = "constant"      # or "cosine" / "linear" (annealed to 0 over the training's steps)
 """
 from __future__ import annotations
 
@@ -59,9 +63,13 @@ RECIPE_LOSSES = {"cross_entropy": "ce", "mse": "mse"}
 #: epochs of the fine-tuning baselines in scrubnet's own protocol (the papers' 10)
 PROTOCOL_BASELINE_EPOCHS = 10
 
+#: the optimisers and learning-rate schedules a recipe can state (what the faithful retraining runs)
+RECIPE_OPTIMIZERS = ("sgd", "adamw")
+RECIPE_SCHEDULES = ("constant", "cosine", "linear")
+
 #: allowed ranges of the numeric recipe keys
 RECIPE_RANGES = {"wd": ">= 0", "target_scale": "> 0", "label_smoothing": "[0, 1)", "lr": "> 0", "momentum": "[0, 1)",
-                 "batch_size": ">= 1", "epochs": ">= 0"}
+                 "batch_size": ">= 1", "epochs": ">= 0", "adamw_weight_decay": ">= 0"}
 
 
 @dataclass(frozen=True)
@@ -83,11 +91,26 @@ class TrainingRecipe:
         ε of the cross-entropy's target (1 − ε)·onehot(y) + ε/c (``CrossEntropyLoss(label_smoothing=ε)``, the
         HuggingFace Trainer's ``label_smoothing_factor``); 0 = none.
     lr, momentum : float
-        SGD step size and momentum the fine-tuning baselines reuse.
+        The optimiser's (peak) step size, and SGD's momentum (AdamW: β₁ is :attr:`betas`' first).
     batch_size, epochs : int
-        Samples per SGD batch and passes over the data the fine-tuning baselines reuse.
+        Samples per batch and passes over the data *of the training the model had*: the faithful retraining
+        (:func:`~scrubnet.recipe.retrain.retrain_like_user`) runs them and the cost reference prices them. The
+        fine-tuning baselines' length is their own option (``epochs``, default 10), not this.
     freeze_bn : bool
-        Keep BatchNorm layers in eval mode while the baselines train.
+        Keep BatchNorm layers in eval mode while training.
+    optimizer : {"sgd", "adamw"}
+        The optimiser the model was trained with: ``torch.optim.SGD(lr, momentum, weight_decay=wd)`` or
+        ``torch.optim.AdamW(lr, betas, weight_decay=adamw_weight_decay)`` (decoupled decay on the decayed
+        parameters: the centre's keys when ``wd_center`` is given, else all). :meth:`from_adamw` sets it.
+    schedule : {"constant", "cosine", "linear"}
+        The learning-rate schedule over the training's optimiser steps: constant, cosine annealing from ``lr``
+        to 0 (``CosineAnnealingLR(T_max = total steps)``, stepped per batch), or linear decay to 0 (the
+        HuggingFace Trainer's default, without warm-up).
+    adamw_weight_decay : float
+        AdamW's decoupled λ (``weight_decay=`` of ``torch.optim.AdamW``), what the retraining runs; ``wd`` is
+        its L2 equivalent, what the curvature methods read (:mod:`scrubnet.recipe.adamw`). SGD: 0.
+    betas : tuple of float
+        AdamW's (β₁, β₂).
 
     Returns
     -------
@@ -106,10 +129,22 @@ class TrainingRecipe:
     batch_size: int = 128
     epochs: int = 10
     freeze_bn: bool = False
+    optimizer: str = "sgd"
+    schedule: str = "constant"
+    adamw_weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
 
     def __post_init__(self):
         if self.loss not in RECIPE_LOSSES:
             raise ValueError(f"recipe loss must be one of {', '.join(RECIPE_LOSSES)}, got {self.loss!r}")
+        for key, allowed in (("optimizer", RECIPE_OPTIMIZERS), ("schedule", RECIPE_SCHEDULES)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"recipe.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        if self.optimizer != "adamw" and self.adamw_weight_decay != 0.0:
+            raise ValueError(f"recipe.adamw_weight_decay applies to optimizer 'adamw' only, got "
+                             f"{self.adamw_weight_decay:g} with {self.optimizer!r}")
+        if not (len(self.betas) == 2 and all(0.0 <= float(b) < 1.0 for b in self.betas)):
+            raise ValueError(f"recipe.betas must be two numbers in [0, 1), got {self.betas!r}")
         for key, spec in RECIPE_RANGES.items():
             check_value(f"recipe.{key}", getattr(self, key), int if key in ("batch_size", "epochs") else float,
                         spec)
@@ -214,15 +249,22 @@ class TrainingRecipe:
         TrainingRecipe
             ``wd`` = the L2 equivalent of the decoupled decay (not its ``weight_decay``), the centre zero on the
             decayed parameters only (groups with ``weight_decay = 0`` feel none), ``lr`` the first group's (its
-            ``initial_lr`` under a scheduler).
+            ``initial_lr`` under a scheduler), ``optimizer="adamw"`` with the groups' λ as ``adamw_weight_decay``
+            and their ``betas`` (state ``schedule="cosine"`` in ``settings`` for a cosine-annealed training).
         """
         wd, decayed, _ = adamw_l2_equivalent(model, optimizer)
         trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
         center = None if wd == 0.0 or decayed == set(trainable) else {
             k: torch.zeros_like(p.detach()) for k, p in trainable.items() if k in decayed}
-        lr = float(optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]))
+        group = optimizer.param_groups[0]
+        lr = float(group.get("initial_lr", group["lr"]))
         if lr > 0:  # a schedule annealed to 0 leaves lr = 0; its start is in initial_lr
             settings.setdefault("lr", lr)
+        settings.setdefault("optimizer", "adamw")
+        settings.setdefault("adamw_weight_decay", max((float(g["weight_decay"]) for g in optimizer.param_groups),
+                                                      default=0.0))
+        settings.setdefault("betas", tuple(float(b) for b in group.get("betas", (0.9, 0.999))))
+        settings.setdefault("momentum", float(settings["betas"][0]))
         return cls(wd=wd, wd_center=center, **settings)
 
     @classmethod
@@ -244,6 +286,21 @@ class TrainingRecipe:
                                           spec)
         if "freeze_bn" in d:
             kwargs["freeze_bn"] = check_value(prefix + "freeze_bn", d["freeze_bn"], bool)
+        for key, allowed in (("optimizer", RECIPE_OPTIMIZERS), ("schedule", RECIPE_SCHEDULES)):
+            if key in d:
+                value = check_value(prefix + key, d[key], str)
+                if value not in allowed:
+                    raise ConfigValueError(f"configuration key {prefix}{key}: expected one of "
+                                           f"{', '.join(repr(k) for k in allowed)}, got {value!r}")
+                kwargs[key] = value
+        if "betas" in d:
+            betas = d["betas"]
+            if not (isinstance(betas, list) and len(betas) == 2 and all(isinstance(b, (int, float)) and
+                                                                        not isinstance(b, bool) and 0 <= b < 1
+                                                                        for b in betas)):
+                raise ConfigValueError(f"configuration key {prefix}betas: expected two numbers in [0, 1), got "
+                                       f"{betas!r}")
+            kwargs["betas"] = (float(betas[0]), float(betas[1]))
         if "wd_center" in d:
             center = check_value(prefix + "wd_center", d["wd_center"], str)
             if center != "zero":
@@ -283,4 +340,5 @@ class TrainingRecipe:
         return {"loss": self.loss, "wd": self.wd, "wd_center": "given" if self.pulls_to_start else "zero",
                 "target_scale": self.target_scale, "label_smoothing": self.label_smoothing,
                 "lr": self.lr, "momentum": self.momentum, "batch_size": self.batch_size, "epochs": self.epochs,
-                "freeze_bn": self.freeze_bn}
+                "freeze_bn": self.freeze_bn, "optimizer": self.optimizer, "schedule": self.schedule,
+                "adamw_weight_decay": self.adamw_weight_decay, "betas": list(self.betas)}

@@ -1,7 +1,7 @@
 """What a forgetting method will cost, before it runs: FLOPs, seconds, peak memory, passes over the data.
 
 The shared cost engine. Each method declares its own estimate on its class (``ForgettingMethod.cost``);
-``scrubnet.estimate`` (:func:`scrubnet.methods.base.estimate`) dispatches to it. A method's estimate counts, from
+``scrubnet.estimate`` (:func:`scrubnet.cost_guard.estimate`) dispatches to it. A method's estimate counts, from
 the model (one probe sample through :class:`torch.utils.flop_counter.FlopCounterMode`), N and c and the
 method's options, with the helpers here (:func:`train_cost`, :func:`fisher_diagonal_cost`, :func:`copy_cost`,
 :func:`seconds_at`):
@@ -222,7 +222,7 @@ _DEVICE: list[torch.device] = [torch.device("cpu")]   # the device of the model 
 
 def estimating_on(device: torch.device | str) -> None:
     """Set the device whose GEMM rate :func:`seconds_at` and :func:`gemm_seconds` use (the probe's device;
-    :func:`scrubnet.methods.base.estimate` sets it before calling a method's ``cost``)."""
+    :func:`scrubnet.cost_guard.estimate` sets it before calling a method's ``cost``)."""
     _DEVICE[0] = torch.device(device)
 
 
@@ -231,6 +231,17 @@ def estimating_on(device: torch.device | str) -> None:
 #: on their seconds was fitted on benchmarks/cost_check.py's ResNet Newton and NTK-CG cases (1.72–2.58× their
 #: estimates without it, the MLP's 1.20–1.59×; docs/decisions/cost-transformers.md)
 BATCHNORM_PRODUCT_FACTOR = 1.5
+
+
+#: per-sample passes through ``nn.LSTM`` (the Fisher diagonal's per-sample gradients, the NTK Gram's Jacobian
+#: rows): vmap has no batching rule for the fused oneDNN kernel, so they run sample by sample; the factors on
+#: those passes' seconds were fitted on benchmarks/cost_check.py's LSTM cases (docs/decisions/cost-vs-retrain.md)
+RECURRENT_PER_SAMPLE_FACTOR = {"fisher": 11.5, "ntk": 3.0}
+
+
+def per_sample_factor(model: nn.Module, kind: str) -> float:
+    """:data:`RECURRENT_PER_SAMPLE_FACTOR` ``[kind]`` for a network holding an ``nn.LSTM``, else 1."""
+    return RECURRENT_PER_SAMPLE_FACTOR[kind] if any(isinstance(m, nn.LSTM) for m in model.modules()) else 1.0
 
 
 def product_factor(model: nn.Module) -> float:
@@ -287,7 +298,8 @@ def fisher_diagonal_cost(model: nn.Module, x1: Tensor, n_r: int, kind: str = "tr
     plan = plan_fisher(model, x1, n_r, kind=kind, budget_bytes=budget_bytes, batch_size=batch_size)
     conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
     equiv = ELEMENTWISE_FLOP_EQUIV if conv else ELEMENTWISE_FLOP_EQUIV_DENSE
-    seconds = seconds_at(plan.flops, "fisher") + gemm_seconds(equiv * plan.activation_elements)
+    seconds = per_sample_factor(model, "fisher") * (seconds_at(plan.flops, "fisher")
+                                                    + gemm_seconds(equiv * plan.activation_elements))
     return CostEstimate("fisher", plan.flops, seconds, plan.peak_bytes, float(plan.passes),
                         {"batch": plan.batch, "budget_bytes": budget_bytes})
 

@@ -219,8 +219,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
              stop: Callable[[int], bool] | None = None, loss_fn: str = "ce", wd_epochs: EpochWindow | None = None,
              weight_decay_epochs: EpochWindow | None = None, augment: Callable[[Tensor], Tensor] | None = None,
              augment_epochs: EpochWindow | None = None, lr_decay: float = 1.0,
-             on_epoch: Callable[[int], None] | None = None, on_step: Callable[[int], None] | None = None
-             ) -> tuple[int, bool]:
+             on_epoch: Callable[[int], None] | None = None, on_step: Callable[[int], None] | None = None,
+             make_opt: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> tuple[int, bool]:
     """The package's one SGD loop; trains ``model`` in place on (x, y) and leaves it in eval mode.
 
     Per batch B the loss is
@@ -248,15 +248,14 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
 
     Monitors: ``on_epoch(e)`` is called at the same points as ``stop`` (before epoch e, and once after the last
     epoch), before ``stop``; ``on_step(s)`` after every optimiser step s = 1, 2, … (the model is in train mode
-    there; a monitor that evaluates must restore it, as the Fisher-trace monitor does).
-
-    Returns (epochs trained, whether ``stop`` ended it).
+    there; a monitor that evaluates must restore it, as the Fisher-trace monitor does). ``make_opt(model)``:
+    another optimiser in place of SGD (a recipe's AdamW). Returns (epochs trained, whether ``stop`` ended it).
     """
     kind = loss_fn.kind if isinstance(loss_fn, LossSpec) else loss_fn
     if kind not in ("ce", "mse") or (kind == "mse" and ascent is not None):
         raise ValueError(f"loss_fn must be 'ce' or 'mse' (mse without ascent), got {loss_fn!r}")
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum,
-                          weight_decay=weight_decay)
+    opt = make_opt(model) if make_opt is not None else torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum, weight_decay=weight_decay)
     n = len(y)
     device = generator.device
     stopped = False

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import scrubnet
 from scrubnet.cli import app
-from scrubnet.methods.base import estimate
+from scrubnet.cost_guard import estimate
 from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops
 from scrubnet.models import build_model
 from tests.conftest import protocol_ctx

@@ -118,7 +118,7 @@ def test_finetune_uses_the_mask_as_a_hand_loop_does(data):
     want = hand_finetune(m, b, RECIPE)
     for retain in (Dicts(b), (as_inputs(b), b["labels"])):
         got, res = scrubnet.forget(m, retain, Dicts(f), method="finetune", recipe=RECIPE, readouts=True,
-                                   on_failure="return")
+                                   on_failure="return", epochs=RECIPE.epochs)
         assert max_weight_gap(got, want) < 1e-5
         err, loss = hand_error_and_loss(got, b)
         assert res.readouts["retain_error"] == pytest.approx(err, abs=1e-6)
@@ -149,7 +149,8 @@ def test_nested_classifier_and_model_output_work_for_finetune(data):
     wrapped = Wrapper(inner)           # head at bert.classifier, returns a ModelOutput
     with pytest.raises(ValueError):
         scrubnet.models.find_classifier(wrapped)
-    got, res = scrubnet.forget(wrapped, Dicts(b), Dicts(f), method="finetune", recipe=RECIPE, on_failure="return")
+    got, res = scrubnet.forget(wrapped, Dicts(b), Dicts(f), method="finetune", recipe=RECIPE, on_failure="return",
+                               epochs=RECIPE.epochs)
     want = hand_finetune(inner, b, RECIPE)
     assert max_weight_gap(got.bert, want) < 1e-5
     with pytest.raises(ValueError, match="hiding applies|classifier="):

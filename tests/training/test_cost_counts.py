@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from scrubnet.methods.base import costed_methods, estimate
+from scrubnet.cost_guard import estimate
+from scrubnet.methods.base import costed_methods
 from scrubnet.models.flops import NONGEMM_FLOP_EQUIV, count_work
 from scrubnet.training import TrainConfig
 from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops, train_step_flops
