@@ -9,7 +9,7 @@ methods then run at their released epochs, and each tuned knob gets the bench's 
 :func:`apply_cifar_protocol` writes that setting into an experiment configuration, ``scale`` ∈ (0, 1] shrinking
 the images per class, the epochs and the network's width together (a CPU-sized version); :func:`cifar_plan`
 counts what a run trains — without reading any data — and estimates its time from the methods' cost models
-(:func:`scrubnet.methods.base.estimate`) at :data:`GPU_FLOPS`.
+(:func:`scrubnet.cost_guard.estimate`) at :data:`GPU_FLOPS`.
 
 What scrubnet's training loop cannot express of the field's recipe (said in the plan): its augmentation is a
 random shift by up to one pixel plus Gaussian noise (``shift_noise``), not a 4-pixel pad-and-crop with a
@@ -22,7 +22,8 @@ import math
 import torch
 
 from scrubnet.experiments.config import ExperimentConfig
-from scrubnet.methods.base import estimate, method_class
+from scrubnet.cost_guard import estimate
+from scrubnet.methods.base import method_class
 from scrubnet.models import build_model
 from scrubnet.training.cost import train_cost
 
