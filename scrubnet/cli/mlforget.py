@@ -159,6 +159,10 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                                           help="a file of core sample ids (formats of --ids)"),
              core_lr: float = typer.Option(1e-2, help="learning rate of the core fine-tuning (Adam, CE)"),
              core_epochs: int = typer.Option(40, help="epochs of the core fine-tuning"),
+             core_check: bool = typer.Option(True, "--core-check/--no-core-check",
+                                             help="compare the core point with the pretrained point on held-out "
+                                             "samples and drop a core that makes the model worse (off: your "
+                                             "own validation decides)"),
              threads: int = threads_option(THREADS_HELP),
              device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
@@ -187,10 +191,17 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         raise UserError(f"--core-ids must name 1 to {len(ud.y) - 1} distinct samples in [0, {len(ud.y)})")
     state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu_value, target_scale=target_scale,
                                  sigma=sigma, solver=solver, seed=seed, core_ids=core,
-                                 core_train={"lr": core_lr, "epochs": core_epochs})
+                                 core_train={"lr": core_lr, "epochs": core_epochs}, check_core=core_check)
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
              data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data, out)})
     kept = f"{len(state.core_ids)} never deletable (core)" if len(state.core_ids) else "all deletable"
+    check = state.train_info.get("core_check")
+    if check is not None:
+        errs = (f"held-out error {check['core_error']:.3f} at the core point, {check['pretrained_error']:.3f} at "
+                f"the pretrained point ({check['held_out']} samples)")
+        typer.echo(f"core check: {errs}: kept" if check["kept"] else
+                   f"core dropped: the core fine-tuning made the model worse ({errs}); linearised at the "
+                   "pretrained point instead, every sample deletable (try a smaller --core-lr)")
     if "mu_search" in state.train_info:
         found = state.train_info["mu_search"]
         typer.echo(f"mu auto: {found['chosen']:g} (held-out error by mu: "
