@@ -392,8 +392,8 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
 
 def near_chance(best: float, chance: float, n: int) -> bool:
     """True when a held-out error ``best`` on ``n`` samples is near the ``chance`` error (of the most frequent
-    class): within a tenth of it, or within two binomial standard errors of it."""
-    margin = max(0.1 * chance, 2.0 * (chance * (1.0 - chance) / max(n, 1)) ** 0.5)
+    class): within a tenth of it, or within one binomial standard error of it."""
+    margin = max(0.1 * chance, (chance * (1.0 - chance) / max(n, 1)) ** 0.5)
     return best >= chance - margin
 
 

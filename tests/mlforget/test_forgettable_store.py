@@ -178,6 +178,13 @@ def test_finetune_mu_auto_and_bad_mu_from_the_command_line(base, tmp_path):
     big = token_batch(240, length=8, seed=3)
     np.savez(many, x_train=big["input_ids"].numpy(), train_attention_mask=big["attention_mask"].numpy(),
              y_train=big["labels"].numpy())
+    # the head of this random BERT cannot learn the sum of the ids: the search is near chance and refuses
+    code, out = cli("mlforget", "finetune", "--model", f"hf:{bert_dir}", "--data", many, "--user-weights", "head",
+                    "--mu", "auto", "--out", tmp_path / "c0")
+    assert code == 2 and "near chance" in out and not (tmp_path / "c0").exists(), out
+    # it can learn the first token: a labelling it reads
+    np.savez(many, x_train=big["input_ids"].numpy(), train_attention_mask=big["attention_mask"].numpy(),
+             y_train=(big["input_ids"][:, 0] % 3).numpy())
     code, out = cli("mlforget", "finetune", "--model", f"hf:{bert_dir}", "--data", many, "--user-weights", "head",
                     "--mu", "auto", "--out", tmp_path / "c")
     assert code == 0 and "mu auto: " in out, out
