@@ -4,7 +4,8 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
 
     scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
     scrubnet mlforget finetune --model FILE.py:FACTORY|hf:DIR [--weights W] --data D.npz \
-        --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05]
+        --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05|auto]
+        [--core-ids 0,1,2 [--core-lr 0.01 --core-epochs 40] [--no-core-check]]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
     scrubnet mlforget forget-all --checkpoint ml/
