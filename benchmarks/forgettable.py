@@ -7,8 +7,9 @@ another sequence task (the last visible token mod 10; the user task reads the fi
 seed (the user data drawn, the LoRA factors, the SGD order), each is fine-tuned on the user task (N user
 samples, validation and test sets of their own):
 
-* **ordinary** (the yardstick): the same user weights, Adam on the cross-entropy, *early stopping* on validation
-  (up to ``--max-epochs``, patience ``--patience``, the best epoch kept), the learning rate picked on
+* **ordinary** (the yardstick): the same user weights, Adam on the cross-entropy, in float32, *early stopping*
+  on validation (up to ``--max-epochs``; stopped after ``--patience`` epochs in which neither the validation
+  error nor the validation loss improved; the epoch of the best validation error kept), the learning rate picked on
   validation from a grid that widens by ×3 while its best sits on an edge;
 * **forgettable** (:func:`~scrubnet.mlforget.finetune.forgettable_finetune`): linearised at the pretrained
   point or at the point a never-deleted core (``--core-fraction`` of the user samples) fine-tunes to (the
@@ -144,6 +145,12 @@ def f32(x):
     return x.to(torch.float32) if isinstance(x, ModelInputs) or x.is_floating_point() else x
 
 
+@torch.no_grad()
+def val_loss(model, x, y) -> float:
+    return float(sum(F.cross_entropy(logits(model, x[i:i + 500]), y[i:i + 500], reduction="sum")
+                     for i in range(0, len(y), 500)) / len(y))
+
+
 def early_stopped(net, uw, x, y, xv, yv, lr, seed, max_epochs, patience):
     """Ordinary fine-tuning of the user weights, Adam on CE, the epoch with the best validation error kept; in
     float32, as users fine-tune (the forgettable model is float64 for exact deletions).
@@ -159,17 +166,20 @@ def early_stopped(net, uw, x, y, xv, yv, lr, seed, max_epochs, patience):
     opt = torch.optim.Adam(params, lr=lr)
     g = torch.Generator().manual_seed(seed)
     best = (1 - accuracy(model, xv, yv), 0, [p.detach().clone() for p in params])
+    best_loss, last_gain = val_loss(model, xv, yv), 0
     for epoch in range(1, max_epochs + 1):
         for i in torch.randperm(len(y), generator=g).split(32):
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(logits(model, x[i]), y[i]).backward()
             opt.step()
-        err = 1 - accuracy(model, xv, yv)
-        if not math.isfinite(err):
+        err, loss = 1 - accuracy(model, xv, yv), val_loss(model, xv, yv)
+        if not math.isfinite(loss):
             break
         if err < best[0]:
             best = (err, epoch, [p.detach().clone() for p in params])
-        elif epoch - best[1] >= patience:
+        if err < best[0] or epoch == best[1] or loss < best_loss:
+            last_gain, best_loss = epoch, min(loss, best_loss)
+        if epoch - last_gain >= patience:  # neither the error nor the loss improved for `patience` epochs
             break
     with torch.no_grad():
         for p, b in zip(params, best[2]):
