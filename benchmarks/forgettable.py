@@ -3,7 +3,7 @@ real alternative (fine-tuning again without the rows).
 
 Two networks are pretrained first on another task (all weights, cross-entropy, printed with their accuracy on
 it): a ResNet-style CNN on 10 other image classes (other prototypes), and a HuggingFace BERT (from a config) on
-another sequence task (the last visible token mod 10; the user task reads the first token). Then, per
+another labelling of the same sequences (the last visible token mod 10; the user task: its range, ⌊t/4⌋). Then, per
 seed (the user data drawn, the LoRA factors, the SGD order), each is fine-tuned on the user task (N user
 samples, validation and test sets of their own):
 
@@ -84,8 +84,10 @@ def tokens(n, task, seed, length=10, vocab=40):
     lens = torch.randint(3, length + 1, (n, 1), generator=g)
     mask = (torch.arange(length)[None] < lens).long()
     ids = ids * mask
-    # user task: the first token; pretraining: the last visible one (another position to attend to)
-    key = ids[:, 0] if task == "user" else ids.gather(1, lens - 1)[:, 0]
+    # both read the last visible token; pretraining labels it mod 10, the user task by its range (another
+    # class set over the same inputs, as the CNN's other prototypes)
+    last = ids.gather(1, lens - 1)[:, 0]
+    key = last // 4 if task == "user" else last
     return ModelInputs(ids, {"attention_mask": mask}), (key % C).long()
 
 
