@@ -436,6 +436,9 @@ def compare_points(at_core: tuple, at_pretrained: tuple, x: Inputs, y: Tensor, n
     n_del = len(y) - len(core)
     n_val = max(int(round(0.1 * n_del)), min(20, n_del // 2))
     auto = isinstance(mu, str)
+    if n_val < 1:
+        raise ValueError(f"the core check needs at least 2 deletable samples to hold one out, got {n_del}; give "
+                         "fewer core_ids or check_core=False")
     kw = {} if auto else {"grid": (float(mu),), "n_held_out": n_val}
     found = [select_mu(*point, x, y, num_classes, core, **opts, **kw)[1] for point in (at_core, at_pretrained)]
     keep = found[0]["best"] <= found[1]["best"]
