@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import statistics
 import time
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, user_weight_names
+from scrubnet.mlforget.ftstore import parse_user_weights
 from scrubnet.mlforget.model import forget_request, retrain_user_weights
 from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.lora import LoRA
@@ -109,7 +111,7 @@ def pretrain(net, x, y, epochs, lr=3e-3):
 
 
 def pretrained_models(small):
-    """[(name, network, user weights, data(seed) -> (train, val, test) at size n)], pretrained on their tasks."""
+    """[(name, network, data(n, seed) -> (train, val, test))], pretrained on their tasks."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     pre_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
@@ -137,9 +139,13 @@ def pretrained_models(small):
     def bert_data(n, seed):
         return tokens(n, "user", 100 + seed), tokens(500, "user", 200 + seed), tokens(2000, "user", 300 + seed)
 
-    return [("cnn", cnn, lambda s: ["proj", "fc"], cnn_data),
-            ("transformer", bert, lambda s: LoRA(["query", "value"], rank=2, modules_to_save=["classifier"], seed=s),
-             bert_data)]
+    return [("cnn", cnn, cnn_data), ("transformer", bert, bert_data)]
+
+
+def seeded_user_weights(spec: str):
+    """The user weights of a command-line spec (``mlforget finetune --user-weights``), a LoRA's A drawn per seed."""
+    uw = parse_user_weights(spec)
+    return (lambda s: dataclasses.replace(uw, seed=s)) if isinstance(uw, LoRA) else (lambda s: uw)
 
 
 def f32(x):
@@ -213,7 +219,6 @@ def tuned_ordinary(net, uw, x, y, xv, yv, seed, max_epochs, patience, tag):
 
 def mu_scan(state, x, y, xv, yv, mus):
     """Validation error of the state's model refitted at each µ (one primal factor, a solve per µ)."""
-    import dataclasses
     out = {}
     lin, h = state.space(x)
     keep = torch.ones(len(state.primal.ids), dtype=torch.bool)
@@ -310,11 +315,14 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=5, help="epochs without a better validation error")
     ap.add_argument("--requests", type=int, default=20, help="sequential deletion requests of 1 %% each")
     ap.add_argument("--only", choices=["cnn", "transformer"], default=None)
+    ap.add_argument("--cnn-user-weights", default="layers:proj,fc", help="as `mlforget finetune --user-weights`")
+    ap.add_argument("--transformer-user-weights", default="lora:query,value:r2:save=classifier")
     a = ap.parse_args()
     a.mus = [float(v) for v in a.mu.split(",")]
     n = a.n or (400 if a.small else 1000)
     seeds = a.seeds or (1 if a.small else 3)
-    for name, net, uw, data in pretrained_models(a.small):
+    for name, net, data in pretrained_models(a.small):
+        uw = seeded_user_weights(a.cnn_user_weights if name == "cnn" else a.transformer_user_weights)
         if a.only in (None, name):
             t0 = time.perf_counter()
             results = [run_seed(name, net, uw(s), data(n, s), s, a) for s in range(seeds)]
