@@ -282,7 +282,8 @@ def run_seed(name, net, uw, data, seed, a):
     err = {"ordinary": 1 - accuracy(ordinary, f32(xt), yt), "forgettable": 1 - accuracy(state.model, xt, yt),
            "pretrained_point": 1 - accuracy(pre.model, xt, yt), "head_only": 1 - accuracy(head.model, xt, yt)}
     gap = 100 * (err["forgettable"] - err["ordinary"])
-    print(f"{tag} ordinary lr {lr:g} ({epochs} epochs); forgettable at the "
+    capped = " — AT THE EPOCH CAP: the yardstick may not have converged" if epochs >= a.max_epochs else ""
+    print(f"{tag} ordinary lr {lr:g} ({epochs} epochs{capped}); forgettable at the "
           f"{'core point (core lr ' + format(core_lr, 'g') + ')' if core_lr else 'pretrained point'}, µ {mu:g}, "
           f"{state.model.num_linearized} user weights")
     print(f"{tag} " + "  ".join(f"test_error_{k} {v:.4f}" for k, v in err.items()) + f"  gap_points {gap:.2f}",
