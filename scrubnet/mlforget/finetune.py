@@ -283,10 +283,7 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     state.space(data_x)
     train_exact_factored(state, data_x, y, torch.Generator().manual_seed(7919 * int(seed) + 11))
     state.train_info["user_weights"] = int(lin.num_linearized)
-    if search is not None:
-        state.train_info["mu_search"] = search
-    if check is not None:
-        state.train_info["core_check"] = check
+    state.train_info.update({k: v for k, v in (("mu_search", search), ("core_check", check)) if v is not None})
     if state_dict_sha256(model) != sha:  # the copies above must have left it alone
         raise RuntimeError("the pretrained model changed during fine-tuning")
     return state
