@@ -1,37 +1,55 @@
-"""Forgettable fine-tuning against ordinary fine-tuning, and deletion requests against retraining.
+"""Forgettable fine-tuning against a converged ordinary fine-tuning, and deletion requests against the user's
+real alternative (fine-tuning again without the rows).
 
-Two pretrained networks — a small transformer encoder (a HuggingFace BertForSequenceClassification from a
-config) and a ResNet-style CNN — are pretrained (all weights, cross-entropy) on a core task and fine-tuned on a
-user task with 10 classes (validation 2,000 samples, test 5,000): ordinarily (Adam on CE, the same user weights,
-the learning rate picked on validation), forgettably (:func:`scrubnet.mlforget.finetune.forgettable_finetune`)
-linearised at the point that the never-deleted core (``--core-fraction`` of the user samples, default 10 %)
-fine-tunes to (µ and the core's learning rate picked on validation), forgettably linearised at the pretrained
-point, and forgettably on the head only (both at the chosen µ). Then 10 sequential deletion requests of
-1 % of the samples each (never core samples); after each, the exact retraining on D_r (same objective, from
-scratch) is timed and compared.
+Two networks are pretrained first on another task (all weights, cross-entropy, printed with their accuracy on
+it): a ResNet-style CNN on 10 other image classes (other prototypes), and a HuggingFace BERT (from a config) on
+another labelling of the same sequences (the last visible token mod 10; the user task: its range, ⌊t/4⌋). Then, per
+seed (the user data drawn, the LoRA factors, the SGD order), each is fine-tuned on the user task (N user
+samples, validation and test sets of their own):
 
-    python benchmarks/forgettable.py            # N = 10,000 user samples per model (slow on a laptop)
-    python benchmarks/forgettable.py --small    # N = 400: a minute or two
+* **ordinary** (the yardstick): the same user weights, Adam on the cross-entropy, in float32, *early stopping*
+  on validation (up to ``--max-epochs``; stopped after ``--patience`` epochs in which neither the validation
+  error nor the validation loss improved; the epoch of the best validation error kept), the learning rate picked on
+  validation from a grid that widens by ×3 while its best sits on an edge;
+* **forgettable** (:func:`~scrubnet.mlforget.finetune.forgettable_finetune`): linearised at the pretrained
+  point or at the point a never-deleted core (``--core-fraction`` of the user samples) fine-tunes to (the
+  core's rate from {lr, lr/3, lr/10} of the yardstick's), µ from a grid; point, core rate and µ picked on
+  validation (the largest µ within half a point of the best), as the yardstick's rate is.
 
-Prints, per model: test_error_ordinary, test_error_forgettable, test_error_forgettable_pretrained_point,
-test_error_head_only, accuracy_gap_points (forgettable − ordinary, in points),
-then per request: exact_max_rel_diff (max |w' − ŵ| / max |ŵ|) and request_speedup (retrain s / request s).
+Printed per model and seed: the test errors (ordinary, forgettable, forgettable at the pretrained point, head
+only), the gap, then ``--requests`` sequential deletion requests of 1 % of the samples (never core samples):
+``exact_max_rel_diff`` after requests 1, 10 and the last (max |w − ŵ| / max |ŵ|, ŵ the exact refit on D_r),
+and the CPU time of a request against the user's alternative — ordinary fine-tuning again on D_r from the
+pretrained point with the yardstick's rate and epochs (one run, timed). Summary per model over the seeds:
+
+    accuracy_gap_points G [lo, hi]      mean over seeds (forgettable − ordinary test error, points), 95 % t interval
+    request_vs_user_finetune R [lo, hi] median over seeds [min, max] of (user fine-tune CPU s) / (request CPU s)
+    exact_max_rel_diff E                worst over seeds, after the last request
+
+    python benchmarks/forgettable.py                 # N = 1,000, 3 seeds (about 30 min on 2 shared cores)
+    python benchmarks/forgettable.py --small         # N = 400, 1 seed, short pretraining: a smoke run
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import math
+import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, ordinary_finetune
+from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, user_weight_names
+from scrubnet.mlforget.ftstore import parse_user_weights
 from scrubnet.mlforget.model import forget_request, retrain_user_weights
-from scrubnet.mlforget.primal import primal_cost
-from scrubnet.models.call import ModelInputs
+from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.lora import LoRA
 
 C = 10
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57}
 
 
 class Block(nn.Module):
@@ -65,129 +83,252 @@ def images(n, protos, seed):
 def tokens(n, task, seed, length=10, vocab=40):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (n, length), generator=g)
-    mask = (torch.arange(length)[None] < torch.randint(3, length + 1, (n, 1), generator=g)).long()
+    lens = torch.randint(3, length + 1, (n, 1), generator=g)
+    mask = (torch.arange(length)[None] < lens).long()
     ids = ids * mask
-    key = ids[:, 0] if task == "user" else (ids * mask).sum(1)  # user task: the first token; core: the sum
+    # both read the last visible token; pretraining labels it mod 10, the user task by its range (another
+    # class set over the same inputs, as the CNN's other prototypes)
+    last = ids.gather(1, lens - 1)[:, 0]
+    key = last // 4 if task == "user" else last
     return ModelInputs(ids, {"attention_mask": mask}), (key % C).long()
 
 
+def logits(net, x):
+    out = call_model(net, x)
+    return out.logits if hasattr(out, "logits") else out
+
+
 def pretrain(net, x, y, epochs, lr=3e-3):
+    """All weights, Adam on the cross-entropy (train mode off: no dropout in these models)."""
     opt = torch.optim.Adam(net.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(0)
     for _ in range(epochs):
-        for i in torch.randperm(len(y)).split(64):
+        for i in torch.randperm(len(y), generator=g).split(64):
             opt.zero_grad()
-            nn.functional.cross_entropy(net(*x[i].call_args()[0], **x[i].call_args()[1]).logits
-                                        if isinstance(x, ModelInputs) else net(x[i]), y[i]).backward()
+            F.cross_entropy(logits(net, x[i]), y[i]).backward()
             opt.step()
     return net.eval()
 
 
-def models(n, small):
+def pretrained_models(small):
+    """[(name, network, data(n, seed) -> (train, val, test))], pretrained on their tasks."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    core_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
-    cnn = pretrain(ResNetish().double(), *images(3000 if small else 20000, core_p, 1), 3 if small else 8)
+    pre_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
+    n_pre, ep = (3000, 3) if small else (20000, 8)
+    t0 = time.process_time()
+    x, y = images(n_pre, pre_p, 1)
+    cnn = pretrain(ResNetish().double(), x, y, ep)
+    xt, yt = images(2000, pre_p, 9)
+    print(f"[cnn] pretrained on its own 10 classes: {n_pre} images, {ep} epochs, test accuracy "
+          f"{accuracy(cnn, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
     from transformers import BertConfig, BertForSequenceClassification
     cfg = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=16, num_labels=C, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
-    bert = pretrain(BertForSequenceClassification(cfg).double(), *tokens(3000 if small else 20000, "core", 1),
-                    3 if small else 8)
-    return [("cnn", cnn, ["fc", "proj"], images(n, user_p, 2), images(2000, user_p, 4), images(5000, user_p, 3)),
-            ("transformer", bert, LoRA(["query", "value"], rank=2, modules_to_save=["classifier"]),
-             tokens(n, "user", 2), tokens(2000, "user", 4), tokens(5000, "user", 3))]
+    t0 = time.process_time()
+    x, y = tokens(n_pre, "pretrain", 1)
+    bert = pretrain(BertForSequenceClassification(cfg).double(), x, y, ep)
+    xt, yt = tokens(2000, "pretrain", 9)
+    print(f"[transformer] pretrained on the last-token task: {n_pre} sequences, {ep} epochs, test accuracy "
+          f"{accuracy(bert, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
+
+    def cnn_data(n, seed):
+        return images(n, user_p, 100 + seed), images(500, user_p, 200 + seed), images(2000, user_p, 300 + seed)
+
+    def bert_data(n, seed):
+        return tokens(n, "user", 100 + seed), tokens(500, "user", 200 + seed), tokens(2000, "user", 300 + seed)
+
+    return [("cnn", cnn, cnn_data), ("transformer", bert, bert_data)]
 
 
-def tuned_ordinary(net, uw, x, y, xv, yv, lrs, epochs):
-    """The yardstick: ordinary fine-tuning of the same user weights, the learning rate picked on validation."""
-    best = None
-    for lr in lrs:
-        m = ordinary_finetune(net, x, y, user_weights=uw, lr=lr, epochs=epochs)
-        acc = accuracy(m, xv, yv)
-        print(f"  ordinary lr={lr:g}: validation error {1 - acc:.4f}")
-        if best is None or acc > best[0]:
-            best = (acc, lr, m)
-    return best[2], best[1]
+def seeded_user_weights(spec: str):
+    """The user weights of a command-line spec (``mlforget finetune --user-weights``), a LoRA's A drawn per seed."""
+    uw = parse_user_weights(spec)
+    return (lambda s: dataclasses.replace(uw, seed=s)) if isinstance(uw, LoRA) else (lambda s: uw)
 
 
-def tuned_forgettable(net, uw, x, y, xv, yv, n_core, core_lrs, epochs, mus):
-    """The forgettable model, its core learning rate and µ picked on validation as the yardstick's lr is: the
-    largest µ whose validation error is within half a point of the best (a larger ridge is better conditioned,
-    and differences below half a point are noise at 2,000 validation samples)."""
+def f32(x):
+    """Inputs in float32 (token ids keep their dtype)."""
+    return x.to(torch.float32) if isinstance(x, ModelInputs) or x.is_floating_point() else x
+
+
+@torch.no_grad()
+def val_loss(model, x, y) -> float:
+    return float(sum(F.cross_entropy(logits(model, x[i:i + 500]), y[i:i + 500], reduction="sum")
+                     for i in range(0, len(y), 500)) / len(y))
+
+
+def early_stopped(net, uw, x, y, xv, yv, lr, seed, max_epochs, patience):
+    """Ordinary fine-tuning of the user weights, Adam on CE, the epoch with the best validation error kept; in
+    float32, as users fine-tune (the forgettable model is float64 for exact deletions).
+
+    Returns (model, validation error, epochs to the best)."""
+    x, xv = f32(x), f32(xv)
+    model, names, _ = user_weight_names(copy.deepcopy(net).float(), uw)
+    model.eval()
+    chosen = set(names)
+    params = [p for n, p in model.named_parameters() if n in chosen]
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in chosen)
+    opt = torch.optim.Adam(params, lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    best = (1 - accuracy(model, xv, yv), 0, [p.detach().clone() for p in params])
+    best_loss, last_gain = val_loss(model, xv, yv), 0
+    for epoch in range(1, max_epochs + 1):
+        for i in torch.randperm(len(y), generator=g).split(32):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(logits(model, x[i]), y[i]).backward()
+            opt.step()
+        err, loss = 1 - accuracy(model, xv, yv), val_loss(model, xv, yv)
+        if not math.isfinite(loss):
+            break
+        if err < best[0]:
+            best = (err, epoch, [p.detach().clone() for p in params])
+        if err < best[0] or epoch == best[1] or loss < best_loss:
+            last_gain, best_loss = epoch, min(loss, best_loss)
+        if epoch - last_gain >= patience:  # neither the error nor the loss improved for `patience` epochs
+            break
+    with torch.no_grad():
+        for p, b in zip(params, best[2]):
+            p.copy_(b)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, best[0], best[1]
+
+
+def tuned_ordinary(net, uw, x, y, xv, yv, seed, max_epochs, patience, tag):
+    """The yardstick: :func:`early_stopped` over a rate grid that widens ×3 while its best is on an edge."""
+    lrs, tried = [1e-3, 3e-3, 1e-2, 3e-2], {}
+    while True:
+        for lr in lrs:
+            if lr not in tried:
+                tried[lr] = early_stopped(net, uw, x, y, xv, yv, lr, seed, max_epochs, patience)
+                print(f"{tag} ordinary lr={lr:g}: validation error {tried[lr][1]:.4f} at epoch {tried[lr][2]}",
+                      flush=True)
+        grid = sorted(tried)
+        best = min(grid, key=lambda r: (tried[r][1], r))
+        if best == grid[0] and best > 1e-5:
+            lrs = [best / 3]
+        elif best == grid[-1] and best < 1.0:
+            lrs = [best * 3]
+        else:
+            model, err, epochs = tried[best]
+            return model, best, err, epochs
+
+
+def mu_scan(state, x, y, xv, yv, mus):
+    """Validation error of the state's model refitted at each µ (one primal factor, a solve per µ)."""
+    out = {}
+    lin, h = state.space(x)
+    keep = torch.ones(len(state.primal.ids), dtype=torch.bool)
+    for mu in mus:
+        w, _ = dataclasses.replace(state.primal, mu=mu).fit(lin, h, y[state.primal.ids], keep)
+        state.model.set_delta_flat(w)
+        out[mu] = 1 - accuracy(state.model, xv, yv)
+    return out
+
+
+def tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, mus, epochs, tag):
+    """Point (pretrained, or the core at {lr, lr/3, lr/10}) and µ picked on validation; the model refitted."""
     tried = []
-    for core_lr in core_lrs if n_core else (None,):
-        for mu in sorted(mus, reverse=True):
-            st = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0,
-                                      core_ids=range(n_core) if n_core else None,
-                                      core_train={"lr": core_lr, "epochs": 2 * epochs})
-            err = 1 - accuracy(st.model, xv, yv)
-            print(f"  forgettable core_lr={core_lr:g} mu={mu:g}: validation error {err:.4f}", flush=True)
-            tried.append((err, -mu, st, core_lr, mu))
+    for core_lr in (None, lr, lr / 3, lr / 10):
+        core = {"core_ids": range(n_core), "core_train": {"lr": core_lr, "epochs": max(10, epochs)},
+                "check_core": False} if core_lr else {}
+        st = forgettable_finetune(net, x, y, C, user_weights=uw, mu=max(mus), sigma=0.0, solver="primal", **core)
+        for mu, err in mu_scan(st, x, y, xv, yv, mus).items():
+            tried.append((err, mu, core_lr))
+        print(f"{tag} forgettable at the {'core point, core lr ' + format(core_lr, 'g') if core_lr else 'pretrained point'}: "
+              + ", ".join(f"µ {m:g} {e:.4f}" for e, m, c in tried if c == core_lr), flush=True)
     best = min(t[0] for t in tried)
-    _, _, st, core_lr, mu = min((t for t in tried if t[0] <= best + 0.005), key=lambda t: (t[1], t[0]))
-    return st, core_lr, mu
+    err, mu, core_lr = max((t for t in tried if t[0] <= best + 0.005), key=lambda t: (t[1], -t[0]))
+    pre_mu = max((t for t in tried if t[2] is None), key=lambda t: (-t[0], t[1]))[1]
+    core = {"core_ids": range(n_core), "core_train": {"lr": core_lr, "epochs": max(10, epochs)},
+            "check_core": False} if core_lr else {}
+    state = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0, solver="primal", **core)
+    pre = forgettable_finetune(net, x, y, C, user_weights=uw, mu=pre_mu, sigma=0.0, solver="primal")
+    head = forgettable_finetune(net, x, y, C, user_weights="head", mu=pre_mu, sigma=0.0, solver="primal")
+    return state, pre, head, core_lr, mu
 
 
-def run(name, net, uw, train, val, test, mus, k, core_fraction, epochs):
-    (x, y), (xv, yv), (xt, yt) = train, val, test
-    ordinary, lr = tuned_ordinary(net, uw, x, y, xv, yv, (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1), epochs)
-    err_o = 1 - accuracy(ordinary, xt, yt)
-    n_core = int(round(core_fraction * len(y)))
-    t0 = time.perf_counter()
-    # the first n_core samples are the never-deleted core: the model is linearised where they fine-tune it
-    state, core_lr, mu = tuned_forgettable(net, uw, x, y, xv, yv, n_core, (lr, lr / 3), epochs, mus)
-    tune_s = time.perf_counter() - t0
-    head = forgettable_finetune(net, x, y, C, user_weights="head", mu=mu)
-    pre = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0)
-    err_f = 1 - accuracy(state.model, xt, yt)
-    err_p, err_h = 1 - accuracy(pre.model, xt, yt), 1 - accuracy(head.model, xt, yt)
-    print(f"[{name}] N={len(y)} core={n_core} user_weights={state.model.num_linearized} ordinary_lr={lr:g} "
-          f"core_lr={core_lr:g} mu={mu:g} train_s={state.train_info.get('train_seconds', float('nan')):.2f} "
-          f"(tuning {tune_s:.0f} s)")
-    print(f"[{name}] test_error_ordinary: {err_o:.4f}\n[{name}] test_error_forgettable: {err_f:.4f}\n"
-          f"[{name}] test_error_forgettable_pretrained_point: {err_p:.4f}\n"
-          f"[{name}] test_error_head_only: {err_h:.4f}\n[{name}] accuracy_gap_points: {100 * (err_f - err_o):.2f}")
-    block = bool(state.primal is not None and state.primal.block)
-    lin, h = state.space(x)   # the solve space: the suffix after a frozen prefix and its cached features
-    est = primal_cost(lin, h[:256], y[:256], C, state.config.target_scale, block, len(y) - k, k)
-    deletable = torch.arange(n_core, len(y))
-    order = deletable[torch.randperm(len(deletable), generator=torch.Generator().manual_seed(5))]
-    cpu = []
-    for r in range(10):
-        ids = order[r * k:(r + 1) * k].tolist()
-        t0, c0 = time.perf_counter(), time.process_time()
-        forget_request(state, x, y, ids, sigma=0.0)
-        req_s, req_cpu = time.perf_counter() - t0, time.process_time() - c0
-        t0, c0 = time.perf_counter(), time.process_time()
-        w_hat = retrain_user_weights(state, x, y)
-        ret_s = time.perf_counter() - t0
-        cpu.append((req_cpu, time.process_time() - c0))
-        w = state.model.delta_flat().detach()
-        diff = float((w - w_hat).abs().max() / w_hat.abs().max())
-        print(f"[{name}] request {r + 1}: forgot {k}, exact_max_rel_diff: {diff:.2e} request_s {req_s:.3f} "
-              f"retrain_s {ret_s:.3f} request_speedup: {ret_s / req_s:.1f}", flush=True)
-    req_cpu, ret_cpu = (sorted(v)[len(v) // 2] for v in zip(*cpu))
-    print(f"[{name}] cost model (CPU s): request estimated {est.details['request_seconds']:.4f} / measured "
-          f"{req_cpu:.4f} (median), build estimated {est.details['build_seconds']:.3f} / measured {ret_cpu:.3f} "
-          f"(the retrain on D_r, median)")
+def requests(state, net, uw, x, y, n_core, k, n_req, lr, epochs, seed, tag):
+    """``n_req`` sequential requests of ``k`` samples; (E after the last, median request CPU s, user-alternative
+    CPU s)."""
+    order = torch.arange(n_core, len(y))[torch.randperm(len(y) - n_core, generator=torch.Generator().manual_seed(5))]
+    cpu, diffs = [], {}
+    for r in range(1, n_req + 1):
+        c0 = time.process_time()
+        forget_request(state, x, y, order[(r - 1) * k:r * k].tolist(), sigma=0.0)
+        cpu.append(time.process_time() - c0)
+        if r in (1, 10, n_req):
+            w, w_hat = state.model.delta_flat().detach(), retrain_user_weights(state, x, y)
+            diffs[r] = float((w - w_hat).abs().max() / w_hat.abs().max())
+            print(f"{tag} request {r}: forgot {k}, exact_max_rel_diff {diffs[r]:.2e}, request CPU s {cpu[-1]:.3f}",
+                  flush=True)
+    keep = torch.tensor(sorted(set(range(len(y))) - set(order[:n_req * k].tolist())))
+    c0 = time.process_time()
+    early_stopped(net, uw, x[keep], y[keep], x[keep][:1], y[keep][:1], lr, seed, epochs, epochs + 1)
+    user_s = time.process_time() - c0
+    return diffs[n_req], statistics.median(cpu), user_s
+
+
+def run_seed(name, net, uw, data, seed, a):
+    tag = f"[{name} seed {seed}]"
+    (x, y), (xv, yv), (xt, yt) = data
+    ordinary, lr, _, epochs = tuned_ordinary(net, uw, x, y, xv, yv, seed, a.max_epochs, a.patience, tag)
+    n_core = int(round(a.core_fraction * len(y)))
+    state, pre, head, core_lr, mu = tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, a.mus, epochs, tag)
+    n_core = n_core if core_lr else 0
+    err = {"ordinary": 1 - accuracy(ordinary, f32(xt), yt), "forgettable": 1 - accuracy(state.model, xt, yt),
+           "pretrained_point": 1 - accuracy(pre.model, xt, yt), "head_only": 1 - accuracy(head.model, xt, yt)}
+    gap = 100 * (err["forgettable"] - err["ordinary"])
+    capped = " — AT THE EPOCH CAP: the yardstick may not have converged" if epochs >= a.max_epochs else ""
+    print(f"{tag} ordinary lr {lr:g} ({epochs} epochs{capped}); forgettable at the "
+          f"{'core point (core lr ' + format(core_lr, 'g') + ')' if core_lr else 'pretrained point'}, µ {mu:g}, "
+          f"{state.model.num_linearized} user weights")
+    print(f"{tag} " + "  ".join(f"test_error_{k} {v:.4f}" for k, v in err.items()) + f"  gap_points {gap:.2f}",
+          flush=True)
+    k = max(1, len(y) // 100)
+    e, req_s, user_s = requests(state, net, uw, x, y, n_core, k, a.requests, lr, epochs, seed, tag)
+    print(f"{tag} user fine-tune on D_r {user_s:.2f} CPU s, request {req_s:.4f} CPU s (median): "
+          f"ratio {user_s / req_s:.0f}", flush=True)
+    return gap, user_s / req_s, e
+
+
+def summary(name, results):
+    gaps, ratios, errs = zip(*results)
+    m = statistics.mean(gaps)
+    half = T975.get(len(gaps) - 1, 2.0) * statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else float("nan")
+    print(f"[{name}] per-seed gaps: " + ", ".join(f"{g:.2f}" for g in gaps))
+    print(f"[{name}] accuracy_gap_points {m:.2f} [{m - half:.2f}, {m + half:.2f}]")
+    print(f"[{name}] request_vs_user_finetune {statistics.median(ratios):.0f} [{min(ratios):.0f}, {max(ratios):.0f}]")
+    print(f"[{name}] exact_max_rel_diff {max(errs):.2e}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="N = 400 user samples per model")
-    ap.add_argument("--n", type=int, default=None, help="user samples per model (default 10,000; --small 400)")
-    ap.add_argument("--mu", default="1e-4,1e-5,1e-6,1e-7", help="µ values tried (picked on validation)")
-    ap.add_argument("--core-fraction", type=float, default=0.1,
-                    help="share of the user samples that are never deleted (the point of linearisation)")
-    ap.add_argument("--epochs", type=int, default=None, help="ordinary fine-tuning epochs (default 10; --small 20)")
+    ap.add_argument("--small", action="store_true", help="N = 400, 1 seed, short pretraining: a smoke run")
+    ap.add_argument("--n", type=int, default=None, help="user samples per model (default 1,000; --small 400)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds (default 3; --small 1)")
+    ap.add_argument("--mu", default="1e-3,1e-4,1e-5,1e-6,1e-7", help="µ values tried (picked on validation)")
+    ap.add_argument("--core-fraction", type=float, default=0.1, help="share of the user samples never deleted")
+    ap.add_argument("--max-epochs", type=int, default=40, help="the yardstick's epoch cap (early stopping)")
+    ap.add_argument("--patience", type=int, default=5, help="epochs without a better validation error")
+    ap.add_argument("--requests", type=int, default=20, help="sequential deletion requests of 1 %% each")
     ap.add_argument("--only", choices=["cnn", "transformer"], default=None)
+    ap.add_argument("--cnn-user-weights", default="layers:proj,fc", help="as `mlforget finetune --user-weights`")
+    ap.add_argument("--transformer-user-weights", default="lora:query,value:r2:save=classifier")
     a = ap.parse_args()
-    n = a.n or (400 if a.small else 10_000)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    for name, net, uw, train, val, test in models(n, a.small):
+    a.mus = [float(v) for v in a.mu.split(",")]
+    n = a.n or (400 if a.small else 1000)
+    seeds = a.seeds or (1 if a.small else 3)
+    for name, net, data in pretrained_models(a.small):
+        uw = seeded_user_weights(a.cnn_user_weights if name == "cnn" else a.transformer_user_weights)
         if a.only in (None, name):
-            run(name, net, uw, train, val, test, [float(v) for v in a.mu.split(",")], max(1, n // 100), a.core_fraction,
-                a.epochs or (20 if a.small else 10))
+            t0 = time.perf_counter()
+            results = [run_seed(name, net, uw(s), data(n, s), s, a) for s in range(seeds)]
+            summary(name, results)
+            print(f"[{name}] {time.perf_counter() - t0:.0f} s wall", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
 
     scrubnet mlforget train --out ml/ [--dataset mnist1d --seed 0 --ml-options '{"mu": 0.05}']
     scrubnet mlforget finetune --model FILE.py:FACTORY|hf:DIR [--weights W] --data D.npz \
-        --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05]
+        --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05|auto]
+        [--core-ids 0,1,2 [--core-lr 0.01 --core-epochs 40] [--no-core-check]]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
     scrubnet mlforget forget-all --checkpoint ml/
@@ -17,6 +18,7 @@ Bad input gives one line ``error: …`` on stderr and exit code 2; nothing parti
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import List, Optional
 
@@ -104,6 +106,34 @@ def train(out: Path = typer.Option(..., "--out", help="new checkpoint directory 
                f"(never forgettable), {state.model.num_linearized} user weights")
 
 
+#: the largest --target-scale accepted: the regression targets s·onehot enter squared sums (s ≤ 1e6 keeps
+#: every sum far from float64's range, and no use needs more: 5 is the default)
+MAX_TARGET_SCALE = 1e6
+
+
+def _check_finetune_options(mu: str, target_scale: float, sigma: float, dtype: str, core_lr: float,
+                            core_epochs: int):
+    """µ (a float or 'auto') after checking every numeric option of ``finetune``; a ``UserError`` naming the
+    option and its value before any work."""
+    try:
+        mu_value = mu if mu == "auto" else float(mu)
+    except ValueError:
+        raise UserError(f"--mu must be a number > 0 or 'auto', got {mu!r}") from None
+    if mu_value != "auto" and not (math.isfinite(mu_value) and mu_value > 0):
+        raise UserError(f"--mu must be a finite number > 0 or 'auto', got {mu}")
+    if not (math.isfinite(target_scale) and 0 < target_scale <= MAX_TARGET_SCALE):
+        raise UserError(f"--target-scale must be a finite number in (0, {MAX_TARGET_SCALE:g}], got {target_scale:g}")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise UserError(f"--sigma must be a finite number ≥ 0, got {sigma:g}")
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not (math.isfinite(core_lr) and core_lr > 0):
+        raise UserError(f"--core-lr must be a finite number > 0, got {core_lr:g}")
+    if core_epochs < 1:
+        raise UserError(f"--core-epochs must be ≥ 1, got {core_epochs}")
+    return mu_value
+
+
 def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directory (must not exist)"),
              model: str = typer.Option(..., "--model", help="the pretrained model: FILE.py:FACTORY, "
                                        "MODULE:FACTORY or hf:DIR (a HuggingFace directory, nothing downloaded)"),
@@ -131,6 +161,10 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                                           help="a file of core sample ids (formats of --ids)"),
              core_lr: float = typer.Option(1e-2, help="learning rate of the core fine-tuning (Adam, CE)"),
              core_epochs: int = typer.Option(40, help="epochs of the core fine-tuning"),
+             core_check: bool = typer.Option(True, "--core-check/--no-core-check",
+                                             help="compare the core point with the pretrained point on held-out "
+                                             "samples and drop a core that makes the model worse (off: your "
+                                             "own validation decides)"),
              threads: int = threads_option(THREADS_HELP),
              device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
@@ -139,16 +173,13 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     if out.exists():
         raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
     require_writable(out)
-    try:
-        mu_value = mu if mu == "auto" else float(mu)
-    except ValueError:
-        raise UserError(f"--mu must be a number > 0 or 'auto', got {mu!r}") from None
-    if dtype not in DTYPES or not ((mu_value == "auto" or mu_value > 0) and target_scale > 0 and sigma >= 0):
-        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}; --mu and --target-scale > 0, --sigma ≥ 0")
-    if not (core_lr > 0 and core_epochs >= 1):
-        raise UserError("--core-lr must be > 0 and --core-epochs ≥ 1")
+    mu_value = _check_finetune_options(mu, target_scale, sigma, dtype, core_lr, core_epochs)
     core = None if core_ids is None and core_ids_file is None else \
         read_ids(core_ids, core_ids_file, "--core-ids or --core-ids-file")
+    if core is not None and len(set(core)) != len(core):
+        dup = sorted({i for i in core if core.count(i) > 1})
+        raise UserError(f"--core-ids names sample {dup[0]} more than once ({len(dup)} duplicated id"
+                        f"{'s' if len(dup) > 1 else ''}); give each core sample once")
     spec = parse_user_weights(user_weights)
     base = base_record(model, default_weights(model, weights), parse_options(model_option, "--model-option"),
                        dtype)
@@ -162,10 +193,17 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         raise UserError(f"--core-ids must name 1 to {len(ud.y) - 1} distinct samples in [0, {len(ud.y)})")
     state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu_value, target_scale=target_scale,
                                  sigma=sigma, solver=solver, seed=seed, core_ids=core,
-                                 core_train={"lr": core_lr, "epochs": core_epochs})
+                                 core_train={"lr": core_lr, "epochs": core_epochs}, check_core=core_check)
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
-             data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data)})
+             data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data, out)})
     kept = f"{len(state.core_ids)} never deletable (core)" if len(state.core_ids) else "all deletable"
+    check = state.train_info.get("core_check")
+    if check is not None:
+        errs = (f"held-out error {check['core_error']:.3f} at the core point, {check['pretrained_error']:.3f} at "
+                f"the pretrained point ({check['held_out']} samples)")
+        typer.echo(f"core check: {errs}: kept" if check["kept"] else
+                   f"core dropped: the core fine-tuning made the model worse ({errs}); linearised at the "
+                   "pretrained point instead, every sample deletable (try a smaller --core-lr)")
     if "mu_search" in state.train_info:
         found = state.train_info["mu_search"]
         typer.echo(f"mu auto: {found['chosen']:g} (held-out error by mu: "

@@ -213,7 +213,8 @@ def core_point(model: nn.Module, x: Inputs, y: Tensor, core_ids: Tensor, user_we
 def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_classes: int | None = None, *,
                          user_weights: UserWeights = "head", target_scale: float = 5.0, mu: float = 0.05,
                          sigma: float = 1e-4, solver: str = "auto", config: MLConfig | None = None,
-                         core_ids=None, core_train: dict | None = None, seed: int = 0) -> MLState:
+                         core_ids=None, core_train: dict | None = None, check_core: bool = True,
+                         seed: int = 0) -> MLState:
     """Fine-tune ``model`` forgettably on (x, y) (module docstring); returns the trained state.
 
     Parameters
@@ -246,6 +247,11 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
         ``user_data='all'``) and every request naming one is refused.
     core_train : dict, optional
         The core fine-tuning's settings (:func:`core_point`).
+    check_core : bool
+        With a core: compare the core point with the pretrained point on held-out deletable samples
+        (:func:`compare_points`) and, when the core point is worse, linearise at the pretrained point instead,
+        every sample deletable (``state.user_weights["core_dropped"]`` and ``train_info["core_check"]`` say
+        so). False: linearise at the core point unchecked.
     seed : int
 
     Returns
@@ -259,22 +265,16 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     y = data_y if y is None else y
     c = _check_data(data_x, y, num_classes)
     sha = state_dict_sha256(model)
-    core = torch.zeros(0, dtype=torch.long)
-    start, core_info = model, None
-    if core_ids is not None:
-        core = torch.unique(torch.as_tensor(np.asarray(core_ids, dtype=np.int64).reshape(-1)))
-        if not len(core) or int(core.min()) < 0 or int(core.max()) >= len(y) or len(core) >= len(y):
-            raise ValueError(f"core_ids must be 1 to {len(y) - 1} distinct positions in [0, {len(y)})")
-        start, user_weights, core_info = core_point(model, data_x, y, core, user_weights, core_train, seed)
-    net, names, spec = user_weight_names(start, user_weights)
-    if core_info is not None:
-        spec["core"] = core_info
-    search = None
+    if isinstance(mu, str) and (mu != "auto" or config is not None):
+        raise ValueError(f"mu must be a number > 0 or 'auto' (without config=), got {mu!r}")
+    opts = {"target_scale": target_scale, "solver": solver, "seed": seed}
+    (net, names, spec), core, check, search = _linearisation_point(model, data_x, y, c, user_weights, core_ids,
+                                                                   core_train, check_core, mu, opts)
     if isinstance(mu, str):
-        if mu != "auto" or config is not None:
-            raise ValueError(f"mu must be a number > 0 or 'auto' (without config=), got {mu!r}")
-        mu, search = select_mu(net, names, data_x, y, c, core, target_scale=target_scale, solver=solver,
-                               seed=seed)
+        if search is None:
+            search = select_mu(net, names, data_x, y, c, core, **opts)[1]
+        refuse_near_chance(search)
+        mu = search["chosen"]
     cfg = _solver_config(config, names, isinstance(data_x, ModelInputs), mu=mu, target_scale=target_scale,
                          sigma=sigma, solver=SolverConfig(solver=solver))
     lin = tangent_network(net, names)
@@ -283,11 +283,33 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     state.space(data_x)
     train_exact_factored(state, data_x, y, torch.Generator().manual_seed(7919 * int(seed) + 11))
     state.train_info["user_weights"] = int(lin.num_linearized)
-    if search is not None:
-        state.train_info["mu_search"] = search
+    state.train_info.update({k: v for k, v in (("mu_search", search), ("core_check", check)) if v is not None})
     if state_dict_sha256(model) != sha:  # the copies above must have left it alone
         raise RuntimeError("the pretrained model changed during fine-tuning")
     return state
+
+
+def _linearisation_point(model, x, y, c, user_weights, core_ids, core_train, check_core, mu, opts):
+    """((network, user-weight names, spec), core positions, core check or None, µ search or None): the
+    pretrained point, or the core point (checked against it by :func:`compare_points` unless ``check_core``
+    is False; dropped when worse)."""
+    core = torch.zeros(0, dtype=torch.long)
+    at_pre = user_weight_names(model, user_weights)
+    if core_ids is None:
+        return at_pre, core, None, None
+    core = torch.unique(torch.as_tensor(np.asarray(core_ids, dtype=np.int64).reshape(-1)))
+    if not len(core) or int(core.min()) < 0 or int(core.max()) >= len(y) or len(core) >= len(y):
+        raise ValueError(f"core_ids must be 1 to {len(y) - 1} distinct positions in [0, {len(y)})")
+    start, uw_core, core_info = core_point(model, x, y, core, user_weights, core_train, opts["seed"])
+    at_core = user_weight_names(start, uw_core)
+    at_core[2]["core"] = core_info
+    if not check_core:
+        return at_core, core, None, None
+    keep, check, search = compare_points(at_core[:2], at_pre[:2], x, y, c, core, mu, **opts)
+    if keep:
+        return at_core, core, check, search
+    at_pre[2]["core_dropped"] = {**check, "core_samples": core_info["core_samples"]}
+    return at_pre, torch.zeros(0, dtype=torch.long), check, search  # the pretrained point: all deletable
 
 
 #: µ values tried by ``mu="auto"`` (the objective is a mean, so the ridge is Nµ: the best µ falls with N)
@@ -298,7 +320,7 @@ MU_TIE = 0.005
 
 def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classes: int, core: Tensor, *,
               target_scale: float = 5.0, solver: str = "auto", seed: int = 0, grid=MU_GRID,
-              held_out: float = 0.1) -> tuple[float, dict]:
+              held_out: float = 0.1, n_held_out: int | None = None) -> tuple[float, dict]:
     """µ for ``forgettable_finetune(mu="auto")``: held-out error of the forgettable model over ``grid``.
 
     A seeded ``held_out`` share of the deletable samples (never core samples) is set aside; the mixed-linear
@@ -323,15 +345,20 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
         The µ values tried.
     held_out : float
         Share of the deletable samples held out (at least 20 samples).
+    n_held_out : int, optional
+        The number held out instead (at least 1; :func:`compare_points`).
 
     Returns
     -------
-    (µ, {"held_out": n, "errors": {str(µ): error}, "chosen": µ})
+    (µ, {"held_out": n, "errors": {str(µ): error}, "chosen": µ, "best": the least error, "chance": the
+    held-out error of always predicting the fitted samples' most frequent class})
     """
     core_set = set(core.tolist())
     deletable = torch.tensor([i for i in range(len(y)) if i not in core_set], dtype=torch.long)
-    n_val = int(round(held_out * len(deletable)))
-    if n_val < 20:
+    n_val = int(round(held_out * len(deletable))) if n_held_out is None else int(n_held_out)
+    if n_held_out is not None and not 1 <= n_val < len(deletable):
+        raise ValueError(f"n_held_out must lie in [1, {len(deletable)}), got {n_val}")
+    if n_held_out is None and n_val < 20:
         raise ValueError(f"mu='auto' holds out {held_out:.0%} of the deletable samples and needs at least 20 "
                          f"there; {len(deletable)} deletable samples are too few: give mu")
     g = torch.Generator().manual_seed(7919 * int(seed) + 5)
@@ -354,7 +381,67 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
         errors[mu] = 1.0 - accuracy(st.model, x[val], y[val])
     best = min(errors.values())
     chosen = max(mu for mu, e in errors.items() if e <= best + MU_TIE)
-    return chosen, {"held_out": n_val, "errors": {f"{k:g}": v for k, v in errors.items()}, "chosen": chosen}
+    majority = int(torch.bincount(y[fit], minlength=num_classes).argmax())
+    chance = float((y[val] != majority).double().mean())
+    return chosen, {"held_out": n_val, "errors": {f"{k:g}": v for k, v in errors.items()}, "chosen": chosen,
+                    "best": best, "chance": chance}
+
+
+def near_chance(best: float, chance: float, n: int) -> bool:
+    """True when a held-out error ``best`` on ``n`` samples is near the ``chance`` error (of the most frequent
+    class): within a tenth of it, or within one binomial standard error of it."""
+    margin = max(0.1 * chance, (chance * (1.0 - chance) / max(n, 1)) ** 0.5)
+    return best >= chance - margin
+
+
+def refuse_near_chance(search: dict) -> None:
+    """``ValueError`` when a µ search's best held-out error is near chance (:func:`near_chance`): no µ makes
+    the forgettable model better than predicting the most frequent class, and a checkpoint would be useless."""
+    if near_chance(search["best"], search["chance"], search["held_out"]):
+        raise ValueError(
+            f"mu='auto': the best held-out error over the µ grid is {search['best']:.3f}, near chance "
+            f"({search['chance']:.3f}, the most frequent class, on {search['held_out']} held-out samples); the "
+            "linearised model learns nothing here: check the labels, the user weights and the point of "
+            "linearisation (a core that damaged the network is dropped only when the pretrained point is better)")
+
+
+def compare_points(at_core: tuple, at_pretrained: tuple, x: Inputs, y: Tensor, num_classes: int, core: Tensor,
+                   mu, **opts) -> tuple[bool, dict, dict | None]:
+    """Is the core point at least as good a point of linearisation as the pretrained one, on held-out data?
+
+    The same seeded held-out share of the deletable samples (10 %, at least min(20, half)) scores both: with
+    a µ, the forgettable model fitted exactly on the rest at that µ; with ``mu="auto"``, the best over the µ
+    grid (:func:`select_mu` at each point). The core point is kept unless its error is larger.
+
+    Parameters
+    ----------
+    at_core, at_pretrained : (network, user-weight names)
+        The networks to linearise (adapters applied) at the core point and at the pretrained point.
+    x, y : inputs (N, ...) and labels (N,)
+    num_classes : int
+    core : Tensor (k,), int64
+        Core positions (never held out; still fitted on at both points).
+    mu : float or "auto"
+    **opts
+        ``target_scale``, ``solver``, ``seed`` of :func:`select_mu`.
+
+    Returns
+    -------
+    (keep the core point, {"core_error", "pretrained_error", "held_out", "mu"}, the core point's µ search when
+    ``mu="auto"`` and it is kept, else the pretrained point's, else None)
+    """
+    n_del = len(y) - len(core)
+    n_val = max(int(round(0.1 * n_del)), min(20, n_del // 2))
+    auto = isinstance(mu, str)
+    if n_val < 1:
+        raise ValueError(f"the core check needs at least 2 deletable samples to hold one out, got {n_del}; give "
+                         "fewer core_ids or check_core=False")
+    kw = {} if auto else {"grid": (float(mu),), "n_held_out": n_val}
+    found = [select_mu(*point, x, y, num_classes, core, **opts, **kw)[1] for point in (at_core, at_pretrained)]
+    keep = found[0]["best"] <= found[1]["best"]
+    check = {"core_error": found[0]["best"], "pretrained_error": found[1]["best"],
+             "held_out": found[0]["held_out"], "mu": "auto" if auto else float(mu), "kept": bool(keep)}
+    return keep, check, (found[0] if keep else found[1]) if auto else None
 
 
 @torch.no_grad()

@@ -5,11 +5,20 @@ ML checkpoint (:mod:`scrubnet.mlforget.store`) whose static record has ``arch`` 
 ``finetune`` entry:
 
 * ``base``: the pretrained model's source — ``model`` (``FILE.py:FACTORY``, ``MODULE:FACTORY`` or ``hf:DIR``),
-  ``options`` (the factory's keyword arguments), ``weights`` (the weights file, absolute path),
+  ``options`` (the factory's keyword arguments), ``weights`` (the weights file),
   ``weights_sha256`` (sha256 of that file's bytes), ``dtype`` (the model is cast to it before fine-tuning) and
   ``state_dict_sha256`` (``state.base_sha256``: the state_dict of the cast model);
 * ``user_weights``: the spec (``state.user_weights``: LoRA config, layer prefixes or head);
-* ``data``: the ``.npz`` file (absolute path; its array fingerprint is the checkpoint's ``data_fingerprint``).
+* ``data``: the ``.npz`` file (its array fingerprint is the checkpoint's ``data_fingerprint``);
+* ``absolute``: the same three paths, absolute, as they were when the checkpoint was written.
+
+**Paths.** ``model`` (its file or directory), ``weights`` and ``data`` are recorded relative to the checkpoint
+directory, so a checkpoint moved together with its base model and data (a project directory copied elsewhere,
+or a self-contained checkpoint holding ``base/`` and ``data.npz``, as :mod:`scrubnet.mlforget.hf` writes) still
+works; a checkpoint moved alone finds them at their ``absolute`` paths. Each path is tried relative to the
+checkpoint first, then absolute (checkpoints written before relative paths hold absolute ones only), and the
+file found is accepted only if its hash is the recorded one. The record is part of the hash chain, so it is
+never rewritten: a move changes nothing in the checkpoint.
 
 The store rebuilds the network's *structure* from these (the base model, its adapters) and loads the stored
 weights into it; the base model is loaded from its file and refused when either hash differs, so a request
@@ -17,6 +26,7 @@ never runs on another base model. The base model's file is only read, never writ
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -88,6 +98,71 @@ def user_weights_from_dict(spec: dict) -> UserWeights:
     raise ValueError(f"unknown user-weights kind {kind!r} in the checkpoint")
 
 
+#: the key under which the store passes a fine-tune checkpoint's directory to :func:`finetune_data` (a copy of
+#: the static record, never stored)
+ROOT_KEY = "checkpoint_dir"
+
+
+def with_root(static: dict, path: str | Path) -> dict:
+    """A copy of a checkpoint's static record that names its directory (:data:`ROOT_KEY`), for the data
+    loader; the record itself is left alone (its fields are digested in the hash chain)."""
+    return {**static, ROOT_KEY: str(Path(path).resolve())} if is_finetune(static) else static
+
+
+def _is_file_spec(spec: str) -> bool:
+    return ":" in spec and spec.rsplit(":", 1)[0].endswith(".py")
+
+
+def _spec_path(spec: str) -> str | None:
+    """The file or directory a model spec names (``hf:DIR``, ``FILE.py:FACTORY``), None for ``MODULE:FACTORY``."""
+    if spec.startswith(HF_PREFIX):
+        return spec[len(HF_PREFIX):]
+    return spec.rsplit(":", 1)[0] if _is_file_spec(spec) else None
+
+
+def _with_spec_path(spec: str, path: str) -> str:
+    if spec.startswith(HF_PREFIX):
+        return HF_PREFIX + path
+    return f"{path}:{spec.rsplit(':', 1)[1]}" if _is_file_spec(spec) else spec
+
+
+def _relative(path: str, root: Path) -> str:
+    return os.path.relpath(Path(path).resolve(), root.resolve())
+
+
+def candidates(rel: str, absolute: str | None, root: str | Path | None) -> list[Path]:
+    """Where a recorded path may be now: relative to the checkpoint directory ``root`` first, then the
+    recorded absolute path (both when they differ; an absolute ``rel`` of an older checkpoint stays itself)."""
+    out = [Path(root) / rel] if root is not None else [Path(rel)]
+    if absolute and Path(absolute) not in out:
+        out.append(Path(absolute))
+    return out
+
+
+def _first_existing(paths: list[Path]) -> Path:
+    return next((p for p in paths if p.exists()), paths[0])
+
+
+def located_base(ft: dict, root: str | Path | None) -> dict:
+    """The ``finetune.base`` record with ``model`` and ``weights`` resolved to where they are now
+    (:func:`candidates`; the weights: the first whose sha256 is the recorded one, else the first found)."""
+    base, absolute = dict(ft["base"]), ft.get("absolute") or {}
+    where = candidates(base["weights"], absolute.get("weights"), root)
+    found = [p for p in where if p.is_file()]
+    if not found:
+        raise ValueError("the base model's weights file is not found at " + " nor ".join(map(str, where))
+                         + " (the checkpoint needs it; it was recorded with its sha256)")
+    want = base.get("weights_sha256")
+    good = [p for p in found if want and file_sha256(p) == want]
+    weights = (good or found)[0]
+    spec_path = _spec_path(base["model"])
+    if spec_path is not None:
+        where = _first_existing(candidates(spec_path, _spec_path(absolute.get("model") or "") or None, root))
+        base["model"] = _with_spec_path(base["model"], str(where))
+    base["weights"] = str(weights)
+    return base
+
+
 def load_base(base: dict) -> nn.Module:
     """The pretrained model a checkpoint's ``finetune.base`` record names, checked against both its hashes.
 
@@ -129,7 +204,24 @@ def default_weights(model_spec: str, weights: str | Path | None) -> Path:
 
 
 def base_record(model_spec: str, weights: str | Path, options: dict | None, dtype: str) -> dict:
-    """The ``finetune.base`` record of a model source (hashes filled in by :func:`finetune_record`)."""
+    """The ``finetune.base`` record of a model source, absolute paths (made relative to the checkpoint and
+    the hashes filled in by :func:`finetune_record`).
+
+    Parameters
+    ----------
+    model_spec : str
+        ``FILE.py:FACTORY``, ``MODULE:FACTORY`` or ``hf:DIR``.
+    weights : str or Path
+        The weights file.
+    options : dict, optional
+        The factory's keyword arguments.
+    dtype : str
+        ``float64`` or ``float32``.
+
+    Returns
+    -------
+    dict
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     spec = model_spec
@@ -142,32 +234,74 @@ def base_record(model_spec: str, weights: str | Path, options: dict | None, dtyp
             "weights_sha256": None, "dtype": dtype, "state_dict_sha256": None}
 
 
-def finetune_record(base: dict, state, data_path: str | Path) -> dict:
-    """The static record's ``finetune`` entry for a state trained from ``base`` (:func:`base_record`)."""
-    return {"base": {**base, "weights_sha256": file_sha256(base["weights"]),
-                     "state_dict_sha256": state.base_sha256},
-            "user_weights": state.user_weights, "data": str(Path(data_path).resolve())}
+def finetune_record(base: dict, state, data_path: str | Path, out: str | Path) -> dict:
+    """The static record's ``finetune`` entry for a state trained from ``base`` (:func:`base_record`), its
+    paths relative to the checkpoint directory ``out`` (module docstring, "Paths").
+
+    Parameters
+    ----------
+    base : dict
+        :func:`base_record` (absolute paths).
+    state : MLState
+        The fine-tuned state (``base_sha256``, ``user_weights``).
+    data_path : str or Path
+        The ``.npz`` file.
+    out : str or Path
+        The checkpoint directory the record will be in (it need not exist yet).
+
+    Returns
+    -------
+    dict
+    """
+    root = Path(out).resolve()
+    data_abs = str(Path(data_path).resolve())
+    spec_path = _spec_path(base["model"])
+    rel_model = base["model"] if spec_path is None else _with_spec_path(base["model"], _relative(spec_path, root))
+    return {"base": {**base, "model": rel_model, "weights": _relative(base["weights"], root),
+                     "weights_sha256": file_sha256(base["weights"]), "state_dict_sha256": state.base_sha256},
+            "user_weights": state.user_weights, "data": _relative(data_abs, root),
+            "absolute": {"model": base["model"], "weights": str(Path(base["weights"]).resolve()),
+                         "data": data_abs}}
 
 
-def rebuild_network(static: dict) -> LinearizedModel:
+def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedModel:
     """The linearised network of a fine-tune checkpoint, its user weights at 0: the base model (hashes
-    checked), its adapters, the tangent in the user weights. The store loads the stored weights into it."""
+    checked), its adapters, the tangent in the user weights. The store loads the stored weights into it.
+
+    Parameters
+    ----------
+    static : dict
+        The checkpoint's static record.
+    root : str or Path, optional
+        The checkpoint directory (relative paths are resolved against it; default: ``static``'s
+        :data:`ROOT_KEY`, else the working directory).
+
+    Returns
+    -------
+    LinearizedModel
+    """
     ft = static["finetune"]
-    base = load_base(ft["base"])
+    base = load_base(located_base(ft, root if root is not None else static.get(ROOT_KEY)))
     net, names, _ = user_weight_names(base, user_weights_from_dict(ft["user_weights"]))
     return tangent_network(net, names)
 
 
 def finetune_data(static: dict) -> tuple:
-    """The data D of a fine-tune checkpoint: its ``.npz`` read again and checked against the recorded
-    fingerprint (``ValueError`` on a mismatch).
+    """The data D of a fine-tune checkpoint: its ``.npz`` read again (beside the checkpoint, ``static``'s
+    :data:`ROOT_KEY`, first; then at its absolute path) and checked against the recorded fingerprint
+    (``ValueError`` on a mismatch).
 
     Returns
     -------
     (x, y) : (Tensor or ModelInputs (n, ...), Tensor (n,) int64)
     """
-    path = static["finetune"]["data"]
-    data = load_user_data(path)
+    ft = static["finetune"]
+    found = candidates(ft["data"], (ft.get("absolute") or {}).get("data"), static.get(ROOT_KEY))
+    path, data = found[0], None
+    for path in [p for p in found if p.exists()] or found[:1]:
+        data = load_user_data(path)
+        if not static.get("data_fingerprint") or data.fingerprint == static["data_fingerprint"]:
+            break
     if static.get("data_fingerprint") and data.fingerprint != static["data_fingerprint"]:
         raise ValueError(f"the data file {path} differs from the data the checkpoint was trained on "
                          "(fingerprint mismatch)")

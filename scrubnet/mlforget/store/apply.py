@@ -50,6 +50,7 @@ from scrubnet.mlforget.store.blobs import (_check_finite_model, _read_factor, _r
                                            _write_weights, factor_key, weights_bytes)
 from scrubnet.mlforget.store.chain import _seal_request, _seal_state
 from scrubnet.mlforget.store.db import _empty_model, _load_state, _open, _write_transaction
+from scrubnet.mlforget.ftstore import with_root
 from scrubnet.mlforget.store.schema import (FACTOR, PRIMAL_FORMAT, REQUEST_COLUMNS, WEIGHTS, StoreError,
                                             _insert_request, _now, _pause, _read_state, _row_to_request, _sha)
 
@@ -92,7 +93,7 @@ def _apply(path: str | Path, kind: str, key: str, compute, prepare=None, on_comm
     found the request already stored."""
     with _open(path, write=True) as (p, con, static):
         prepared = prepare(static) if prepare is not None else None
-        model = _empty_model(static)
+        model = _empty_model(static, p)
         with _write_transaction(con):
             _pause("locked")
             row = con.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE key = ?", (key,)).fetchone()
@@ -165,7 +166,7 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
         elif data_loader is None:
             raise StoreError("no data given for the forgetting request")
         else:
-            data = data_loader(static)
+            data = data_loader(with_root(static, path))  # a fine-tune's data: relative to the checkpoint
         return data, _read_factor(Path(path)), _read_primal(Path(path))
 
     def compute(state, st, prepared):

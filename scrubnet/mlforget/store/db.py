@@ -163,9 +163,9 @@ def _write_transaction(con: sqlite3.Connection):
     con.execute("COMMIT")
 
 
-def _empty_model(static: dict) -> LinearizedModel:
-    if is_finetune(static):  # a forgettable fine-tune: the recorded base model (hash-checked) and its adapters
-        return rebuild_network(static)
+def _empty_model(static: dict, path: Path | None = None) -> LinearizedModel:
+    if is_finetune(static):  # a forgettable fine-tune: the recorded base model (hash-checked) and its adapters,
+        return rebuild_network(static, path)  # its paths relative to the checkpoint directory
     cfg = MLConfig.from_dict(static["ml_config"])
     core = build_model(static["arch"], static["in_shape"], static["num_classes"], seed=0, **static["arch_options"])
     if cfg.leaky_slope is not None:
@@ -180,7 +180,7 @@ def _load_state(path: Path, static: dict, st: dict, model: LinearizedModel | Non
     data = wf.read_bytes()
     if _sha(data) != st["weights_sha256"]:
         raise StoreError(f"{wf} does not match its sha256: the checkpoint is corrupt")
-    model = _empty_model(static) if model is None else model
+    model = _empty_model(static, path) if model is None else model
     try:
         model.load_state_dict(st_load(data), strict=True)
     except RuntimeError as e:

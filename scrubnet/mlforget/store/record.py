@@ -21,9 +21,12 @@ from scrubnet.mlforget.store.schema import (DB, FORMAT, PRIMAL_FORMAT, REQUEST_C
 
 
 def save_new(path: str | Path, state: MLState, *, arch: str, in_shape, arch_options: dict | None = None,
-             data: dict | None = None, data_fingerprint: str | None = None, extra: dict | None = None) -> dict:
+             data: dict | None = None, data_fingerprint: str | None = None, extra: dict | None = None,
+             files: dict | None = None) -> dict:
     """Create checkpoint directory ``path`` (must not exist) for ``state``; built in a temporary directory
-    and renamed, so an interrupted save leaves nothing at ``path``. Returns the training request's record."""
+    and renamed, so an interrupted save leaves nothing at ``path``. ``files`` ({name in the checkpoint: file
+    or directory}) are moved into it before the rename (a fine-tune's base model and data, kept beside the
+    record). Returns the training request's record."""
     path = Path(path)
     if path.exists():
         raise StoreError(f"{path} already exists; choose a new checkpoint directory")
@@ -34,6 +37,8 @@ def save_new(path: str | Path, state: MLState, *, arch: str, in_shape, arch_opti
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a checkpoint gets the usual permissions
     try:
+        for name, src in (files or {}).items():
+            shutil.move(str(src), str(tmp / name))
         data_bytes = weights_bytes(state.model)
         sha = _sha(data_bytes)
         (tmp / WEIGHTS).mkdir()
