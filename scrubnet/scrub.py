@@ -9,11 +9,14 @@ checks exist once:
    :class:`~scrubnet.recipe.objective.RecipeMismatch` unless ``ctx.force``;
 2. the method's own failure (a solver at its iteration cap or above its tolerance, a refused step): the
    result is ``ok=False`` with the method's reasons;
-3. the retain-error rule: a scrub that raises the error on D_r by more than ``retain_error_tolerance`` is
+3. the retain guard (:mod:`scrubnet.training.guard`) while a fine-tuning method runs (``retain_rule="fail"``):
+   a retain error rising past half the tolerance on a probe of D_r puts back the last good weights and halves
+   the step sizes, then stops the training; what it did is in ``checks["retain_guard"]`` and the warnings;
+4. the retain-error rule: a scrub that raises the error on D_r by more than ``retain_error_tolerance`` is
    ``ok=False`` (``retain_rule="fail"``, every entry point but one) or only reported in
    ``checks["retain_error"]`` (``retain_rule="report"``: the protocol experiment, whose results record the
    method's own verdict and every readout, and must not change with this rule);
-4. the forgetting verdict, when held-out data are given (``test``): does D_f now look like data the model
+5. the forgetting verdict, when held-out data are given (``test``): does D_f now look like data the model
    never saw (:func:`~scrubnet.readouts.forgetting.forgetting_verdict`, no retrained model needed)? A method
    whose purpose is forgetting (its ``forgets`` trait) that ends at ``did_not_forget`` or ``moved_wrong_way``
    is ``ok=False`` (``on_not_forgotten="fail"``) or only warned (``"warn"``); the verdict is in
@@ -36,6 +39,7 @@ from scrubnet.readouts.forgetting import ForgettingVerdict, forgetting_verdict
 from scrubnet.readouts.information import weight_information
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.recipe.objective import check_stationarity
+from scrubnet.training.guard import GUARD_SHARE, RetainGuard, active_guard
 
 #: what the retain-error rule does with a scrub over the tolerance
 RETAIN_RULES = ("fail", "report")
@@ -177,11 +181,19 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     if method.uses_curvature and method.needs_retain and ctx.verify_recipe and not ctx.force:
         st = check_stationarity(model, retain_s, ctx.recipe, ctx.center(model), method=method.name)
         checks["stationarity"] = st.as_dict()
-    res = method(model, retain_s, forget_s, ctx)
+    guard = None
+    if method.forgets and not method.uses_curvature and method.needs_retain and retain_rule == "fail":
+        guard = RetainGuard.from_stream(model, retain_s, GUARD_SHARE * retain_error_tolerance, seed=ctx.seed)
+    with active_guard(guard):
+        res = method(model, retain_s, forget_s, ctx)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
                        report=dict(res.info), noise=res.noise, checks=checks, scrub=res,
                        warnings=list(res.warnings))
+    if guard is not None:
+        checks["retain_guard"] = {"checks": guard.checks, "backoffs": guard.backoffs, "stopped": guard.stopped,
+                                  "probe_error_before": guard.base_error, "tolerance": guard.tolerance}
+        out.warnings += [f"retain guard: {e}" for e in guard.events]
     if reference is not None and res.noise is not None:
         other = method.noise_at(reference, retain_s, forget_s, ctx)
         if other is not None:
