@@ -43,6 +43,8 @@ from scrubnet.training.guard import GUARD_SHARE, RetainGuard, active_guard
 
 #: what the retain-error rule does with a scrub over the tolerance
 RETAIN_RULES = ("fail", "report")
+#: methods that draw a random part of D_r by index (a DataLoader reaches them as its data set read by index)
+DRAWS_PART_OF_RETAIN = frozenset({"bad-teacher"})
 #: the default tolerance of the retain-error rule (a fraction: 0.05 = 5 points of error)
 RETAIN_ERROR_TOLERANCE = 0.05
 #: what a failing forgetting verdict does to a method whose purpose is forgetting
@@ -184,8 +186,11 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     guard = None
     if method.forgets and not method.uses_curvature and method.needs_retain and retain_rule == "fail":
         guard = RetainGuard.from_stream(model, retain_s, GUARD_SHARE * retain_error_tolerance, seed=ctx.seed)
+    given = retain_s
+    if method.name in DRAWS_PART_OF_RETAIN and retain_s.indexed() is not None:
+        given = retain_s.indexed()   # a DataLoader over a map-style data set: read by index, its collate_fn kept
     with active_guard(guard):
-        res = method(model, retain_s, forget_s, ctx)
+        res = method(model, given, forget_s, ctx)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
                        report=dict(res.info), noise=res.noise, checks=checks, scrub=res,
