@@ -28,6 +28,7 @@ from scrubnet.methods import ForgetContext, ForgettingMethod, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
+from scrubnet.tuning.profile import TunedProfile, note_auto, resolve_profile
 from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed, scrub_and_measure
 
 ON_FAILURE = ("raise", "return")
@@ -40,7 +41,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            classifier: str | None = None, force: bool = False, readouts: bool = False, test=None,
            reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
-           max_cost_vs_retrain: float | None = None, **method_options: Any) -> tuple[nn.Module, ForgetResult]:
+           max_cost_vs_retrain: float | None = None, profile: TunedProfile | str | None = None,
+           **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
     Parameters
@@ -50,7 +52,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain, forget : tensors, Dataset or DataLoader
         D_r, D_f: ``(x (n, ...), y (n,))`` tensors, or a ``Dataset`` / ``DataLoader`` of tuple or dict batches.
     method : str
-        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
+        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``), or ``"auto"``:
+        the method a tuned ``profile`` chose (:func:`scrubnet.tuning.tune.tune`), at its tuned options.
     recipe : TrainingRecipe, optional
         How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     seed : int
@@ -80,6 +83,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     max_cost_vs_retrain : float, optional
         Refuse (``BudgetExceeded``, before any work) a call estimated above this many retrainings from the
         model's initialisation with the recipe (:func:`scrubnet.cost_guard.price_call`).
+    profile : TunedProfile or str, optional
+        With ``method="auto"``: the tuned profile (or its JSON file) of this model; refused on other weights.
     **method_options
         The method's options, checked against its rules. A method costing more than one retraining runs its
         budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
@@ -101,6 +106,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
     keys = keys or BatchKeys()
+    auto = None
+    if method == "auto":
+        auto = resolve_profile(profile, model)
+        method, method_options = auto.method, {**auto.options, **method_options}
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
                    classifier=classifier)
@@ -112,6 +121,8 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     out = _priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
                         retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
                         on_not_forgotten=on_not_forgotten)
+    if auto is not None:
+        note_auto(out, auto, len(forget_s))
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out

@@ -228,6 +228,10 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     if test is not None:
         verdict_step(out, method, model, retain_s, forget_s, as_stream(test, chunk_size=ctx.chunk_size),
                      on_not_forgotten)
+    if guard is not None and guard.stopped and not guard.progressed:   # every step undone: it did nothing
+        out.ok = False
+        out.reasons.append(f"the retain guard undid every step of {method.name} (the model returned is the "
+                           f"original): {guard.events[-1]}; lower its rate or tune it (scrubnet tune)")
     return out
 
 

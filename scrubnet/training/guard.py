@@ -69,6 +69,7 @@ class RetainGuard:
         self.good: dict[str, Tensor] | None = None
         self.steps = self.backoffs = self.checks = 0
         self.stopped = False
+        self.progressed = False   # a check after some step passed: the returned weights moved
         self.events: list[str] = []
 
     @classmethod
@@ -124,8 +125,9 @@ class RetainGuard:
         wrong = total = 0
         try:
             for x, y in self.probe:
-                pred = call_model(model, x.to(dev)).argmax(-1)
-                wrong += int((pred != y.to(dev)).sum())
+                logits = call_model(model, x.to(dev))
+                finite = torch.isfinite(logits).all(-1)   # a non-finite output counts as an error
+                wrong += int(((logits.argmax(-1) != y.to(dev)) | ~finite).sum())
                 total += len(y)
         finally:
             for m, t in modes:
@@ -146,6 +148,7 @@ class RetainGuard:
         err = self.error(self.model)
         if err - self.base_error <= self.tolerance:
             self._snapshot()
+            self.progressed = self.progressed or self.steps > 0
             return True
         self.model.load_state_dict(self.good)
         self.backoffs += 1
