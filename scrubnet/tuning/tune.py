@@ -5,7 +5,7 @@
 2. Retrain once without V with the user's own training (``train(model, data) -> model`` on D ∖ V), timed: the
    validation gold and the cost every candidate is measured against.
 3. Run each candidate method with each of its options (:func:`~scrubnet.tuning.profile.candidate_grid`, the same
-   small budget per method) on the task "forget V from the model", through :func:`scrubnet.forget` (the retain
+   small budget per method) on the task "forget V from the model", through the one scrub path (the retain
    guard and the retain rule included), and measure how close each result comes to the retraining: forget,
    retain and test error and a membership statistic (the AUC of "a V sample's loss is below a test sample's").
 4. Keep a :class:`~scrubnet.tuning.profile.TunedProfile`: what was tried, how close, what it cost, and the method
@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.api import forget as forget_api
 from scrubnet.checkpoint import weights_sha256
-from scrubnet.data.stream import BatchKeys, DataStream
+from scrubnet.data.stream import BatchKeys, DataStream, as_stream
+from scrubnet.methods import ForgetContext, get_method
+from scrubnet.methods.base import first_inputs
 from scrubnet.models.call import call_model
 from scrubnet.recipe import TrainingRecipe
-from scrubnet.scrub import RETAIN_ERROR_TOLERANCE
+from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, scrub_and_measure
 from scrubnet.tuning.data import complement, cut, draw_like, join, labels_of, stream
 from scrubnet.tuning.profile import (DEFAULT_CANDIDATES, TunedProfile, Trial, candidate_grid, choose,
                                      within_tolerance)
@@ -114,19 +115,28 @@ def _whole_class(y_retain: Tensor, y_forget: Tensor, forget_class: int | None) -
     return None
 
 
-def _trial(model, r_v, v, sets, original, gold, method, options, recipe, seed, cls_v, keys) -> Trial:
-    """One candidate run on the validation task, measured."""
+def _trial(model, r_v, v, sets, original, gold, method, options, ctx, keys) -> Trial:
+    """One candidate run on the validation task through the one scrub path (the retain guard and the retain
+    rule included; no pricing and no verdict: the tuning measures against the retraining itself)."""
     t0 = time.process_time()
     try:
-        scrubbed, res = forget_api(model, r_v, v, method=method, recipe=recipe, seed=seed, on_failure="return",
-                                   forget_class=cls_v, keys=keys, **options)
+        res = scrub_and_measure(get_method(method, **options), model, as_stream(r_v, keys), as_stream(v, keys),
+                                ctx)
     except (ValueError, RuntimeError, TypeError) as e:
         return Trial(method, options, {}, math.inf, -math.inf, time.process_time() - t0, False,
                      f"{type(e).__name__}: {e}"[:300])
     seconds = time.process_time() - t0
-    m = evaluate(scrubbed, *sets)
+    m = evaluate(res.model, *sets)
     return Trial(method, options, m, distance(m, gold) if res.ok else math.inf,
                  forget_closure(m, original, gold), seconds, bool(res.ok), "; ".join(res.reasons)[:300])
+
+
+def _validation_context(model: nn.Module, recipe: TrainingRecipe, v: DataStream, seed: int,
+                        forget_class: int | None) -> ForgetContext:
+    """The context of the validation task (the class count from the model's output on V's first chunk)."""
+    with torch.no_grad():
+        c = int(call_model(model.eval(), first_inputs(v)).shape[-1])
+    return ForgetContext.from_recipe(model, recipe, num_classes=c, seed=seed, forget_class=forget_class)
 
 
 def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: TrainingRecipe | None = None,
@@ -182,15 +192,18 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
     rest = complement(len(y_r), idx_v)
     v, r_v = cut(retain, idx_v, seed), join(cut(retain, rest, seed), forget, seed)
     t0 = time.process_time()
-    gold = train(copy.deepcopy(init if init is not None else model), r_v)
+    with torch.random.fork_rng(devices=[]):   # the user's own random draws, fixed by the seed
+        torch.manual_seed(int(seed))
+        gold = train(copy.deepcopy(init if init is not None else model), r_v)
     retrain_seconds = time.process_time() - t0
     probe = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:retain_probe]]
     sets = (stream(v, keys), stream(cut(retain, probe.sort().values, seed), keys), stream(test, keys))
     original, gold_m = evaluate(model, *sets), evaluate(gold, *sets)
+    ctx = _validation_context(model, recipe, sets[0], seed, cls_v)
     trials = []
     for method in methods:
         for options in candidate_grid(method, recipe, budget):
-            t = _trial(model, r_v, v, sets, original, gold_m, method, options, recipe, seed, cls_v, keys)
+            t = _trial(model, r_v, v, sets, original, gold_m, method, options, ctx, keys)
             t.within = within_tolerance(t, gold_m, tolerance, min_closure)
             trials.append(t)
     validation = {"n": int(len(idx_v)), "class": cls_v, "classes": {int(c): int((y_r[idx_v] == c).sum())
