@@ -26,6 +26,7 @@ from scrubnet.data.stream import as_stream
 from scrubnet.methods.baselines import reinitialised
 from scrubnet.training.cost import check_budget, format_bytes, format_seconds
 from scrubnet.own_model import evaluate_own, forget_own
+from scrubnet.tuning.profile import TunedProfile
 
 
 def _own_model_args(checkpoint, model, weights, data, recipe, model_option, force,
@@ -101,6 +102,26 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
     return budget
 
 
+def auto_method(method: str, option: list[str], profile: Optional[Path], own: bool):
+    """(method, options, profile) of ``--method auto --profile P``: the profile's choice, its tuned options
+    (``--option`` values override them); unchanged for any other method (``--profile`` refused with one)."""
+    if method != "auto":
+        if profile is not None:
+            raise UserError("--profile applies to --method auto")
+        return method, option, None
+    if profile is None or not own:
+        raise UserError("--method auto needs --profile (written by `scrubnet tune`) and your own model "
+                        "(--model/--weights/--data)")
+    try:
+        tuned = TunedProfile.load(profile)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    given = {o.split("=", 1)[0] for o in option}
+    tuned_opts = [f"{k}={json.dumps(v)}" for k, v in tuned.options.items() if k not in given]
+    console.print(f"auto: {tuned.method} — {tuned.chosen['why']}", highlight=False, soft_wrap=True)
+    return tuned.method, tuned_opts + list(option), tuned
+
+
 def _print_estimate(est, ref, refusal: Optional[str]) -> None:
     """The estimate and the retraining estimate side by side, the ratio, and the recipe check's verdict."""
     t = Table(title=f"cost of {est.method} against retraining (this machine, one thread)")
@@ -125,7 +146,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                     "sidecar); for your own model give --model/--weights/--data"),
            forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D; for --data, in x_train)"),
            method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
-               m for m in available_methods() if not method_class(m).own_retrain_family)),
+               m for m in available_methods() if not method_class(m).own_retrain_family) + "; or auto (with "
+               "--profile: the method `scrubnet tune` chose for this model)"),
            out: Path = typer.Option(..., "--out", help="where to write the scrubbed checkpoint"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
            seed: Optional[int] = typer.Option(None, help="seed of the scrub's random choices"),
@@ -148,7 +170,9 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                    "did_not_forget or moved_wrong_way; default: that fails"),
            max_cost_vs_retrain: Optional[float] = typer.Option(
                None, help="refuse (exit 2) before any work when the estimate exceeds this many retrainings from the "
-                          "model's initialisation with the recipe")):
+                          "model's initialisation with the recipe"),
+           profile: Optional[Path] = typer.Option(None, help="with --method auto: the tuned profile `scrubnet "
+                                                  "tune` wrote for this model (JSON)")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
@@ -159,6 +183,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
     fails unless --warn-not-forgotten."""
     own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force)
     refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
+    method, option, tuned = auto_method(method, option, profile, own)
     _refuse_own_retrain_family(method, own)
     opts = parse_options(option)
     protocol = getattr(method_class(method), "protocol_options", {}) if not own else {}
@@ -169,7 +194,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
             meta = forget_own(spec=model, options=parse_options(model_option, "--model-option"), weights=weights,
                               data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
                               recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
-                              device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten)
+                              device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten,
+                              profile=tuned)
         if meta is not None:
             v = meta.get("forgetting")
             _print_verdict(v["summary"] if v else None, meta.get("warnings", []))
