@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from scrubnet.recipe import TrainingRecipe
 
 C, V, L = 4, 32, 10
-N_TRAIN, N_TEST = 1000, 400
+N_TRAIN, N_TEST = 600, 300
 
 
 # ------------------------------------------------------------------ data
@@ -252,7 +252,7 @@ def _r(**kw):
 
 
 MODELS = [
-    UserModel("vit", TinyViT, _r(lr=2e-3, epochs=30, batch_size=32, optimizer="adamw", schedule="cosine",
+    UserModel("vit", TinyViT, _r(lr=2e-3, epochs=20, batch_size=32, optimizer="adamw", schedule="cosine",
                                  adamw_weight_decay=0.05, label_smoothing=0.1), "images"),
     UserModel("gn-cnn", GNCNN, _r(lr=1e-2, epochs=20, batch_size=32, optimizer="adamw", schedule="cosine",
                                   adamw_weight_decay=0.01), "images"),

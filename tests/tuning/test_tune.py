@@ -117,3 +117,11 @@ def test_tune_measures_against_the_users_retraining_and_auto_runs_the_choice(set
         scrubnet.forget(_net(), retain, forget, method="auto", profile=prof, recipe=RECIPE)
     with pytest.raises(ValueError, match="tuned profile"):
         scrubnet.forget(model, retain, forget, method="auto", recipe=RECIPE)
+
+
+def test_a_refused_curvature_method_names_what_to_do_instead(setup):
+    _, retain, forget, _ = setup
+    from scrubnet.recipe.objective import RecipeMismatch
+    with pytest.raises(RecipeMismatch, match="scrubnet tune") as e:
+        scrubnet.forget(_net(), retain, forget, method="fisher", recipe=RECIPE)   # an untrained model
+    assert "forgettable" in str(e.value) and "force=True" in str(e.value)
