@@ -7,11 +7,14 @@ One guard for every loop that fine-tunes a model to forget (the field's methods 
 registers the model it trains (:func:`guard_scope`) and calls :func:`guard_after_step` after each optimiser step.
 Every ``check_every`` steps the guard measures the model's error on a fixed probe of D_r (a seeded draw of at
 most ``probe_size`` samples, measured in eval mode, no random numbers drawn, so an untriggered guard changes
-no result). When that error has risen above the original model's by more than ``tolerance``, the guard puts
-back the weights of its last good check, clears the optimiser's state (momentum, Adam's moments) and halves
-every step size (backs off); after ``max_backoffs`` back-offs it stops the training there. When the scope
-ends the last steps are checked too, so the model a method returns passed the probe check. What the guard
-did is in :attr:`RetainGuard.events` (the pipeline turns them into warnings).
+no result). A check within ``tolerance`` of the original model's error is *good*: its weights are kept as the
+fallback. A rise past ``tolerance`` but within ``wreck`` (default max(4 · tolerance, 0.1)) is let run: fine-tuning
+with a fresh optimiser often spikes the retain error for a few steps and recovers. A rise past ``wreck``
+puts back the weights of the last good check, clears the optimiser's state (momentum, Adam's moments) and
+halves every step size (backs off); after ``max_backoffs`` back-offs the training stops there. When the scope
+ends the final weights are checked against ``tolerance`` (the last good ones put back when they fail), so the
+model a method returns passed the probe check. What the guard did is in :attr:`RetainGuard.events` (the
+pipeline turns them into warnings).
 
 Decision and measurements: docs/decisions/own-model-tuning.md.
 """
@@ -45,7 +48,9 @@ class RetainGuard:
     base_error : float
         The original model's error on the probe (a fraction).
     tolerance : float
-        The largest allowed rise of the probe error (a fraction: 0.025 = 2.5 points).
+        The largest allowed rise of the probe error (a fraction: 0.025 = 2.5 points) of the weights returned.
+    wreck : float, optional
+        The rise that backs off mid-training (default max(4 · tolerance, 0.1)).
     check_every : int
         Optimiser steps between checks.
     max_backoffs : int
@@ -58,13 +63,14 @@ class RetainGuard:
     """
 
     def __init__(self, probe: list, base_error: float, tolerance: float, check_every: int = 8,
-                 max_backoffs: int = 2):
+                 max_backoffs: int = 2, wreck: float | None = None):
         if not 0 <= tolerance <= 1:
             raise ValueError(f"tolerance must be in [0, 1], got {tolerance}")
         if check_every < 1 or max_backoffs < 0:
             raise ValueError("check_every must be >= 1 and max_backoffs >= 0")
         self.probe, self.base_error, self.tolerance = probe, float(base_error), float(tolerance)
         self.check_every, self.max_backoffs = int(check_every), int(max_backoffs)
+        self.wreck = max(4 * self.tolerance, 0.1) if wreck is None else float(wreck)
         self.model: nn.Module | None = None
         self.good: dict[str, Tensor] | None = None
         self.steps = self.backoffs = self.checks = 0
@@ -143,15 +149,20 @@ class RetainGuard:
         self._snapshot()
 
     def check(self, opt: torch.optim.Optimizer | None) -> bool:
-        """Measure now; False (and the weights put back, the optimiser reset and slowed) when over tolerance."""
+        """Measure now. Good: keep these weights. Past ``wreck`` mid-training (``opt`` given), or past
+        ``tolerance`` at the end (``opt`` None): put back the last good weights (mid-training also reset and
+        slow the optimiser) and return False."""
         self.checks += 1
         err = self.error(self.model)
-        if err - self.base_error <= self.tolerance:
+        rise = err - self.base_error
+        if rise <= self.tolerance:
             self._snapshot()
             self.progressed = self.progressed or self.steps > 0
             return True
+        if opt is not None and rise <= self.wreck:
+            return True       # a transient rise: let it run, keep the last good weights as the fallback
         self.model.load_state_dict(self.good)
-        self.backoffs += 1
+        self.backoffs += opt is not None
         what = (f"the retain error on a probe of D_r rose from {100 * self.base_error:.1f} % to {100 * err:.1f} % "
                 f"(step {self.steps}); the weights of the last good check were put back")
         if opt is not None and self.backoffs <= self.max_backoffs:
@@ -161,7 +172,7 @@ class RetainGuard:
             self.events.append(what + ", the step size halved")
         else:
             self.stopped = True
-            self.events.append(what + ", the training stopped there")
+            self.events.append(what + (", the training stopped there" if opt is not None else " at the end"))
         return False
 
     def after_step(self, opt: torch.optim.Optimizer) -> None:
@@ -213,7 +224,7 @@ def guard_scope(model: nn.Module) -> Iterator[None]:
     except GuardStop:
         pass
     finally:
-        if not guard.stopped and guard.steps % guard.check_every:
+        if not guard.stopped:
             guard.check(None)
         guard.model = None
 

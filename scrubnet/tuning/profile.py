@@ -31,18 +31,23 @@ ADAM_METHODS = ("scrub", "bad-teacher")
 
 def method_rates(recipe) -> tuple[float, float]:
     """(SGD rate, Adam rate) relative to the training's: an SGD-trained model's rate r gives SGD r and Adam
-    r/100; an AdamW-trained model's r gives Adam r and SGD 30·r (at most 0.1) — an AdamW rate is never an SGD
+    r/100; an AdamW-trained model's r gives Adam r and SGD 10·r (at most 0.1) — an AdamW rate is never an SGD
     rate."""
     r = float(recipe.lr)
     if getattr(recipe, "optimizer", "sgd") == "adamw":
-        return min(0.1, 30.0 * r), r
+        return min(0.1, 10.0 * r), r
     return r, r / 100.0
 
 
+#: (share of the training's epochs, share of the method's rate), most promising first: the first ``budget``
+#: of them are tried, so a small budget still spans short/long and fast/slow
+GRID = ((0.1, 1 / 3), (0.25, 0.1), (0.25, 1 / 3), (0.1, 1.0), (0.25, 1.0), (0.1, 0.1))
+
+
 def candidate_grid(method: str, recipe, budget: int = 4) -> list[dict]:
-    """The options tried for ``method``: two lengths (≈ 10 % and 25 % of the training's epochs) × two rates
-    (the method's rate and a third of it, :func:`method_rates`); SSD its selection threshold; at most
-    ``budget`` of them, the same budget for every method.
+    """The options tried for ``method``: lengths of about 10 % and 25 % of the training's epochs × rates of
+    1, 1/3 and 1/10 of the method's rate (:func:`method_rates`), in the order of :data:`GRID`; SSD its
+    selection threshold; at most ``budget`` of them, the same budget for every method.
 
     Parameters
     ----------
@@ -58,13 +63,13 @@ def candidate_grid(method: str, recipe, budget: int = 4) -> list[dict]:
         Method options.
     """
     if method == "ssd":
-        return [{"selection_threshold": t} for t in (1.0, 2.0, 5.0, 10.0)][:budget]
+        return [{"selection_threshold": t} for t in (5.0, 1.0, 2.0, 10.0)][:budget]
     epochs = max(1, int(recipe.epochs))
     e1 = max(1, round(0.1 * epochs))
     e2 = max(e1 + 1, round(0.25 * epochs))
     sgd, adam = method_rates(recipe)
     rate = adam if method in ADAM_METHODS else sgd
-    grid = [{"epochs": e, "lr": lr} for e in (e1, e2) for lr in (rate, rate / 3.0)]
+    grid = [{"epochs": e1 if share < 0.2 else e2, "lr": rate * f} for share, f in GRID]
     if method == "scrub":
         grid = [dict(g, msteps=min(3, g["epochs"])) for g in grid]
     return grid[:budget]

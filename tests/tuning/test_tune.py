@@ -78,10 +78,10 @@ def test_rates_scale_to_the_training_and_an_adamw_rate_is_never_an_sgd_rate():
         TrainingRecipe.__dataclass_fields__ else None
     if adamw is not None:
         sgd, adam = method_rates(adamw)
-        assert adam == 1e-3 and sgd == pytest.approx(0.03)
+        assert adam == 1e-3 and sgd == pytest.approx(0.01)
     grid = candidate_grid("neggrad", RECIPE, budget=4)
-    assert grid == [{"epochs": 2, "lr": 0.1}, {"epochs": 2, "lr": 0.1 / 3}, {"epochs": 5, "lr": 0.1},
-                    {"epochs": 5, "lr": 0.1 / 3}]
+    assert grid == [{"epochs": 2, "lr": 0.1 / 3}, {"epochs": 5, "lr": 0.1 * 0.1}, {"epochs": 5, "lr": 0.1 / 3},
+                    {"epochs": 2, "lr": 0.1}]
 
 
 def test_tune_measures_against_the_users_retraining_and_auto_runs_the_choice(setup, tmp_path):
