@@ -161,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(m.name for m in MODELS))
     ap.add_argument("--budget", type=int, default=2, help="options tried per candidate method")
     ap.add_argument("--defaults", action="store_true", help="also run every method at its defaults")
+    ap.add_argument("--defaults-only", action="store_true", help="only the defaults check (no tuning)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows, faithful_ok, defaults = [], [], [0, 0, 0]
@@ -173,6 +174,14 @@ def main(argv=None) -> int:
         print(f"{um.name:<16} trained in {t_train:.2f} s: train error {100 * m['retain_error']:.1f} %, "
               f"test error {100 * m['test_error']:.1f} %", flush=True)
         for name, f_idx in forget_sets(y).items():
+            if args.defaults_only:
+                if name == "5%":
+                    keep = torch.ones(len(y), dtype=torch.bool)
+                    keep[f_idx] = False
+                    for i, v in enumerate(defaults_check(um, original, cut(torch.nonzero(keep).flatten()),
+                                                         cut(f_idx), test)):
+                        defaults[i] += v
+                continue
             row, retain = run_case(um, original, start, cut, y, test, name, f_idx, args.budget)
             rows.append(row)
             if name == "5%" and has_faithful():
@@ -182,6 +191,10 @@ def main(argv=None) -> int:
                 if args.defaults:
                     for i, v in enumerate(defaults_check(um, original, retain, cut(f_idx), test)):
                         defaults[i] += v
+    if args.defaults_only:
+        print(f"defaults: {defaults[0]} runs, raised {defaults[1]}, ok=True with retain error risen past "
+              f"{100 * TOL:g} points: {defaults[2]}")
+        return 0
     good = sum(r["closure"] >= 0.5 and r["unbroken"] for r in rows)
     med = statistics.median(r["cost"] for r in rows)
     f_known = [f for f in faithful_ok if f is not None]
