@@ -180,3 +180,33 @@ def test_no_method_at_its_defaults_raises_on_dict_loaders_or_passes_a_wrecked_mo
         assert not (res.ok and rise > tol), (name, rise, res.reasons)
         seen += 1
     assert seen >= (14 if kind == "tokens" else 16)
+
+
+class _Scripted(RetainGuard):
+    """A guard whose probe errors are scripted (the bookkeeping alone, checked against a hand-written trace)."""
+
+    def __init__(self, errors, **kw):
+        super().__init__([], 0.10, 0.025, check_every=1, **kw)
+        self.script = list(errors)
+
+    def error(self, model):
+        return self.script.pop(0)
+
+
+def test_guard_lets_a_transient_rise_run_and_backs_off_a_wreck():
+    net = nn.Linear(2, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=1.0)
+    # step 1 good, step 2 a transient rise (+5 points < wreck 10), step 3 good again, step 4 a wreck (+30),
+    # then the final check good: one back-off, the rate halved, the training not stopped
+    guard = _Scripted([0.11, 0.15, 0.12, 0.40, 0.11])
+    with active_guard(guard), guard_scope(net):
+        for step in range(4):
+            with torch.no_grad():
+                net.weight += 1.0
+            weights_before_wreck = net.weight.clone() if step == 2 else None
+            guard_after_step(opt)
+            if step == 2:
+                kept = weights_before_wreck
+    assert guard.backoffs == 1 and not guard.stopped and guard.progressed
+    assert opt.param_groups[0]["lr"] == 0.5
+    assert torch.equal(net.weight, kept)      # the wreck put back the weights of the last good check (step 3)
