@@ -51,9 +51,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         The trained model: logits (n, c), or a tuple / mapping / ``.logits`` holding them; not modified.
     retain, forget : tensors, Dataset or DataLoader
         D_r, D_f: ``(x (n, ...), y (n,))`` tensors, or a ``Dataset`` / ``DataLoader`` of tuple or dict batches.
-    method : str
-        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``), or ``"auto"``:
-        the method a tuned ``profile`` chose (:func:`scrubnet.tuning.tune.tune`), at its tuned options.
+    method, profile : str; TunedProfile, str or None
+        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``), or ``"auto"``: the
+        method and options of ``profile`` (this model's tuned profile or its file: :func:`scrubnet.tuning.tune.tune`).
     recipe : TrainingRecipe, optional
         How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     seed : int
@@ -83,8 +83,6 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     max_cost_vs_retrain : float, optional
         Refuse (``BudgetExceeded``, before any work) a call estimated above this many retrainings from the
         model's initialisation with the recipe (:func:`scrubnet.cost_guard.price_call`).
-    profile : TunedProfile or str, optional
-        With ``method="auto"``: the tuned profile (or its JSON file) of this model; refused on other weights.
     **method_options
         The method's options, checked against its rules. A method costing more than one retraining runs its
         budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
@@ -103,17 +101,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         Bad input (an unknown method or option, non-finite weights or data); ``RecipeMismatch`` when a curvature
         method refuses a model not at a minimum of the recipe's objective (unless ``force``).
     """
-    if on_failure not in ON_FAILURE:
-        raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
-    keys = keys or BatchKeys()
-    auto = None
-    if method == "auto":
-        auto = resolve_profile(profile, model)
-        method, method_options = auto.method, {**auto.options, **method_options}
+    method, method_options, auto = _resolve(method, method_options, profile, model, on_failure)
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                   classifier=classifier)
-    ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+                   classifier=classifier, force=force, chunk_size=chunk_size)
     method_options = _with_classifier(method, classifier, method_options)
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
@@ -121,11 +112,22 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     out = _priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
                         retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
                         on_not_forgotten=on_not_forgotten)
-    if auto is not None:
-        note_auto(out, auto, len(forget_s))
+    note_auto(out, auto, len(forget_s))
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
+
+
+def _resolve(method: str, method_options: dict, profile, model: nn.Module, on_failure: str
+             ) -> tuple[str, dict, TunedProfile | None]:
+    """(method, options, profile): ``on_failure`` checked; ``"auto"`` resolved to the profile's method and its
+    tuned options (the caller's options override them), the profile refused on other weights."""
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
+    if method != "auto":
+        return method, method_options, None
+    auto = resolve_profile(profile, model)
+    return auto.method, {**auto.options, **method_options}, auto
 
 
 def _priced_scrub(scrubber: ForgettingMethod, method_options: dict, model: nn.Module, retain_s, forget_s,
@@ -157,7 +159,8 @@ def _priced_scrub(scrubber: ForgettingMethod, method_options: dict, model: nn.Mo
 
 
 def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_classes: int | None, seed: int,
-             forget_class: int | None, classifier: str | None) -> ForgetContext:
+             forget_class: int | None, classifier: str | None, force: bool = False, chunk_size: int = 512
+             ) -> ForgetContext:
     """:meth:`ForgetContext.from_recipe`, the class count read from the model's output on the first chunk of
     ``retain_s`` only when the model has no classifier to count its classes."""
     probe = None
@@ -166,8 +169,10 @@ def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_c
             find_classifier(model, classifier)
         except ValueError:
             probe = first_inputs(retain_s) if classifier is None else None
-    return ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                     classifier=classifier, probe=probe)
+    ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
+                                    classifier=classifier, probe=probe)
+    ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    return ctx
 
 
 def _with_classifier(method: str, classifier: str | None, method_options: dict) -> dict:

@@ -151,8 +151,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     model : nn.Module
         The trained model; not modified.
     retain, forget, test : tensors, Dataset, DataLoader or DataStream
-        D_r, D_f (and held-out data for the readouts and the forgetting verdict), each chunked by
-        ``ctx.chunk_size``.
+        D_r, D_f (and held-out data for the readouts and the verdict), each chunked by ``ctx.chunk_size``.
     ctx : ForgetContext
         From :meth:`ForgetContext.from_recipe` or :func:`~scrubnet.methods.base.protocol_context`.
     retain_error_tolerance : float
@@ -183,22 +182,11 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     if method.uses_curvature and method.needs_retain and ctx.verify_recipe and not ctx.force:
         st = check_stationarity(model, retain_s, ctx.recipe, ctx.center(model), method=method.name)
         checks["stationarity"] = st.as_dict()
-    guard = None
-    if method.forgets and not method.uses_curvature and method.needs_retain and retain_rule == "fail":
-        guard = RetainGuard.from_stream(model, retain_s, GUARD_SHARE * retain_error_tolerance, seed=ctx.seed)
-    given = retain_s
-    if method.name in DRAWS_PART_OF_RETAIN and retain_s.indexed() is not None:
-        given = retain_s.indexed()   # a DataLoader over a map-style data set: read by index, its collate_fn kept
-    with active_guard(guard):
-        res = method(model, given, forget_s, ctx)
+    res, guard = _guarded_run(method, model, retain_s, forget_s, ctx, retain_error_tolerance, retain_rule)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
                        report=dict(res.info), noise=res.noise, checks=checks, scrub=res,
                        warnings=list(res.warnings))
-    if guard is not None:
-        checks["retain_guard"] = {"checks": guard.checks, "backoffs": guard.backoffs, "stopped": guard.stopped,
-                                  "probe_error_before": guard.base_error, "tolerance": guard.tolerance}
-        out.warnings += [f"retain guard: {e}" for e in guard.events]
     if reference is not None and res.noise is not None:
         other = method.noise_at(reference, retain_s, forget_s, ctx)
         if other is not None:
@@ -228,11 +216,36 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     if test is not None:
         verdict_step(out, method, model, retain_s, forget_s, as_stream(test, chunk_size=ctx.chunk_size),
                      on_not_forgotten)
-    if guard is not None and guard.stopped and not guard.progressed:   # every step undone: it did nothing
-        out.ok = False
-        out.reasons.append(f"the retain guard undid every step of {method.name} (the model returned is the "
-                           f"original): {guard.events[-1]}; lower its rate or tune it (scrubnet tune)")
+    guard_outcome(out, guard, method.name)
     return out
+
+
+def _guarded_run(method: ForgettingMethod, model: nn.Module, retain_s, forget_s, ctx: ForgetContext,
+                 tolerance: float, retain_rule: str) -> tuple[ScrubResult, RetainGuard | None]:
+    """Step 3: the method run under the retain guard when it fine-tunes to forget (not a curvature method, not
+    an anchor) and the retain rule fails scrubs; a method drawing part of D_r gets a DataLoader read by index."""
+    guard = None
+    if method.forgets and not method.uses_curvature and method.needs_retain and retain_rule == "fail":
+        guard = RetainGuard.from_stream(model, retain_s, GUARD_SHARE * tolerance, seed=ctx.seed)
+    given = retain_s
+    if method.name in DRAWS_PART_OF_RETAIN and retain_s.indexed() is not None:
+        given = retain_s.indexed()   # a DataLoader over a map-style data set: read by index, its collate_fn kept
+    with active_guard(guard):
+        return method(model, given, forget_s, ctx), guard
+
+
+def guard_outcome(out: ForgetResult, guard: RetainGuard | None, method: str) -> None:
+    """What the guard did, into ``out``: ``checks["retain_guard"]``, its events as warnings, and a failure when
+    it undid every step (the model returned is the original: the method did nothing)."""
+    if guard is None:
+        return
+    out.checks["retain_guard"] = {"checks": guard.checks, "backoffs": guard.backoffs, "stopped": guard.stopped,
+                                  "probe_error_before": guard.base_error, "tolerance": guard.tolerance}
+    out.warnings += [f"retain guard: {e}" for e in guard.events]
+    if guard.stopped and not guard.progressed:
+        out.ok = False
+        out.reasons.append(f"the retain guard undid every step of {method} (the model returned is the "
+                           f"original): {guard.events[-1]}; lower its rate or tune it (scrubnet tune)")
 
 
 def verdict_step(out: ForgetResult, method: ForgettingMethod, model: nn.Module, retain, forget, heldout,

@@ -194,8 +194,9 @@ class TunedProfile:
     def summary(self) -> list[str]:
         """What was tried and why one was chosen, one line each (the CLI prints them)."""
         v = self.validation
-        lines = [f"validation forget set: {v['n']} samples ({'class ' + str(v['class']) if v['class'] is not None else 'random'}); "
-                 f"retrained once without it in {v['retrain_seconds']:.3g} CPU-s",
+        kind = "random" if v["class"] is None else f"class {v['class']}"
+        lines = [f"validation forget set: {v['n']} samples ({kind}); retrained once without it in "
+                 f"{v['retrain_seconds']:.3g} CPU-s",
                  f"within tolerance = closes ≥ {100 * self.min_closure:g} % of the forget-loss gap and keeps retain "
                  f"and test error within {100 * self.tolerance:g} points of the retraining"]
         for t in sorted(self.trials, key=lambda t: (t.method, t.distance)):
@@ -272,10 +273,12 @@ def resolve_profile(profile: "TunedProfile | str | Path | None", model) -> Tuned
     return prof
 
 
-def note_auto(out, prof: TunedProfile, n_forget: int) -> None:
+def note_auto(out, prof: TunedProfile | None, n_forget: int) -> None:
     """Record on a request's result (a ``ForgetResult``) which method the profile chose and why
     (``checks["auto"]``, ``report["auto_*"]``), and warn when the profile did not find a method within
-    tolerance or was tuned on a forget set of another size."""
+    tolerance or was tuned on a forget set of another size; nothing without a profile."""
+    if prof is None:
+        return
     out.checks["auto"] = {"method": prof.method, "options": prof.options, "within": prof.chosen["within"],
                           "why": prof.chosen["why"], "tuning_seconds": prof.tuning_seconds,
                           "retrain_seconds": prof.validation["retrain_seconds"]}
