@@ -8,7 +8,8 @@ bound to the weights it was tuned on (their sha256): a profile is refused on ano
 The choice (:func:`choose`): among the candidates whose tuned result is *within tolerance* of the retraining —
 closes at least ``min_closure`` of the forget-loss gap between the original and the retraining on the
 validation set, and keeps the retain and test errors within ``tolerance`` of the retraining's — the one with the
-smallest measured cost; when none is, the closest (smallest distance) with that said.
+smallest measured cost; when none is, of the runs that kept retain and test error within tolerance the one that
+closed most of the forget-loss gap, else the closest (smallest distance), with that said.
 """
 from __future__ import annotations
 
@@ -211,14 +212,20 @@ class TunedProfile:
 
 def within_tolerance(t: Trial, gold: dict, tolerance: float, min_closure: float) -> bool:
     """Whether a trial's result is within tolerance of the retraining (module docstring)."""
-    if not t.ok or not t.metrics:
-        return False
-    return (t.closure >= min_closure and abs(t.metrics["retain_error"] - gold["retain_error"]) <= tolerance
-            and abs(t.metrics["test_error"] - gold["test_error"]) <= tolerance)
+    return t.closure >= min_closure and unbroken(t, gold, tolerance)
 
 
-def choose(trials: list[Trial], retrain_seconds: float) -> dict:
-    """The request's method (module docstring): the cheapest trial within tolerance, else the closest.
+def unbroken(t: Trial, gold: dict, tolerance: float) -> bool:
+    """A trial that ran, passed the scrub path's checks and kept retain and test error within tolerance of the
+    retraining's (whatever it did to the forget set)."""
+    return bool(t.ok and t.metrics and abs(t.metrics["retain_error"] - gold["retain_error"]) <= tolerance
+                and abs(t.metrics["test_error"] - gold["test_error"]) <= tolerance)
+
+
+def choose(trials: list[Trial], retrain_seconds: float, gold: dict | None = None, tolerance: float = 0.05) -> dict:
+    """The request's method (module docstring): the cheapest trial within tolerance; else, of the unbroken
+    trials (:func:`unbroken`, when ``gold`` is given), the one closing most of the forget-loss gap; else the
+    closest.
 
     Parameters
     ----------
@@ -226,6 +233,10 @@ def choose(trials: list[Trial], retrain_seconds: float) -> dict:
         With ``within`` set.
     retrain_seconds : float
         The measured retraining (the costs are said against it).
+    gold : dict, optional
+        The retraining's readouts on the validation sets.
+    tolerance : float
+        Retain and test error tolerance of :func:`unbroken`.
 
     Returns
     -------
@@ -239,6 +250,13 @@ def choose(trials: list[Trial], retrain_seconds: float) -> dict:
                f"({t.seconds / max(retrain_seconds, 1e-9):.2f}× its cost, closes {100 * t.closure:.0f} % of the "
                "forget-loss gap)")
         return {"method": t.method, "options": t.options, "within": True, "why": why}
+    whole = [t for t in trials if gold is not None and unbroken(t, gold, tolerance)]
+    if whole:
+        t = max(whole, key=lambda t: t.closure)
+        why = (f"NO candidate came within tolerance of the retraining; of the {len(whole)} runs that kept retain "
+               f"and test error within tolerance this one closed most of the forget-loss gap "
+               f"({100 * t.closure:.0f} %); the request's verdict says whether it forgot")
+        return {"method": t.method, "options": t.options, "within": False, "why": why}
     ran = [t for t in trials if math.isfinite(t.distance)]
     if not ran:
         raise ValueError("no candidate method ran on the validation forget set: " +

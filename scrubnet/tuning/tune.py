@@ -211,6 +211,6 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
                   "retrain_seconds": retrain_seconds, "gold": gold_m, "seed": seed}
     prof = TunedProfile(model_sha256=weights_sha256(model), validation=validation, original=original,
                         trials=trials, tolerance=float(tolerance), min_closure=float(min_closure))
-    prof.chosen = choose(trials, retrain_seconds)
+    prof.chosen = choose(trials, retrain_seconds, gold_m, tolerance)
     prof.tuning_seconds = time.process_time() - t_start
     return prof

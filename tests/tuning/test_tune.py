@@ -125,3 +125,16 @@ def test_a_refused_curvature_method_names_what_to_do_instead(setup):
     with pytest.raises(RecipeMismatch, match="scrubnet tune") as e:
         scrubnet.forget(_net(), retain, forget, method="fisher", recipe=RECIPE)   # an untrained model
     assert "forgettable" in str(e.value) and "force=True" in str(e.value)
+
+
+def test_choice_cheapest_within_else_the_unbroken_run_closing_most_else_the_closest():
+    from scrubnet.tuning.profile import Trial, choose
+    gold = {"retain_error": 0.0, "test_error": 0.2}
+    m = lambda r, t: {"retain_error": r, "test_error": t}   # noqa: E731
+    a = Trial("a", {"lr": 1}, m(0.01, 0.2), 0.1, 0.9, 5.0, True, within=True)
+    b = Trial("b", {"lr": 2}, m(0.01, 0.2), 0.2, 0.6, 1.0, True, within=True)
+    c = Trial("c", {"lr": 3}, m(0.00, 0.2), 0.05, 0.3, 0.5, True)
+    d = Trial("d", {"lr": 4}, m(0.20, 0.2), 0.02, 0.95, 0.5, True)     # broken: retain error 20 points off
+    assert choose([a, b, c, d], 10.0, gold)["method"] == "b"            # the cheapest within tolerance
+    assert choose([c, d, Trial("e", {}, m(0, 0.2), 0.3, 0.4, 0.1, True)], 10.0, gold)["method"] == "e"
+    assert choose([d], 10.0, gold)["method"] == "d" and not choose([d], 10.0, gold)["within"]
