@@ -9,7 +9,9 @@ One line per case, then
     auto: closes>=50% unbroken in K/N cases; median cost_vs_retrain C; retrain_faithful F/F
 
 * closes ≥ 50 %: the request closed at least half of the forget-loss gap between the original and the gold on
-  D_f (1 − |L_f(scrub) − L_f(gold)| / |L_f(original) − L_f(gold)|);
+  D_f (1 − |L_f(scrub) − L_f(gold)| / |L_f(original) − L_f(gold)|); where the gold itself is within
+  GAP_FLOOR = 0.05 nats of the original (nothing measurable to forget: a model that generalises to D_f), a
+  scrub within 0.05 nats of the gold counts as closed (the line says "no gap");
 * unbroken: its retain error rose by at most 5 points over the original's and its test error is at most 5
   points above the gold's;
 * cost_vs_retrain: the request's CPU seconds over one measured retraining (the gold's own training, timed);
@@ -47,6 +49,7 @@ from scrubnet.tuning.tune import evaluate, forget_closure, tune  # noqa: E402
 from own_models_zoo import MODELS, N_TEST, N_TRAIN, UserModel, images, loader, start_model, tokens  # noqa: E402
 
 TOL = 0.05
+GAP_FLOOR = 0.05
 
 
 def seeded(train, seed: int):
@@ -96,13 +99,15 @@ def run_case(um, original, start, cut, y, test, name, f_idx, budget):
     sets = (stream(forget), stream(retain), stream(test))
     m_o, m_g, m_s = evaluate(original, *sets), evaluate(gold, *sets), evaluate(scrubbed, *sets)
     closure = forget_closure(m_s, m_o, m_g)
+    no_gap = abs(m_o["forget_loss"] - m_g["forget_loss"]) < GAP_FLOOR
+    closed = abs(m_s["forget_loss"] - m_g["forget_loss"]) <= GAP_FLOOR if no_gap else closure >= 0.5
     unbroken = m_s["retain_error"] - m_o["retain_error"] <= TOL and m_s["test_error"] - m_g["test_error"] <= TOL
     row = {"model": um.name, "forget": name, "method": prof.method, "within": prof.chosen["within"],
-           "closure": closure, "unbroken": unbroken, "ok": res.ok, "cost": t_req / t_gold,
+           "closure": closure, "closed": closed, "unbroken": unbroken, "ok": res.ok, "cost": t_req / t_gold,
            "tuning": t_tune / t_gold, "t_gold": t_gold}
     print(f"{um.name:<16} {name:<8} auto={prof.method:<13}{'' if prof.chosen['within'] else '(none within)'} "
           f"L_f orig {m_o['forget_loss']:.3f} gold {m_g['forget_loss']:.3f} scrub {m_s['forget_loss']:.3f} "
-          f"closes {100 * closure:5.0f} % | err_r {100 * m_o['retain_error']:.1f}->{100 * m_s['retain_error']:.1f} "
+          f"closes {100 * closure:5.0f} %{' (no gap)' if no_gap else ''}{' ✓' if closed else ''} | err_r {100 * m_o['retain_error']:.1f}->{100 * m_s['retain_error']:.1f} "
           f"err_test {100 * m_g['test_error']:.1f} (gold) {100 * m_s['test_error']:.1f} | "
           f"{'unbroken' if unbroken else 'BROKEN'} ok={res.ok} | cost {t_req / t_gold:.2f}× retrain "
           f"({t_gold:.2f} s) | tuning {t_tune / t_gold:.1f}× retrain", flush=True)
@@ -195,7 +200,7 @@ def main(argv=None) -> int:
         print(f"defaults: {defaults[0]} runs, raised {defaults[1]}, ok=True with retain error risen past "
               f"{100 * TOL:g} points: {defaults[2]}")
         return 0
-    good = sum(r["closure"] >= 0.5 and r["unbroken"] for r in rows)
+    good = sum(r["closed"] and r["unbroken"] for r in rows)
     med = statistics.median(r["cost"] for r in rows)
     f_known = [f for f in faithful_ok if f is not None]
     f_txt = f"{sum(f_known)}/{len(f_known)}" if f_known else "n/a"

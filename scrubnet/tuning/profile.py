@@ -7,7 +7,8 @@ bound to the weights it was tuned on (their sha256): a profile is refused on ano
 
 The choice (:func:`choose`): among the candidates whose tuned result is *within tolerance* of the retraining —
 closes at least ``min_closure`` of the forget-loss gap between the original and the retraining on the
-validation set, and keeps the retain and test errors within ``tolerance`` of the retraining's — the one with the
+validation set, and keeps the retain and test errors within half the ``tolerance`` of the retraining's (a
+margin: the validation set is a sample) — the one with the
 smallest measured cost; when none is, of the runs that kept retain and test error within tolerance the one that
 closed most of the forget-loss gap, else the closest (smallest distance), with that said.
 """
@@ -199,7 +200,7 @@ class TunedProfile:
         lines = [f"validation forget set: {v['n']} samples ({kind}); retrained once without it in "
                  f"{v['retrain_seconds']:.3g} CPU-s",
                  f"within tolerance = closes ≥ {100 * self.min_closure:g} % of the forget-loss gap and keeps retain "
-                 f"and test error within {100 * self.tolerance:g} points of the retraining"]
+                 f"and test error within {100 * MARGIN * self.tolerance:g} points of the retraining"]
         for t in sorted(self.trials, key=lambda t: (t.method, t.distance)):
             opts = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.options.items())
             state = "error: " + t.note if t.note and not t.metrics else ("within" if t.within else
@@ -215,11 +216,18 @@ def within_tolerance(t: Trial, gold: dict, tolerance: float, min_closure: float)
     return t.closure >= min_closure and unbroken(t, gold, tolerance)
 
 
+#: the share of the tolerance a validation run must keep (the validation set is a sample of the requests to
+#: come: a run at the edge of the tolerance on it falls over on the request; measured in
+#: docs/decisions/own-model-tuning.md)
+MARGIN = 0.5
+
+
 def unbroken(t: Trial, gold: dict, tolerance: float) -> bool:
-    """A trial that ran, passed the scrub path's checks and kept retain and test error within tolerance of the
-    retraining's (whatever it did to the forget set)."""
-    return bool(t.ok and t.metrics and abs(t.metrics["retain_error"] - gold["retain_error"]) <= tolerance
-                and abs(t.metrics["test_error"] - gold["test_error"]) <= tolerance)
+    """A trial that ran, passed the scrub path's checks and kept retain and test error within
+    ``MARGIN`` × tolerance of the retraining's (whatever it did to the forget set)."""
+    tol = MARGIN * tolerance
+    return bool(t.ok and t.metrics and abs(t.metrics["retain_error"] - gold["retain_error"]) <= tol
+                and abs(t.metrics["test_error"] - gold["test_error"]) <= tol)
 
 
 def choose(trials: list[Trial], retrain_seconds: float, gold: dict | None = None, tolerance: float = 0.05) -> dict:
