@@ -135,6 +135,25 @@ def join(a, b, seed: int = 0):
     return _like(a, ConcatDataset([da, db]), seed)
 
 
+def fresh(data, seed: int = 0):
+    """``data`` ready for one more run that must not depend on the runs before it: a shuffling ``DataLoader``
+    made anew with its order seeded by ``seed`` (a loader's generator advances with every pass), anything
+    else as it is.
+
+    Parameters
+    ----------
+    data : tensors, Dataset or DataLoader
+    seed : int
+
+    Returns
+    -------
+    tensors, Dataset or DataLoader
+    """
+    if not isinstance(data, DataLoader):
+        return data
+    return _like(data, data.dataset, seed)
+
+
 def complement(n: int, idx: Tensor) -> Tensor:
     """The positions 0 … n − 1 not in ``idx``, sorted."""
     keep = torch.ones(n, dtype=torch.bool)

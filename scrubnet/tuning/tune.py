@@ -32,7 +32,7 @@ from scrubnet.methods.base import first_inputs
 from scrubnet.models.call import call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, scrub_and_measure
-from scrubnet.tuning.data import complement, cut, draw_like, join, labels_of, stream
+from scrubnet.tuning.data import complement, cut, draw_like, fresh, join, labels_of, stream
 from scrubnet.tuning.profile import (DEFAULT_CANDIDATES, TunedProfile, Trial, candidate_grid, choose,
                                      within_tolerance)
 
@@ -120,8 +120,8 @@ def _trial(model, r_v, v, sets, original, gold, method, options, ctx, keys) -> T
     rule included; no pricing and no verdict: the tuning measures against the retraining itself)."""
     t0 = time.process_time()
     try:
-        res = scrub_and_measure(get_method(method, **options), model, as_stream(r_v, keys), as_stream(v, keys),
-                                ctx)
+        res = scrub_and_measure(get_method(method, **options), model, as_stream(fresh(r_v, ctx.seed), keys),
+                                as_stream(fresh(v, ctx.seed), keys), ctx)
     except (ValueError, RuntimeError, TypeError) as e:
         return Trial(method, options, {}, math.inf, -math.inf, time.process_time() - t0, False,
                      f"{type(e).__name__}: {e}"[:300])
