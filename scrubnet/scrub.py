@@ -223,9 +223,10 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
 def _guarded_run(method: ForgettingMethod, model: nn.Module, retain_s, forget_s, ctx: ForgetContext,
                  tolerance: float, retain_rule: str) -> tuple[ScrubResult, RetainGuard | None]:
     """Step 3: the method run under the retain guard when it fine-tunes to forget (not a curvature method, not
-    an anchor) and the retain rule fails scrubs; a method drawing part of D_r gets a DataLoader read by index."""
+    an anchor; Boundary Shrink too, which reads D_f alone) and the retain rule fails scrubs; a method drawing
+    part of D_r gets a DataLoader read by index."""
     guard = None
-    if method.forgets and not method.uses_curvature and method.needs_retain and retain_rule == "fail":
+    if method.forgets and not method.uses_curvature and retain_rule == "fail" and len(retain_s) > 0:
         guard = RetainGuard.from_stream(model, retain_s, GUARD_SHARE * tolerance, seed=ctx.seed)
     given = retain_s
     if method.name in DRAWS_PART_OF_RETAIN and retain_s.indexed() is not None:
