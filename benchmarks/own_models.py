@@ -45,6 +45,7 @@ import scrubnet  # noqa: E402
 from scrubnet.methods import available_methods  # noqa: E402
 from scrubnet.methods.base import method_class  # noqa: E402
 from scrubnet.tuning.data import stream  # noqa: E402
+from scrubnet.tuning.profile import DEFAULT_CANDIDATES  # noqa: E402
 from scrubnet.tuning.tune import evaluate, forget_closure, tune  # noqa: E402
 from own_models_zoo import MODELS, N_TEST, N_TRAIN, UserModel, images, loader, start_model, tokens  # noqa: E402
 
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
     f_known = [f for f in faithful_ok if f is not None]
     f_txt = f"{sum(f_known)}/{len(f_known)}" if f_known else "n/a"
     print(f"tuning: median {statistics.median(r['tuning'] for r in rows):.1f} retrainings per profile "
-          f"(one retraining + {args.budget} options × 8 methods on the validation set); "
+          f"(one retraining + {args.budget} options × {len(DEFAULT_CANDIDATES)} methods on the validation set); "
           f"chosen within tolerance in {sum(r['within'] for r in rows)}/{len(rows)}; "
           f"wall {time.perf_counter() - t_all:.0f} s")
     if args.defaults:
