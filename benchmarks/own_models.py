@@ -45,6 +45,7 @@ import scrubnet  # noqa: E402
 from scrubnet.methods import available_methods  # noqa: E402
 from scrubnet.methods.base import method_class  # noqa: E402
 from scrubnet.tuning.data import stream  # noqa: E402
+from scrubnet.tuning import profile as profile_mod  # noqa: E402
 from scrubnet.tuning.profile import DEFAULT_CANDIDATES  # noqa: E402
 from scrubnet.tuning.tune import evaluate, forget_closure, tune  # noqa: E402
 from own_models_zoo import MODELS, N_TEST, N_TRAIN, UserModel, images, loader, start_model, tokens  # noqa: E402
@@ -168,8 +169,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=2, help="options tried per candidate method")
     ap.add_argument("--defaults", action="store_true", help="also run every method at its defaults")
     ap.add_argument("--defaults-only", action="store_true", help="only the defaults check (no tuning)")
+    ap.add_argument("--grid", default=None, help="the tuning grid as SHARE:RATE,… (share of the training's "
+                    "epochs, share of the method's rate; default scrubnet.tuning.profile.GRID)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.grid:   # an experiment on the grid's reach: longer runs against the request's cost
+        profile_mod.GRID = tuple(tuple(float(v) for v in item.split(":")) for item in args.grid.split(","))
     rows, faithful_ok, defaults = [], [], [0, 0, 0]
     t_all = time.perf_counter()
     for um in [m for m in MODELS if m.name in args.models.split(",")]:

@@ -69,11 +69,9 @@ def candidate_grid(method: str, recipe, budget: int = 4) -> list[dict]:
     if method == "ssd":
         return [{"selection_threshold": t} for t in (5.0, 1.0, 2.0, 10.0)][:budget]
     epochs = max(1, int(recipe.epochs))
-    e1 = max(1, round(0.1 * epochs))
-    e2 = max(e1 + 1, round(0.25 * epochs))
     sgd, adam = method_rates(recipe)
     rate = adam if method in ADAM_METHODS else sgd
-    grid = [{"epochs": e1 if share < 0.2 else e2, "lr": rate * f} for share, f in GRID]
+    grid = [{"epochs": max(1, round(share * epochs)), "lr": rate * f} for share, f in GRID]
     if method == "scrub":
         grid = [dict(g, msteps=min(3, g["epochs"])) for g in grid]
     return grid[:budget]
