@@ -28,6 +28,7 @@ from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed
+from scrubnet.tuning.profile import TunedProfile, note_auto, resolve_profile
 
 ON_FAILURE = ("raise", "return")
 
@@ -40,6 +41,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
            max_cost_vs_retrain: float | None = None, train: Any = None, retrain_start: nn.Module | None = None,
+           profile: TunedProfile | str | None = None,
            **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
@@ -49,8 +51,9 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         The trained model: logits (n, c), or a tuple / mapping / ``.logits`` holding them; not modified.
     retain, forget : tensors, Dataset or DataLoader
         D_r, D_f: ``(x (n, ...), y (n,))`` tensors, or a ``Dataset`` / ``DataLoader`` of tuple or dict batches.
-    method : str
-        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``).
+    method, profile : str; TunedProfile, str or None
+        A registered method (``scrubnet.methods.available_methods()``; default ``"finetune"``), or ``"auto"``: the
+        method and options of ``profile`` (this model's tuned profile or its file: :func:`scrubnet.tuning.tune.tune`).
     recipe : TrainingRecipe, optional
         How the model was trained (default ``TrainingRecipe()``: mean cross-entropy, no weight decay).
     seed, on_failure : int, {"raise", "return"}
@@ -97,13 +100,12 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         Bad input (an unknown method or option, non-finite weights or data); ``RecipeMismatch`` when a curvature
         method refuses a model not at a minimum of the recipe's objective (unless ``force``).
     """
-    if on_failure not in ON_FAILURE:
-        raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
+    method, method_options, auto = _resolve(method, method_options, profile, model, on_failure)
     keys = keys or BatchKeys()
     retain_s = as_stream(retain, keys, chunk_size)
     ctx = _context(model, recipe, retain_s, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                   classifier=classifier)
-    ctx.force, ctx.chunk_size, ctx.train, ctx.retrain_start = bool(force), int(chunk_size), train, retrain_start
+                   classifier=classifier, force=force, chunk_size=chunk_size)
+    ctx.train, ctx.retrain_start = train, retrain_start
     method_options = _with_classifier(method, classifier, method_options)
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
@@ -111,13 +113,27 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     out = priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
                        retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
                        on_not_forgotten=on_not_forgotten)
+    note_auto(out, auto, len(forget_s))
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
 
 
+def _resolve(method: str, method_options: dict, profile, model: nn.Module, on_failure: str
+             ) -> tuple[str, dict, TunedProfile | None]:
+    """(method, options, profile): ``on_failure`` checked; ``"auto"`` resolved to the profile's method and its
+    tuned options (the caller's options override them), the profile refused on other weights."""
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
+    if method != "auto":
+        return method, method_options, None
+    auto = resolve_profile(profile, model)
+    return auto.method, {**auto.options, **method_options}, auto
+
+
 def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_classes: int | None, seed: int,
-             forget_class: int | None, classifier: str | None) -> ForgetContext:
+             forget_class: int | None, classifier: str | None, force: bool = False, chunk_size: int = 512
+             ) -> ForgetContext:
     """:meth:`ForgetContext.from_recipe`, the class count read from the model's output on the first chunk of
     ``retain_s`` only when the model has no classifier to count its classes."""
     probe = None
@@ -126,8 +142,10 @@ def _context(model: nn.Module, recipe: TrainingRecipe | None, retain_s, *, num_c
             find_classifier(model, classifier)
         except ValueError:
             probe = first_inputs(retain_s) if classifier is None else None
-    return ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
-                                     classifier=classifier, probe=probe)
+    ctx = ForgetContext.from_recipe(model, recipe, num_classes=num_classes, seed=seed, forget_class=forget_class,
+                                    classifier=classifier, probe=probe)
+    ctx.force, ctx.chunk_size = bool(force), int(chunk_size)
+    return ctx
 
 
 def _with_classifier(method: str, classifier: str | None, method_options: dict) -> dict:

@@ -27,6 +27,7 @@ from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, f
                                   load_user_weights, read_state_dict)
 from scrubnet.readouts.basic import activation_l1, error_and_loss
 from scrubnet.recipe import TrainingRecipe
+from scrubnet.tuning.profile import TunedProfile, note_auto, resolve_profile
 
 
 class OwnModelError(ValueError):
@@ -110,7 +111,7 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
 def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int], method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
                device: torch.device, before_scrub=None, on_not_forgotten: str = "fail",
-               train_spec: str | None = None) -> dict | None:
+               train_spec: str | None = None, profile: TunedProfile | None = None) -> dict | None:
     """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
     returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
@@ -120,10 +121,17 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     With test arrays in ``data`` the scrub gets the forgetting verdict (``on_not_forgotten``: see
     :func:`scrubnet.forget`); the sidecar records it (``forgetting``) and the warnings (``warnings``).
     ``train_spec`` (``--train FILE.py:FUNCTION``): the user's own training, what ``retrain`` runs and the cost
-    reference times (:mod:`scrubnet.recipe.retrain`); handed D_r as ``(x, y)`` tensors."""
+    reference times (:mod:`scrubnet.recipe.retrain`); handed D_r as ``(x, y)`` tensors.
+    With a tuned ``profile`` (``--method auto``: ``method`` and ``method_options`` are its choice) the profile
+    must be this model's; the sidecar records what it chose and why (``auto``)."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
     train = load_user_training(train_spec) if train_spec is not None else None
     model, _, ud, c = _load_all(spec, options, weights, data, device)
+    if profile is not None:
+        try:
+            resolve_profile(profile, model)
+        except ValueError as e:
+            raise OwnModelError(f"--profile: {e}") from None
     idx = validate_forget_ids(forget_ids, len(ud.y))
     keep = torch.ones(len(ud.y), dtype=torch.bool)
     keep[idx] = False
@@ -143,6 +151,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
                                        **method_options)
     except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
         raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
+    if profile is not None:
+        note_auto(result, profile, len(idx))
     if not result.ok:
         raise OwnModelError(f"method {method!r} failed: {'; '.join(result.reasons) or 'no reason given'} "
                             f"(nothing written to {out})")
@@ -152,7 +162,7 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
              "train_sha256": None if train_spec is None else factory_source_sha256(train_spec),
              "source_sha256": state_sha256(Path(weights).read_bytes()), "data": str(data), "ok": True,
              "forgetting": None if result.forgetting is None else result.forgetting.to_dict(),
-             "warnings": list(result.warnings), "cost": dict(result.cost),
+             "warnings": list(result.warnings), "cost": dict(result.cost), "auto": result.checks.get("auto"),
              "report": {k: float(v) for k, v in result.report.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return save_checkpoint(out, scrubbed, arch=USER_ARCH, in_shape=list(ud.x.shape[1:]), num_classes=c,

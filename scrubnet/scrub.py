@@ -9,11 +9,14 @@ checks exist once:
    :class:`~scrubnet.recipe.objective.RecipeMismatch` unless ``ctx.force``;
 2. the method's own failure (a solver at its iteration cap or above its tolerance, a refused step): the
    result is ``ok=False`` with the method's reasons;
-3. the retain-error rule: a scrub that raises the error on D_r by more than ``retain_error_tolerance`` is
+3. the retain guard (:mod:`scrubnet.training.guard`) while a fine-tuning method runs (``retain_rule="fail"``):
+   a retain error rising past half the tolerance on a probe of D_r puts back the last good weights and halves
+   the step sizes, then stops the training; what it did is in ``checks["retain_guard"]`` and the warnings;
+4. the retain-error rule: a scrub that raises the error on D_r by more than ``retain_error_tolerance`` is
    ``ok=False`` (``retain_rule="fail"``, every entry point but one) or only reported in
    ``checks["retain_error"]`` (``retain_rule="report"``: the protocol experiment, whose results record the
    method's own verdict and every readout, and must not change with this rule);
-4. the forgetting verdict, when held-out data are given (``test``): does D_f now look like data the model
+5. the forgetting verdict, when held-out data are given (``test``): does D_f now look like data the model
    never saw (:func:`~scrubnet.readouts.forgetting.forgetting_verdict`, no retrained model needed)? A method
    whose purpose is forgetting (its ``forgets`` trait) that ends at ``did_not_forget`` or ``moved_wrong_way``
    is ``ok=False`` (``on_not_forgotten="fail"``) or only warned (``"warn"``); the verdict is in
@@ -36,9 +39,12 @@ from scrubnet.readouts.forgetting import UNDECIDED, ForgettingVerdict, forgettin
 from scrubnet.readouts.information import weight_information
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.recipe.objective import check_stationarity
+from scrubnet.training.guard import GUARD_SHARE, RetainGuard, active_guard
 
 #: what the retain-error rule does with a scrub over the tolerance
 RETAIN_RULES = ("fail", "report")
+#: methods that draw a random part of D_r by index (a DataLoader reaches them as its data set read by index)
+DRAWS_PART_OF_RETAIN = frozenset({"bad-teacher"})
 #: the default tolerance of the retain-error rule (a fraction: 0.05 = 5 points of error)
 RETAIN_ERROR_TOLERANCE = 0.05
 #: what a failing forgetting verdict does to a method whose purpose is forgetting
@@ -145,8 +151,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     model : nn.Module
         The trained model; not modified.
     retain, forget, test : tensors, Dataset, DataLoader or DataStream
-        D_r, D_f (and held-out data for the readouts and the forgetting verdict), each chunked by
-        ``ctx.chunk_size``.
+        D_r, D_f (and held-out data for the readouts and the verdict), each chunked by ``ctx.chunk_size``.
     ctx : ForgetContext
         From :meth:`ForgetContext.from_recipe` or :func:`~scrubnet.methods.base.protocol_context`.
     retain_error_tolerance : float
@@ -178,7 +183,7 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     if method.uses_curvature and method.needs_retain and ctx.verify_recipe and not ctx.force:
         st = check_stationarity(model, retain_s, ctx.recipe, ctx.center(model), method=method.name)
         checks["stationarity"] = st.as_dict()
-    res = method(model, retain_s, forget_s, ctx)
+    res, guard = _guarded_run(method, model, retain_s, forget_s, ctx, retain_error_tolerance, retain_rule)
     res.info.update(checks.get("stationarity", {}))
     out = ForgetResult(ok=res.ok, reasons=list(res.reasons), method=method.name, recipe=ctx.recipe,
                        report=dict(res.info), noise=res.noise, checks=checks, scrub=res, warnings=list(res.warnings))
@@ -211,7 +216,37 @@ def scrub_and_measure(method: ForgettingMethod, model: nn.Module, retain, forget
     if test is not None:
         verdict_step(out, method, model, retain_s, forget_s, as_stream(test, chunk_size=ctx.chunk_size),
                      on_not_forgotten, references, forget_ids)
+    guard_outcome(out, guard, method.name)
     return out
+
+
+def _guarded_run(method: ForgettingMethod, model: nn.Module, retain_s, forget_s, ctx: ForgetContext,
+                 tolerance: float, retain_rule: str) -> tuple[ScrubResult, RetainGuard | None]:
+    """Step 3: the method run under the retain guard when it fine-tunes to forget (not a curvature method, not
+    an anchor; Boundary Shrink too, which reads D_f alone) and the retain rule fails scrubs; a method drawing
+    part of D_r gets a DataLoader read by index."""
+    guard = None
+    if method.forgets and not method.uses_curvature and retain_rule == "fail" and len(retain_s) > 0:
+        guard = RetainGuard.from_stream(model, retain_s, GUARD_SHARE * tolerance, seed=ctx.seed)
+    given = retain_s
+    if method.name in DRAWS_PART_OF_RETAIN and retain_s.indexed() is not None:
+        given = retain_s.indexed()   # a DataLoader over a map-style data set: read by index, its collate_fn kept
+    with active_guard(guard):
+        return method(model, given, forget_s, ctx), guard
+
+
+def guard_outcome(out: ForgetResult, guard: RetainGuard | None, method: str) -> None:
+    """What the guard did, into ``out``: ``checks["retain_guard"]``, its events as warnings, and a failure when
+    it undid every step (the model returned is the original: the method did nothing)."""
+    if guard is None:
+        return
+    out.checks["retain_guard"] = {"checks": guard.checks, "backoffs": guard.backoffs, "stopped": guard.stopped,
+                                  "probe_error_before": guard.base_error, "tolerance": guard.tolerance}
+    out.warnings += [f"retain guard: {e}" for e in guard.events]
+    if guard.stopped and not guard.progressed:
+        out.ok = False
+        out.reasons.append(f"the retain guard undid every step of {method} (the model returned is the "
+                           f"original): {guard.events[-1]}; lower its rate or tune it (scrubnet tune)")
 
 
 def verdict_step(out: ForgetResult, method: ForgettingMethod, model: nn.Module, retain, forget, heldout,

@@ -31,7 +31,7 @@ LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.integrity": 
           "scrubnet.methods": 3, "scrubnet.mlforget": 3, "scrubnet.readouts": 3, "scrubnet.checkpoint": 3,
           "scrubnet.privacy": 3,
           "scrubnet.scrub": 4, "scrubnet.experiments": 4, "scrubnet.audit": 4, "scrubnet.api": 4, "scrubnet.cost_guard": 4, "scrubnet.serve": 4,
-          "scrubnet.own_model": 4,
+          "scrubnet.own_model": 4, "scrubnet.tuning": 4,
           "scrubnet.cli": 5}
 FORBIDDEN = [("scrubnet.methods", "scrubnet.readouts")]
 OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray", "starlette", "uvicorn", "cryptography", "transformers"}

@@ -26,6 +26,7 @@ from scrubnet.cost_guard import budgeted_options, price_call, recipe_refusal
 from scrubnet.data.stream import as_stream
 from scrubnet.training.cost import check_budget, format_bytes, format_seconds
 from scrubnet.own_model import evaluate_own, forget_own
+from scrubnet.tuning.profile import TunedProfile
 
 
 def _own_model_args(checkpoint, model, weights, data, recipe, model_option, force,
@@ -98,6 +99,26 @@ def _budget_check(method: str, opts: dict, dry_run: bool, max_seconds: Optional[
     return budget
 
 
+def auto_method(method: str, option: list[str], profile: Optional[Path], own: bool):
+    """(method, options, profile) of ``--method auto --profile P``: the profile's choice, its tuned options
+    (``--option`` values override them); unchanged for any other method (``--profile`` refused with one)."""
+    if method != "auto":
+        if profile is not None:
+            raise UserError("--profile applies to --method auto")
+        return method, option, None
+    if profile is None or not own:
+        raise UserError("--method auto needs --profile (written by `scrubnet tune`) and your own model "
+                        "(--model/--weights/--data)")
+    try:
+        tuned = TunedProfile.load(profile)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    given = {o.split("=", 1)[0] for o in option}
+    tuned_opts = [f"{k}={json.dumps(v)}" for k, v in tuned.options.items() if k not in given]
+    console.print(f"auto: {tuned.method} — {tuned.chosen['why']}", highlight=False, soft_wrap=True)
+    return tuned.method, tuned_opts + list(option), tuned
+
+
 def _print_estimate(est, ref, refusal: Optional[str]) -> None:
     """The estimate and the retraining estimate side by side, the ratio, and the recipe check's verdict."""
     t = Table(title=f"cost of {est.method} against retraining (this machine, one thread)")
@@ -120,7 +141,8 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                     "sidecar); for your own model give --model/--weights/--data"),
            forget_ids: Path = typer.Option(..., help="file of forget ids (positions in D; for --data, in x_train)"),
            method: str = typer.Option(..., help="scrubbing method: " + ", ".join(
-               m for m in available_methods() if not method_class(m).own_retrain_family)),
+               m for m in available_methods() if not method_class(m).own_retrain_family) + "; or auto (with "
+               "--profile: the method `scrubnet tune` chose for this model)"),
            out: Optional[Path] = typer.Option(None, "--out", help="where to write the scrubbed checkpoint (not "
                                               "needed with --dry-run)"),
            option: list[str] = typer.Option([], "--option", help="method option KEY=VALUE (repeatable)"),
@@ -149,7 +171,9 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                           "(measured: --train, else the recipe reproduced)"),
            train: Optional[str] = typer.Option(None, "--train", help="FILE.py:FUNCTION (or MODULE:FUNCTION): your "
                                                "own training, train(model, (x, y)) -> model; --method retrain runs "
-                                               "it on D_r and the cost against retraining times it")):
+                                               "it on D_r and the cost against retraining times it"),
+           profile: Optional[Path] = typer.Option(None, help="with --method auto: the tuned profile `scrubnet "
+                                                  "tune` wrote for this model (JSON)")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
@@ -167,6 +191,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
         refuse_existing_file(out, overwrite, inputs=(checkpoint or weights,))
     if json_out is not None:
         require_writable(json_out)
+    method, option, tuned = auto_method(method, option, profile, own)
     _refuse_own_retrain_family(method, own)
     opts = parse_options(option)
     protocol = getattr(method_class(method), "protocol_options", {}) if not own else {}
@@ -178,7 +203,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                               data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
                               recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
                               device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten,
-                              train_spec=train)
+                              train_spec=train, profile=tuned)
         if meta is not None:
             v = meta.get("forgetting")
             _print_verdict(v, meta.get("warnings", []))

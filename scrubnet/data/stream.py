@@ -165,6 +165,7 @@ class DataStream:
         else:
             raise TypeError(f"expected (x, y) tensors, a Dataset or a DataLoader, got {type(source).__name__}")
         self._len: int | None = len(self.y) if self.kind == "tensors" else None
+        self.collate = None   # a loader's collate_fn, for a stream made by :meth:`indexed`
 
     def __len__(self) -> int:
         if self._len is None:
@@ -190,10 +191,30 @@ class DataStream:
             return self.x[idx], self.y[idx]
         if self.kind == "loader":
             raise TypeError("a DataLoader's samples cannot be fetched by index; iterate its batches")
+        if self.collate is not None:
+            x, y = self.keys.split(self.collate([self.dataset[int(i)] for i in idx]))
+            return _check_chunk(x, torch.as_tensor(y))
         items = [self.keys.split(self.dataset[int(i)]) for i in idx]
         x = _collate_inputs([a for a, _ in items])
         y = default_collate([b for _, b in items])
         return _check_chunk(x, torch.as_tensor(y))
+
+    def indexed(self) -> "DataStream | None":
+        """This stream read by index: itself when indexable; for a ``DataLoader`` over a map-style ``Dataset``, a
+        stream over that data set whose items are collated by the loader's ``collate_fn`` (the loader's own
+        batching of dict items, padding included; its sampler is not used); None for an iterable-style one."""
+        if self.indexable:
+            return self
+        ds = self.loader.dataset
+        if isinstance(ds, torch.utils.data.IterableDataset) or not hasattr(ds, "__len__") \
+                or not hasattr(ds, "__getitem__"):
+            return None
+        if isinstance(ds, Dataset):
+            view = DataStream(ds, self.keys, self.chunk_size)
+        else:   # a list of items, as HuggingFace examples often are
+            view = DataStream(torch.utils.data.Subset(ds, range(len(ds))), self.keys, self.chunk_size)
+        view.collate = self.loader.collate_fn
+        return view
 
     def chunks(self, chunk_size: int | None = None) -> Iterator[tuple[Inputs, Tensor]]:
         """(x, y) chunks of at most ``chunk_size`` samples (a loader: its own batches), each checked finite."""

@@ -25,6 +25,7 @@ from scrubnet.models.call import ModelInputs, call_model, cat_inputs
 
 from scrubnet.methods.base import Option  # noqa: F401  (re-exported for the field's modules)
 from scrubnet.training.cost import fisher_diagonal_cost, train_cost  # noqa: F401  (likewise)
+from scrubnet.training.guard import guard_after_step, guard_scope
 
 
 #: optimisers the field's methods are written with
@@ -132,9 +133,7 @@ def mixed_batches(retain: DataStream, x_e, y_e: Tensor, batch_size: int, g: torc
                   what: str) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """One pass over D_r ⊔ E (E = (x_e, y_e) in memory) in batches of a seeded permutation of the N_r + N_e
     positions: ``(x, y, from_e)`` with ``from_e`` (bool, (B,)) marking E's samples. D_r must be indexable."""
-    if not retain.indexable:
-        raise ValueError(f"{what} draws batches from D_r and other samples together: give D_r as tensors or an "
-                         "indexable Dataset, not a DataLoader")
+    retain = by_index(retain, what)
     n_r, n_e = len(retain), len(y_e)
     order = torch.randperm(n_r + n_e, generator=g, device=g.device).cpu()
     for i in range(0, len(order), batch_size):
@@ -153,6 +152,19 @@ def mixed_batches(retain: DataStream, x_e, y_e: Tensor, batch_size: int, g: torc
         flag = torch.cat([torch.zeros(int((~from_e).sum()), dtype=torch.bool),
                           torch.ones(int(from_e.sum()), dtype=torch.bool)]).to(dev)
         yield cat_inputs(parts_x), torch.cat(parts_y), flag
+
+
+def by_index(retain: DataStream, what: str) -> DataStream:
+    """``retain`` when indexable; a ``DataLoader`` over a map-style data set as that data set read by index (its
+    items collated by the loader's ``collate_fn``, so dict batches and their extra inputs come as the loader
+    makes them); ``ValueError`` otherwise (an iterable-style loader has no samples to draw)."""
+    if retain.indexable:
+        return retain
+    view = retain.indexed()
+    if view is None:
+        raise ValueError(f"{what} draws batches from D_r and other samples together: give D_r as tensors, an "
+                         "indexable Dataset, or a DataLoader over a map-style Dataset")
+    return view
 
 
 def kl_to_targets(student_logits: Tensor, target_probs: Tensor, T: float = 1.0) -> Tensor:
@@ -184,20 +196,25 @@ def step(opt: torch.optim.Optimizer, loss: Tensor, edit_grads: Callable[[], None
         for p in group["params"]:
             if not bool(torch.isfinite(p).all()):
                 raise Diverged("the weights became non-finite")
+    guard_after_step(opt)
 
 
 def guarded_epochs(model: nn.Module, epochs: int, body: Callable[[int], None], what: str) -> str | None:
     """Run ``body(e)`` for e = 0 … epochs − 1; when a step diverges (:class:`Diverged`), put back the weights and
     buffers ``model`` had at the start of that epoch and stop. Returns None, or the reason (one sentence) when
-    the method stopped early — the caller marks its result failed with it."""
-    for e in range(epochs):
-        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        try:
-            body(e)
-        except Diverged as err:
-            model.load_state_dict(snapshot)
-            return (f"{what} diverged in epoch {e + 1} of {epochs} ({err}); the model returned is the one at the "
-                    "start of that epoch")
+    the method stopped early — the caller marks its result failed with it. The active retain guard
+    (:mod:`scrubnet.training.guard`) watches the epochs: a retain error risen past its tolerance puts back the
+    last good weights, halves the step sizes and, repeated, ends the epochs (not a failure: the guard's events
+    become the result's warnings)."""
+    with guard_scope(model):
+        for e in range(epochs):
+            snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            try:
+                body(e)
+            except Diverged as err:
+                model.load_state_dict(snapshot)
+                return (f"{what} diverged in epoch {e + 1} of {epochs} ({err}); the model returned is the one at "
+                        "the start of that epoch")
     return None
 
 

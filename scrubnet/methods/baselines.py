@@ -28,6 +28,7 @@ from scrubnet.recipe import PROTOCOL_BASELINE_EPOCHS
 from scrubnet.recipe.retrain import initial_model, make_optimizer, retrain_like_user
 from scrubnet.training import DEFAULT_RETRAIN_MODE, RETRAIN_MODES, batch_loss, l2_pull, retrain as retrain_fn, sgd_loop
 from scrubnet.training.cost import copy_cost, train_cost
+from scrubnet.training.guard import guard_after_step, guard_scope
 from scrubnet.models.call import call_model, cat_inputs
 
 
@@ -78,18 +79,19 @@ def _finetune_stream(model: nn.Module, data: DataStream, ctx: ForgetContext, *, 
     opt = _optimizer(model, ctx, lr)
     dev = model_device(model)
     center = ctx.center(model) if r.pulls_to_start else None
-    for _ in range(BASELINE_EPOCHS if epochs is None else epochs):
-        model.train()
-        if r.freeze_bn:
-            freeze_batchnorm(model)
-        if data.indexable:
-            order = torch.randperm(len(data), generator=g, device=g.device).cpu()
-            batches = (data.take(order[i:i + r.batch_size]) for i in range(0, len(order), r.batch_size))
-        else:
-            batches = data.chunks()
-        for xb, yb in batches:
-            xb, yb = xb.to(dev), yb.to(dev)
-            _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.loss_spec).mean(), ctx, center)
+    with guard_scope(model):
+        for _ in range(BASELINE_EPOCHS if epochs is None else epochs):
+            model.train()
+            if r.freeze_bn:
+                freeze_batchnorm(model)
+            if data.indexable:
+                order = torch.randperm(len(data), generator=g, device=g.device).cpu()
+                batches = (data.take(order[i:i + r.batch_size]) for i in range(0, len(order), r.batch_size))
+            else:
+                batches = data.chunks()
+            for xb, yb in batches:
+                xb, yb = xb.to(dev), yb.to(dev)
+                _step(model, opt, per_sample_loss(call_model(model, xb), yb, r.loss_spec).mean(), ctx, center)
     return model.eval()
 
 
@@ -103,6 +105,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: Tensor, ctx: Forge
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
+    guard_after_step(opt)
 
 
 def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_f: Tensor, ctx: ForgetContext, *,
@@ -111,9 +114,10 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
     memory): the same seeded permutation of the N_r + N_f positions (D_r first, then D_f), the same batches,
     loss (:func:`~scrubnet.training.batch_loss`, the D_f terms negated and capped when ``negate``) and
     optimiser as the in-memory loop, so the result equals it; memory is one batch of D_r."""
-    if not retain.indexable:
-        raise ValueError("NegGrad and Random labels draw batches from D_r and D_f together: give D_r as tensors "
-                         "or an indexable Dataset, not a DataLoader")
+    if retain.indexed() is None:
+        raise ValueError("NegGrad and Random labels draw batches from D_r and D_f together: give D_r as tensors, "
+                         "an indexable Dataset or a DataLoader over a map-style Dataset")
+    retain = retain.indexed()   # a DataLoader: its data set read by index, its collate_fn kept
     model = copy.deepcopy(model)
     r = ctx.recipe
     dev = model_device(model)
@@ -123,25 +127,27 @@ def _finetune_mixed_stream(model: nn.Module, retain: DataStream, x_f: Tensor, y_
     x_f, y_f = x_f.to(dev), y_f.to(dev)
     cap = math.log(max(ctx.num_classes, 2))
     center = ctx.center(model) if r.pulls_to_start else None
-    for _ in range(BASELINE_EPOCHS if epochs is None else epochs):
-        model.train()
-        if r.freeze_bn:
-            freeze_batchnorm(model)
-        order = torch.randperm(n_r + n_f, generator=g, device=g.device).cpu()
-        for i in range(0, len(order), r.batch_size):
-            idx = order[i:i + r.batch_size]
-            from_r = idx < n_r
-            xr, yr = retain.take(idx[from_r])
-            sel_f = (idx[~from_r] - n_r).to(dev)
-            # the batch in the permutation's order: position j holds D_r's next sample or D_f's
-            pos = torch.empty(len(idx), dtype=torch.long)
-            pos[from_r] = torch.arange(int(from_r.sum()))
-            pos[~from_r] = int(from_r.sum()) + torch.arange(int((~from_r).sum()))
-            pos = pos.to(dev)
-            xb = cat_inputs([xr.to(dev, x_f.dtype), x_f[sel_f]])[pos]
-            yb = torch.cat([yr.to(dev, y_f.dtype), y_f[sel_f]])[pos]
-            _step(model, opt, batch_loss(call_model(model, xb), yb, r.loss_spec, (~from_r).to(dev) if negate else None,
-                                         cap if negate else None), ctx, center)
+    with guard_scope(model):
+        for _ in range(BASELINE_EPOCHS if epochs is None else epochs):
+            model.train()
+            if r.freeze_bn:
+                freeze_batchnorm(model)
+            order = torch.randperm(n_r + n_f, generator=g, device=g.device).cpu()
+            for i in range(0, len(order), r.batch_size):
+                idx = order[i:i + r.batch_size]
+                from_r = idx < n_r
+                xr, yr = retain.take(idx[from_r])
+                sel_f = (idx[~from_r] - n_r).to(dev)
+                # the batch in the permutation's order: position j holds D_r's next sample or D_f's
+                pos = torch.empty(len(idx), dtype=torch.long)
+                pos[from_r] = torch.arange(int(from_r.sum()))
+                pos[~from_r] = int(from_r.sum()) + torch.arange(int((~from_r).sum()))
+                pos = pos.to(dev)
+                xb = cat_inputs([xr.to(dev, x_f.dtype), x_f[sel_f]])[pos]
+                yb = torch.cat([yr.to(dev, y_f.dtype), y_f[sel_f]])[pos]
+                ascent = (~from_r).to(dev) if negate else None
+                _step(model, opt, batch_loss(call_model(model, xb), yb, r.loss_spec, ascent, cap if negate else None),
+                      ctx, center)
     return model.eval()
 
 

@@ -225,7 +225,15 @@ def mismatch_message(st: Stationarity, recipe: TrainingRecipe, method: str) -> s
         why = ("the data gradient is large: is the model trained to convergence on this data (D_r ∪ D_f), with "
                f"this loss ({recipe.loss_spec.describe()}) and this weight decay (the data gradient balances about "
                f"{st.implied_wd:.3g}, recipe.wd = {recipe.wd:g})?")
-    return head + why + "; pass force=True to scrub anyway"
+    return head + why + "; " + INSTEAD + "; pass force=True to scrub anyway"
+
+
+#: what a refused curvature method's message says to do instead (docs/guides/own-model.md, "Where the curvature
+#: methods serve")
+INSTEAD = ("the curvature methods serve models at a minimum of the stated objective (scrubnet's protocol, "
+           "ML-Forgetting, a convex head on fixed features); for this model tune the fine-tuning methods on it "
+           "against your own retraining (scrubnet tune / scrubnet.tuning.tune.tune, then method \"auto\") or train "
+           "it forgettable (docs/guides/own-model.md)")
 
 
 def decay_understated(st: Stationarity, recipe: TrainingRecipe) -> bool:

@@ -43,6 +43,7 @@ from scrubnet.data.augment import AUGMENTATIONS, make_augment
 from scrubnet.device import model_device, seeded_generator
 from scrubnet.models import freeze_batchnorm, replace_head
 from scrubnet.models.loss import LossSpec
+from scrubnet.training.guard import guard_after_step, guard_scope
 
 
 #: how the gold standard is retrained without D_f by default (the authors' code; see :func:`retrain`)
@@ -261,34 +262,36 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
     stopped = False
     epoch = step = 0
     report = current_progress()
-    while True:
-        if report is not None:  # the epoch cap is the bar's total: the time remaining is an upper bound
-            report(f"training epochs (cap {max_epochs})", epoch, max_epochs)
-        if on_epoch is not None:
-            on_epoch(epoch)
-        if stop is not None and stop(epoch):
-            stopped = True
-            break
-        if epoch >= max_epochs:
-            break
-        _schedule_epoch(opt, epoch, lr, lr_decay, weight_decay, weight_decay_epochs)
-        wd_now = wd if in_window(epoch, wd_epochs) else 0.0
-        augment_now = augment if augment is not None and in_window(epoch, augment_epochs) else None
-        _set_mode(model, freeze_bn)
-        order, total = _epoch_order(n, samples_per_epoch, generator, device, x.device)
-        for i in range(0, total, batch_size):
-            idx = order[i:i + batch_size]
-            logits = call_model(model, x[idx] if augment_now is None else augment_now(x[idx]))
-            loss = batch_loss(logits, y[idx], loss_fn, None if ascent is None else ascent[idx], ascent_cap)
-            if w0 is not None and wd_now > 0:
-                loss = loss + 0.5 * wd_now * l2_pull(model, w0)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            if on_step is not None:
-                on_step(step)
-        epoch += 1
+    with guard_scope(model):   # a forgetting method's run: the retain guard watches (training/guard.py)
+        while True:
+            if report is not None:  # the epoch cap is the bar's total: the time remaining is an upper bound
+                report(f"training epochs (cap {max_epochs})", epoch, max_epochs)
+            if on_epoch is not None:
+                on_epoch(epoch)
+            if stop is not None and stop(epoch):
+                stopped = True
+                break
+            if epoch >= max_epochs:
+                break
+            _schedule_epoch(opt, epoch, lr, lr_decay, weight_decay, weight_decay_epochs)
+            wd_now = wd if in_window(epoch, wd_epochs) else 0.0
+            augment_now = augment if augment is not None and in_window(epoch, augment_epochs) else None
+            _set_mode(model, freeze_bn)
+            order, total = _epoch_order(n, samples_per_epoch, generator, device, x.device)
+            for i in range(0, total, batch_size):
+                idx = order[i:i + batch_size]
+                logits = call_model(model, x[idx] if augment_now is None else augment_now(x[idx]))
+                loss = batch_loss(logits, y[idx], loss_fn, None if ascent is None else ascent[idx], ascent_cap)
+                if w0 is not None and wd_now > 0:
+                    loss = loss + 0.5 * wd_now * l2_pull(model, w0)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                guard_after_step(opt)
+                step += 1
+                if on_step is not None:
+                    on_step(step)
+            epoch += 1
     model.eval()
     return epoch, stopped
 

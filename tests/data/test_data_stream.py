@@ -160,10 +160,20 @@ def test_neggrad_and_randomlabels_on_a_dataset_equal_the_in_memory_runs(method):
     assert moved > 1e-3   # it did train
 
 
-def test_neggrad_refuses_a_dataloader_retain_set():
+def test_neggrad_reads_a_dataloader_over_a_map_style_set_by_index_and_refuses_an_iterable_one():
     import scrubnet
     x, y = _data(40)
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 3))
     loader = DataLoader(TensorDataset(x[10:], y[10:]), batch_size=8)
-    with pytest.raises(ValueError, match="DataLoader"):
-        scrubnet.forget(model, loader, (x[:10], y[:10]), method="neggrad", classifier="0")
+    call = dict(method="neggrad", classifier="0", on_failure="return", epochs=1)
+    a, _ = scrubnet.forget(model, loader, (x[:10], y[:10]), **call)
+    b, _ = scrubnet.forget(model, TensorDataset(x[10:], y[10:]), (x[:10], y[:10]), **call)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(zip(x[10:], y[10:]))
+
+    with pytest.raises(ValueError, match="DataLoader over a map-style Dataset"):
+        scrubnet.forget(model, DataLoader(Stream(), batch_size=8), (x[:10], y[:10]), **call)
