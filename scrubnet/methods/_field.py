@@ -109,12 +109,14 @@ def generator_for(model: nn.Module, ctx: ForgetContext, offset: int) -> torch.Ge
 
 def stream_batches(data: DataStream, batch_size: int, g: torch.Generator, dev: torch.device
                    ) -> Iterator[tuple[Tensor, Tensor]]:
-    """One pass over ``data`` in batches on ``dev``: a seeded permutation of an indexable source (tensors or a
-    ``Dataset``), a ``DataLoader``'s own batches otherwise."""
-    if data.indexable:
-        order = torch.randperm(len(data), generator=g, device=g.device).cpu()
+    """One pass over ``data`` in batches on ``dev``: a seeded permutation of an indexable source (tensors, a
+    ``Dataset``, or a ``DataLoader`` over a map-style one, read by index and collated by the loader's
+    ``collate_fn``: the same batches as its data set given directly), an iterable loader's own batches otherwise."""
+    view = data.indexed()
+    if view is not None:
+        order = torch.randperm(len(view), generator=g, device=g.device).cpu()
         for i in range(0, len(order), batch_size):
-            x, y = data.take(order[i:i + batch_size])
+            x, y = view.take(order[i:i + batch_size])
             yield x.to(dev), y.to(dev)
     else:
         for x, y in data.chunks():
