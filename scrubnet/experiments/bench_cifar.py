@@ -1,6 +1,6 @@
 """The field's CIFAR-10 protocol for ``scrubnet bench --dataset cifar10`` and its plan (``--dry-run``).
 
-The field's setting (docs/decisions/bench.md; /work/shared/spec/field-methods.md §1): a ResNet-18 (scrubnet's own,
+The field's setting (docs/decisions/bench.md and docs/decisions/field-methods.md): a ResNet-18 (scrubnet's own,
 :class:`~scrubnet.models.zoo.ResNet18`) trained from scratch on 45,000 of CIFAR-10's 50,000 training images (the
 other 5,000 held out), SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 128, 182 epochs, with augmentation;
 forget sets: 10 % random (4,500 images) and one class (4,500 images); the test set's 10,000 images. The field

@@ -1,5 +1,5 @@
 """Each field method's defaults and one update step against a transcription of its released update (written from
-the equations of /work/shared/spec/field-methods.md, corrected), on a fixed small float64 network and batch."""
+the update equations stated in docs/decisions/field-methods.md), on a fixed small float64 network and batch."""
 from __future__ import annotations
 
 import copy
