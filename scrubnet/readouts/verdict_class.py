@@ -36,7 +36,8 @@ def _head_call(model: nn.Module, x) -> tuple[nn.Linear | None, torch.Tensor | No
 
 
 def _to(x, device):
-    return x.to(device) if torch.is_tensor(x) else {k: v.to(device) for k, v in x.items()}
+    # a tensor or ModelInputs (the main input with extras such as an attention mask) moves itself; a dict by key
+    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
 
 
 @torch.no_grad()
@@ -68,7 +69,7 @@ def class_probe(model_before: nn.Module, model_after: nn.Module, heldout, label:
             keep = y == label
             if not keep.any():
                 continue
-            x = x[keep] if torch.is_tensor(x) else {k: v[keep] for k, v in x.items()}
+            x = {k: v[keep] for k, v in x.items()} if isinstance(x, dict) else x[keep]
             head_b, _, logits_b = _head_call(model_before, _to(x, model_device(model_before)))
             head_a, feat_a, _ = _head_call(model_after, _to(x, model_device(model_after)))
             if head_b is None or head_a is None or head_b.in_features != feat_a.shape[-1]:

@@ -117,8 +117,10 @@ def test_finetune_uses_the_mask_as_a_hand_loop_does(data):
     m = tiny_bert()
     want = hand_finetune(m, b, RECIPE)
     for retain in (Dicts(b), (as_inputs(b), b["labels"])):
+        # the retain guard off (tolerance 1): this compares the loop itself with the hand loop, on an untrained
+        # model whose retain error the loop is free to raise
         got, res = scrubnet.forget(m, retain, Dicts(f), method="finetune", recipe=RECIPE, readouts=True,
-                                   on_failure="return", epochs=RECIPE.epochs)
+                                   on_failure="return", epochs=RECIPE.epochs, retain_error_tolerance=1.0)
         assert max_weight_gap(got, want) < 1e-5
         err, loss = hand_error_and_loss(got, b)
         assert res.readouts["retain_error"] == pytest.approx(err, abs=1e-6)
