@@ -32,7 +32,7 @@ from scrubnet.serve.app import create_app  # noqa: E402
 from scrubnet.serve.canonical import canonical, number  # noqa: E402
 from scrubnet.serve.limits import Limits  # noqa: E402
 from scrubnet.serve.worker import issue_receipts  # noqa: E402
-from test_serve import DATA, ENV, TRAIN, deletable  # noqa: E402
+from test_serve import ENV, deletable, train_tiny_checkpoint  # noqa: E402
 from test_trust import ALICE, BOB, CAROL, OPS, READER, TOKENS, TrustServer, _copy, _forge  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,11 +167,7 @@ def independent_path(receipt: dict) -> None:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    out = tmp_path_factory.mktemp("log") / "ckpt"
-    res = CliRunner().invoke(mlforget_app, ["train", "--out", str(out), "--data-options", DATA, "--train-options",
-                                            TRAIN, "--model-options", '{"hidden": 16}'])
-    assert res.exit_code == 0, res.output
-    return out
+    return train_tiny_checkpoint(tmp_path_factory, "log")
 
 
 def _serve_args(tmp):

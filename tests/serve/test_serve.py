@@ -41,13 +41,18 @@ SUBMIT, READ, ADMIN, OTHER = ("submit-token-alice-0001", "read-token-auditor-000
 TOKENS = f"{SUBMIT} submit alice\n{READ} read auditor\n{ADMIN} admin ops\n{OTHER} submit bob\n"
 
 
-@pytest.fixture(scope="module")
-def base_ckpt(tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve") / "ckpt"
+def train_tiny_checkpoint(tmp_path_factory, name: str) -> Path:
+    """A tiny ML-Forgetting checkpoint (``mlforget train`` on :data:`DATA` / :data:`TRAIN`) in a new folder."""
+    out = tmp_path_factory.mktemp(name) / "ckpt"
     res = CliRunner().invoke(mlforget_app, ["train", "--out", str(out), "--data-options", DATA, "--train-options",
                                             TRAIN, "--model-options", '{"hidden": 16}'])
     assert res.exit_code == 0, res.output
     return out
+
+
+@pytest.fixture(scope="module")
+def base_ckpt(tmp_path_factory):
+    return train_tiny_checkpoint(tmp_path_factory, "serve")
 
 
 def deletable(path, k, skip=0):

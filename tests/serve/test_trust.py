@@ -24,7 +24,7 @@ from scrubnet.mlforget import store  # noqa: E402
 from scrubnet.mlforget.store.chain import _seal_all  # noqa: E402
 from scrubnet.serve import anchor  # noqa: E402
 from scrubnet.serve.auth import read_tokens, token_name  # noqa: E402
-from test_serve import DATA, ENV, TRAIN, Server, _chromium, deletable, row  # noqa: E402
+from test_serve import ENV, Server, _chromium, deletable, row, train_tiny_checkpoint  # noqa: E402
 
 ALICE, BOB, CAROL, READER, OPS = ("alice-submit-token-0001", "bob-submit-token-000001", "carol-submit-token-00001",
                                   "reader-read-token-000001", "ops-admin-token-00000001")
@@ -51,11 +51,7 @@ class TrustServer(Server):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    out = tmp_path_factory.mktemp("trust") / "ckpt"
-    res = CliRunner().invoke(mlforget_app, ["train", "--out", str(out), "--data-options", DATA, "--train-options",
-                                            TRAIN, "--model-options", '{"hidden": 16}'])
-    assert res.exit_code == 0, res.output
-    return out
+    return train_tiny_checkpoint(tmp_path_factory, "trust")
 
 
 @pytest.fixture(scope="module")
