@@ -97,3 +97,11 @@ def pytest_sessionfinish(session, exitstatus):
     if reporter is not None:
         reporter.write_line("\n".join(lines), red=True)
     session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def docs_run(tmp_path_factory):
+    """The README's and the site's code blocks, run once for the whole session (``tests/docs_blocks.py``)."""
+    from tests.docs_blocks import run_docs
+
+    return run_docs(tmp_path_factory.mktemp("docs"))
