@@ -2,8 +2,8 @@
 Gradient-based Weight Saliency").
 
 1. Saliency: g = ∇_w L(D_f) at the original (mean cross-entropy over D_f, eval mode, one gradient); the mask m
-   marks the ``fraction`` of trainable weights with the largest |g| (exactly round(fraction·p) entries, ranked
-   over all parameters together).
+   marks the ``fraction`` of trainable weights with the largest |g| (exactly ⌊fraction·p⌋ entries, the release's
+   ``int(p·fraction)``, ranked over all parameters together).
 2. Random labels restricted to the mask, as the released loop (OPTML-Group Unlearn-Saliency ``RL``) runs them:
    every epoch, first a pass over D_f whose labels are drawn uniformly over the c classes *afresh for every
    batch*, then a pass over D_r with its own labels; every step masks the loss gradient (g ← m ⊙ ∇L) before the
@@ -69,12 +69,12 @@ def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor
     Returns
     -------
     dict of str to Tensor (bool)
-        Masks shaped like each gradient, True on exactly round(fraction·p) entries: those with the largest |g|,
-        ranked over all tensors together (ties broken by position).
+        Masks shaped like each gradient, True on exactly ⌊fraction·p⌋ entries (the release's ``int(p·fraction)``):
+        those with the largest |g|, ranked over all tensors together (ties broken by position).
     """
     names = list(grads)
     flat = torch.cat([grads[k].detach().abs().reshape(-1) for k in names])
-    k = int(round(fraction * flat.numel()))
+    k = int(fraction * flat.numel())
     keep = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
     if k > 0:
         keep[torch.topk(flat, k, sorted=False).indices] = True
