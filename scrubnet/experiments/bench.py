@@ -43,7 +43,7 @@ from scrubnet._config import tiny_mode
 from scrubnet.audit.engine import LocalEngine
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
 from scrubnet.experiments.bench_report import plot_bench, render_bench, summarise_setting
-from scrubnet.experiments.bench_stats import best_index, next_trial, on_edge
+from scrubnet.experiments.bench_stats import best_index, choice_tolerance, next_trial, on_edge
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import get_split, prepare_seed, scrub_method
@@ -250,9 +250,10 @@ def bench_task(shared: dict, payload: dict) -> list[dict]:
     return out
 
 
-def choose(results: list[dict]) -> dict:
-    """The tuned value: the value of the smallest validation Avg. Gap (a run that failed only if every value
-    failed; ties: the first tried).
+def choose(results: list[dict], tol: float = 0.0) -> dict:
+    """The tuned value: the first value tried whose validation Avg. Gap is within ``tol`` of the smallest (a run
+    that failed only if every value failed; ``tol``: :func:`~scrubnet.experiments.bench_stats.choice_tolerance`
+    of the setting, so that gaps one forget sample apart count as a tie, broken by the order tried).
 
     Parameters
     ----------
@@ -263,7 +264,8 @@ def choose(results: list[dict]) -> dict:
     -------
     dict
         ``option``, ``grid`` (the values in the order tried), ``avg_gap`` (one per value, fractions), ``ok`` (per
-        value), ``chosen``, ``trials`` and ``on_edge`` (the choice is the smallest or largest value tried).
+        value), ``chosen``, ``trials``, ``on_edge`` (the choice is the smallest or largest value tried) and
+        ``tolerance``.
     """
     if not results:
         raise ValueError("no tuning result to choose from")
@@ -271,9 +273,9 @@ def choose(results: list[dict]) -> dict:
     gaps = [_gap(r) for r in results]
     ok = [bool(r["ok"]) for r in results]
     grid = [r["options"][option] for r in results]
-    chosen = grid[best_index(gaps, ok)]
+    chosen = grid[best_index(gaps, ok, tol)]
     return {"option": option, "grid": grid, "avg_gap": [None if g == float("inf") else g for g in gaps], "ok": ok,
-            "chosen": chosen, "trials": len(grid), "on_edge": on_edge(grid, chosen)}
+            "chosen": chosen, "trials": len(grid), "on_edge": on_edge(grid, chosen), "tolerance": float(tol)}
 
 
 def _gap(r: dict) -> float:
@@ -352,8 +354,10 @@ def _tune(cfg, settings, grids, run_stage, n_sets) -> dict:
                 vals.append(new)
                 pending[(s, m)] = [new]
     tuning: dict = {s: {} for s in settings}
+    tols = {s: choice_tolerance(len(get_split(setting_config(cfg, s, "validation", 0)).forget_idx))
+            for s in settings}
     for (s, m), rs in results.items():
-        tuning[s][m] = {**choose(rs), "space": grids[m][2]}
+        tuning[s][m] = {**choose(rs, tols[s]), "space": grids[m][2]}
     return tuning
 
 
