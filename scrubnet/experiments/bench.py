@@ -198,16 +198,17 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
 _PREPARED: dict = {}
 
 
-def _prepared(cfg: ExperimentConfig, seed: int):
-    """The seed's original and retrain models (kept for the jobs of the same task: one entry)."""
-    key = (cfg.to_json(), seed)
+def _prepared(cfg: ExperimentConfig, seed: int, device: str | None = None):
+    """The seed's original and retrain models on ``device`` (default CPU; kept for the jobs of the same task:
+    one entry)."""
+    key = (cfg.to_json(), seed, str(device or "cpu"))
     if key not in _PREPARED:
         _PREPARED.clear()
-        _PREPARED[key] = prepare_seed(cfg, seed)
+        _PREPARED[key] = prepare_seed(cfg, seed, device)
     return _PREPARED[key]
 
 
-def run_job(cfg: ExperimentConfig, job: dict) -> dict:
+def run_job(cfg: ExperimentConfig, job: dict, device: str | None = None) -> dict:
     """Run one job and measure it: its scrub's standard metrics, Avg. Gap to the seed's retrain, the scrub's
     wall time (s) and its verdict (``ok``; the reasons of a failure).
 
@@ -217,6 +218,8 @@ def run_job(cfg: ExperimentConfig, job: dict) -> dict:
         The forget set's configuration (:func:`setting_config`).
     job : dict
         ``setting``, ``role`` ("tune" or "eval"), ``forget_set``, ``seed``, ``method``, ``options``.
+    device : str, optional
+        Where the models train and scrub (default CPU).
 
     Returns
     -------
@@ -224,7 +227,7 @@ def run_job(cfg: ExperimentConfig, job: dict) -> dict:
         The job with ``metrics`` (fractions), ``time_s``, ``ok``, ``reasons``. A scrub that raised (e.g. a tuning
         value that makes the weights non-finite) gives ``metrics`` None, ``ok`` False and the error as reason.
     """
-    sr = _prepared(cfg, job["seed"])
+    sr = _prepared(cfg, job["seed"], device)
     try:
         checked, t = scrub_method(job["method"], sr, job["options"])
     except (ValueError, RuntimeError, FloatingPointError) as e:
@@ -244,7 +247,7 @@ def bench_task(shared: dict, payload: dict) -> list[dict]:
     cfg = ExperimentConfig.from_dict(payload["config"])
     out = []
     for key, job in payload["jobs"]:
-        res = run_job(cfg, job)
+        res = run_job(cfg, job, shared.get("device"))
         atomic_write_json(Path(shared["jobs_dir"]) / f"{key}.json", res)
         out.append(res)
     return out
@@ -363,7 +366,7 @@ def _tune(cfg, settings, grids, run_stage, n_sets) -> dict:
 
 def run_bench(cfg: ExperimentConfig, out_dir: str | Path, *, settings: list[str] | None = None, tune: bool = True,
               engine=None, threads: int | None = None, progress: bool = True, console=None,
-              forget_sets: int = DEFAULT_FORGET_SETS) -> dict:
+              forget_sets: int = DEFAULT_FORGET_SETS, device: str | torch.device | None = None) -> dict:
     """Run the bench (module docstring) and write its outputs into ``out_dir``.
 
     Parameters
@@ -384,6 +387,8 @@ def run_bench(cfg: ExperimentConfig, out_dir: str | Path, *, settings: list[str]
         The progress bar and its console.
     forget_sets : int
         Forget sets per setting (default :data:`DEFAULT_FORGET_SETS`; the class setting: at most c − 1).
+    device : str or torch.device, optional
+        Where every task trains and scrubs (default CPU; e.g. "cuda" for the CIFAR-10 protocol).
 
     Returns
     -------
@@ -401,7 +406,7 @@ def run_bench(cfg: ExperimentConfig, out_dir: str | Path, *, settings: list[str]
     grids = tune_grids(methods) if tune else {}
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    shared = {"jobs_dir": str(out / "jobs"), "threads": threads}
+    shared = {"jobs_dir": str(out / "jobs"), "threads": threads, "device": None if device is None else str(device)}
     fp = config_fingerprint(cfg)
     engine = engine or LocalEngine()
     counts = {"run": 0, "reused": 0}
