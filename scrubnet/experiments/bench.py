@@ -247,7 +247,8 @@ def bench_task(shared: dict, payload: dict) -> list[dict]:
     cfg = ExperimentConfig.from_dict(payload["config"])
     out = []
     for key, job in payload["jobs"]:
-        res = run_job(cfg, job, shared.get("device"))
+        dev = shared.get("device")
+        res = run_job(cfg, job) if dev is None else run_job(cfg, job, dev)
         atomic_write_json(Path(shared["jobs_dir"]) / f"{key}.json", res)
         out.append(res)
     return out
