@@ -98,7 +98,8 @@ def holm(pvalues: dict[str, float], level: float = 1 - LEVEL) -> dict[str, bool]
     Returns
     -------
     dict of str to bool
-        Sorted ascending p_(1) ≤ … ≤ p_(m), H_(i) is rejected while p_(j) ≤ level/(m − j + 1) for every j ≤ i;
+        Sorted ascending p_(1) ≤ … ≤ p_(m), H_(i) is rejected while p_(j) ≤ level/(m − j + 1) for every
+        j ≤ i;
         the first that fails and all after it are kept (ties in p: by name, a fixed rule).
     """
     names = sorted(pvalues, key=lambda k: (pvalues[k], k))

@@ -231,7 +231,8 @@ class BadTeacher(ForgettingMethod):
         """Bad-Teacher: ``epochs`` passes over ⌈fraction·N_r⌉ + N_f samples, each with two teacher forwards
         (≈ two thirds of a training step more)."""
         n = int(math.ceil(retain_fraction * n_r)) + n_f
-        est = train_cost(model, x1, n, int(epochs), int(scaled_batch(n) if scale_batch or not batch_size else batch_size))
+        bs = scaled_batch(n) if scale_batch or not batch_size else batch_size
+        est = train_cost(model, x1, n, int(epochs), int(bs))
         est.flops *= 5.0 / 3.0
         est.seconds *= 5.0 / 3.0
         est.passes = float(epochs) * int(math.ceil(retain_fraction * n_r)) / max(n_r, 1)

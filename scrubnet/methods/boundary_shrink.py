@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (RELEASED_BATCH, Option, SGDFieldMethod, check_positive, float_inputs, forget_in_memory,
-                                     guarded_epochs, set_sgd, sgd_options, sgd_start, step, tensor_batches,
-                                     train_cost, train_mode)
+from scrubnet.methods._field import (RELEASED_BATCH, Option, SGDFieldMethod, check_positive, float_inputs,
+                                     forget_in_memory, guarded_epochs, set_sgd, sgd_options, sgd_start, step,
+                                     tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -138,7 +138,8 @@ class BoundaryShrink(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """Boundary Shrink: one FGSM pass over D_f (a forward + input backward, then a forward) and ``epochs``
         passes over D_f; no pass over D_r."""
         est = train_cost(model, x1, max(n_f, 1), int(epochs) + 2, int(batch_size or config.batch_size))

@@ -60,7 +60,8 @@ class GradientAscent(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 5, batch_size: int | None = RELEASED_BATCH, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 5, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """GA: ``epochs`` passes over D_f; no pass over D_r."""
         est = train_cost(model, x1, max(n_f, 1), int(epochs), int(batch_size or config.batch_size))
         est.passes = 0.0

@@ -93,7 +93,8 @@ class L1Sparse(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """ℓ1-sparse: ``epochs`` passes over D_r (the penalty is O(p) per step)."""
         return train_cost(model, x1, n_r, int(epochs), int(batch_size or config.batch_size))
 

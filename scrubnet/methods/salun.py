@@ -155,7 +155,8 @@ class SalUn(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """SalUn: one gradient over D_f (a training pass) and ``epochs`` passes over D_r ⊔ D_f."""
         bs = int(batch_size or config.batch_size)
         est = train_cost(model, x1, n_r + n_f, int(epochs), bs)

@@ -120,7 +120,8 @@ class TrainConfig:
 
 
 #: allowed ranges of the :class:`TrainConfig` values
-TRAIN_RANGES = {"lr_gamma": "> 0", "lr": "> 0", "momentum": "[0, 1)", "wd": ">= 0", "batch_size": ">= 1", "extra_epochs": ">= 0",
+TRAIN_RANGES = {"lr_gamma": "> 0",
+                "lr": "> 0", "momentum": "[0, 1)", "wd": ">= 0", "batch_size": ">= 1", "extra_epochs": ">= 0",
                 "min_epochs": ">= 0", "max_epochs": ">= 1", "pretrain_epochs": ">= 0", "pretrain_lr": "> 0",
                 "pretrain_momentum": "[0, 1)", "pretrain_wd": ">= 0", "pretrain_batch_size": ">= 1",
                 "wd_from": ">= 0", "wd_until": ">= 1", "pretrain_wd_from": ">= 0", "pretrain_wd_until": ">= 1",

@@ -146,7 +146,7 @@ def test_l1_sparse_released_penalty_decays_linearly_and_uses_optmls_sgd():
 
 # ------------------------------------------------------------------------------------------- SalUn (RL, 2026)
 def _released_mask(model, xf, yf, fraction):
-    """generate_mask.py: |Σ_batches ∇(−CE)| in eval mode; ranks over all tensors; 1 where rank < int(p·fraction)."""
+    """generate_mask.py: |Σ_batches ∇(−CE)| in eval mode, ranked over all tensors; 1 where rank < int(p·frac)."""
     grads = _grads(model, -F.cross_entropy(model(xf), yf))
     flat = -torch.cat([g.abs().flatten() for g in grads])
     ranks = torch.argsort(torch.argsort(flat))
