@@ -16,3 +16,19 @@ def no_server_left_running():
     for srv in left:
         srv.stop(kill=True)
     assert not left, f"{len(left)} server(s) left running by the tests: ports {[s.port for s in left]}"
+
+
+@pytest.fixture
+def servers():
+    """Start servers with ``servers(ckpt, tmp, extra=..., env=..., cls=Server)`` (``test_serve.Server`` or a
+    subclass); every one is stopped after the test, whatever happens."""
+    import test_serve
+    started = []
+
+    def start(*args, cls=None, **kwargs):
+        srv = (cls or test_serve.Server)(*args, **kwargs)
+        started.append(srv)
+        return srv
+    yield start
+    for srv in started:
+        srv.stop(kill=True)

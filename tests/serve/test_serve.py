@@ -182,21 +182,6 @@ class Server:
             LIVE.discard(self)
 
 
-@pytest.fixture
-def servers():
-    """Start servers with ``servers(ckpt, tmp, extra=..., env=...)``; every one is stopped after the test,
-    whatever happens."""
-    started = []
-
-    def start(*args, cls=None, **kwargs):
-        srv = (cls or Server)(*args, **kwargs)
-        started.append(srv)
-        return srv
-    yield start
-    for srv in started:
-        srv.stop(kill=True)
-
-
 @pytest.fixture(scope="module")
 def server(base_ckpt, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("srv")
