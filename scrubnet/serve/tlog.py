@@ -29,7 +29,9 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 
@@ -320,8 +322,6 @@ class Witness:
 
 
 def _kill_group(p: subprocess.Popen) -> None:
-    import os
-    import signal
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
