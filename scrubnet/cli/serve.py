@@ -106,7 +106,8 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
                                                  "latest signed tree head; start-up refuses a checkpoint whose "
                                                  "log does not extend it"),
           witness_cmd: Optional[str] = typer.Option(None, "--witness-cmd", help="command instead of a file: "
-                                                    "'CMD publish' reads a head on stdin, 'CMD latest' prints it"),
+                                                    "'CMD publish' reads the witness document (JSON) on stdin, "
+                                                    "'CMD latest' prints the last one"),
           witness_init: bool = typer.Option(False, "--witness-init", help="the witness is new and empty: start "
                                             "with it although the checkpoint's log was published before (once; "
                                             "logged)"),
