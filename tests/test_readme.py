@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = "<!-- readme-test: skip -->"
@@ -95,7 +96,7 @@ def run_blocks(blocks: list[dict], where: Path, name: str) -> None:
             cmd = ["bash", "-euo", "pipefail", "-c", b["code"]]
         else:
             cmd = [sys.executable, "-c", b["code"]]
-        r = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
         if r.returncode != 0:
             pytest.fail(f"{name} block at line {b['line']} ({b['kind']}) failed with exit code {r.returncode}:\n"
                         f"{b['code']}\n--- stderr ---\n{r.stderr[-3000:]}\n--- stdout ---\n{r.stdout[-1500:]}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from tests.hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ def run_block(block: str, cwd: Path) -> subprocess.CompletedProcess:
                PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", SCRUBNET_THREADS="1",
                OMP_NUM_THREADS="1")
     return subprocess.run(["bash", "-e", "-c", block], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=HANG_GUARD_S)
 
 
 def test_readme_own_model_block_runs_verbatim(tmp_path):

@@ -20,6 +20,7 @@ from scrubnet.experiments.checkpoints import fingerprint_v1 as _fingerprint_v1, 
 from scrubnet.data import DataConfig, load_split
 from scrubnet.mlforget import store
 from scrubnet.mlforget.model import retrain_user_weights
+from tests.hang_guard import HANG_GUARD_S
 
 DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
 TRAIN = '{"pretrain_epochs": 2, "max_epochs": 5}'
@@ -49,10 +50,6 @@ def deletable(path, k=3, skip=0):
     return [i for i in static["user_ids"] if i not in core][skip:skip + k]
 
 
-#: a guard against a hung process only, never a measure of speed: a busy CI machine runs these commands many times
-#: slower than an idle one, and a limit it can reach fails the test for no defect
-HANG_S = 1800
-
 def cli_inprocess(*args):
     r = CliRunner().invoke(mlforget_app, [str(a) for a in args])
     return r.exit_code, r.output
@@ -63,7 +60,7 @@ def cli_cmd(*args):
 
 
 def cli(*args, env=None):
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, env=env or ENV, timeout=HANG_S)
+    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, env=env or ENV, timeout=HANG_GUARD_S)
 
 
 def snapshot(path):
@@ -107,7 +104,7 @@ def test_concurrent_requests_serialise(base_ckpt, tmp_path):
     id_sets = [deletable(ck, 2, skip=2 * k) for k in range(8)]
     procs = [subprocess.Popen(cli_cmd("forget", "--checkpoint", ck, "--ids", json.dumps(s)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=ENV) for s in id_sets]
-    outs = [p.communicate(timeout=HANG_S) for p in procs]
+    outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     numbers = sorted(int(o[0].split("#")[1].split(":")[0]) for o in outs)
     assert numbers == list(range(1, 9))  # every process applied its own request, each under its own number
@@ -137,9 +134,9 @@ def test_concurrent_requests_with_kills_then_rerun(base_ckpt, tmp_path):
         t.start()
     threading.Timer(rng.uniform(0.5, 4.0), procs[timed_victim].kill).start()
     for t in threads:
-        t.join(timeout=HANG_S)
+        t.join(timeout=HANG_GUARD_S)
     for p in procs:
-        p.communicate(timeout=HANG_S)
+        p.communicate(timeout=HANG_GUARD_S)
     killed = set(victims) | {timed_victim}
     assert all(procs[k].returncode == 0 for k in range(8) if k not in killed)
     assert all(procs[k].returncode == -9 for k in victims)
@@ -148,7 +145,7 @@ def test_concurrent_requests_with_kills_then_rerun(base_ckpt, tmp_path):
     # re-run the killed requests (concurrently again): each is applied exactly once
     reruns = {k: subprocess.Popen(cli_cmd("forget", ck, "--ids", ",".join(map(str, id_sets[k]))),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for k in killed}
-    outs = {k: p.communicate(timeout=HANG_S) for k, p in reruns.items()}
+    outs = {k: p.communicate(timeout=HANG_GUARD_S) for k, p in reruns.items()}
     assert all(p.returncode == 0 for p in reruns.values()), {k: o[1] for k, o in outs.items()}
     victim_after_commit = next(k for k, st in victims.items() if st == "after_commit")
     assert "already applied" in outs[victim_after_commit][0]
@@ -168,7 +165,7 @@ def test_killed_before_commit_leaves_previous_state(base_ckpt, tmp_path):
                              stderr=subprocess.PIPE, text=True, env={**ENV, store.PAUSE_ENV: stage})
         assert p.stdout.readline().strip() == f"PAUSED {stage}"
         p.kill()
-        p.wait(timeout=HANG_S)
+        p.wait(timeout=HANG_GUARD_S)
         assert record_of(ck) == before
         state, _ = store.load(ck)
         assert len(state.forgotten_ids) == 0

@@ -32,6 +32,7 @@ from scrubnet.serve import receipts  # noqa: E402
 from scrubnet.serve.app import create_app  # noqa: E402
 from scrubnet.serve.auth import Token, resolve_token  # noqa: E402
 from scrubnet.serve.http import HTTPError  # noqa: E402
+from tests.hang_guard import HANG_GUARD_S  # noqa: E402
 
 DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
 TRAIN = '{"pretrain_epochs": 2, "max_epochs": 5}'
@@ -74,9 +75,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-#: a guard against a hang only, never a measure of speed: far above what any step takes on a busy machine (every
-#: wait below polls for an event — a line, an answer, a row — and only gives up after this long)
-HANG_S = 1800.0
+#: a guard against a hang only, never a measure of speed (the suite's one guard, tests/hang_guard.py): every wait
+#: below polls for an event — an answer, a row, a head — and only gives up after this long
+HANG_S = float(HANG_GUARD_S)
 #: every server a test started and has not stopped (tests/serve/conftest.py stops any left at the session's end)
 LIVE: set = set()
 
