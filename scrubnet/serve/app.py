@@ -227,9 +227,12 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
             witness.publish(head["tree_head"], statements)
         except ValueError as e:
             raise store.StoreError(f"{path}: refusing to serve it: {e}") from None
+    log_size = max(sizes, default=0)
+    links = {r["id"]: r["hash"] for r in check["requests"]}
     worker = Worker(path, key, data_loader, witness=witness, verify_every_s=verify_every_s,
-                    retired=retired_keys, statements=statements, log_size=max(sizes, default=0),
-                    published=witnessed is not None or (witness_init and bool(sizes)))
+                    retired=retired_keys, statements=statements, log_size=log_size,
+                    published=witnessed is not None or (witness_init and bool(sizes)),
+                    signed_link=(log_size - 1, links[log_size - 1]) if log_size - 1 in links else None)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids,
                       public_key=key.public_key(), limits=limits or Limits(), id_secret=id_secret(key))

@@ -74,13 +74,13 @@ class Worker(threading.Thread):
 
     def __init__(self, path: Path, key, data_loader, idle_s: float = 0.5, witness=None,
                  verify_every_s: float = 30.0, retired=(), statements=(), log_size: int = 0,
-                 published: bool = False):
+                 published: bool = False, signed_link: tuple[int, str] | None = None):
         super().__init__(name="scrubnet-serve-worker", daemon=True)
         self.path, self.key, self.data_loader, self.idle_s = path, key, data_loader, idle_s
         self.witness, self.verify_every_s, self.verified_at = witness, verify_every_s, time.monotonic()
         self.retired, self.statements = tuple(retired), list(statements)
         self.pins = tlog.retired_pins(self.statements, key.public_key())
-        self.log_size, self.published = int(log_size), bool(published)
+        self.log_size, self.published, self.signed_link = int(log_size), bool(published), signed_link
         self.wake, self.stop = threading.Event(), threading.Event()
         self.last_error: str | None = None
         self.halted: list[str] | None = None
@@ -110,7 +110,7 @@ class Worker(threading.Thread):
                 except ValueError as e:
                     self.halt([f"the {self.witness} refuses the log: {e}"])
                     return
-                self._signed(sth)
+                self._signed(sth, rec)
                 # the head naming the new tree head is written before any receipt naming it is stored
                 anchor.sign_head(self.path, self.key, rec, sth, self.statements)
                 if issue_receipts(self.path, self.key, sth, rec["leaf_hashes"]):
@@ -123,8 +123,11 @@ class Worker(threading.Thread):
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.stop.wait(1.0)
 
-    def _signed(self, sth: dict) -> None:
+    def _signed(self, sth: dict, rec: dict) -> None:
         with self._lock:
+            if int(sth["tree_size"]) >= self.log_size and sth["tree_size"] > 0:
+                links = {r["id"]: r["hash"] for r in rec["requests"]}
+                self.signed_link = (sth["tree_size"] - 1, links[sth["tree_size"] - 1])
             self.log_size = max(self.log_size, int(sth["tree_size"]))
             self.published = self.published or self.witness is not None
 
@@ -155,13 +158,23 @@ class Worker(threading.Thread):
 
     def guard(self) -> None:
         """The routes' cheap check, before a POST is queued or the model served: ``RuntimeError`` naming the
-        problems once halted; halts (and raises) when the checkpoint's log is smaller than :attr:`log_size`
-        (an older copy restored under the running service)."""
+        problems once halted; halts (and raises) when the checkpoint's log is smaller than :attr:`log_size`, or
+        its request at the end of the largest signed tree head (``signed_link``) has another record-chain link
+        (an older or another copy restored under the running service). Two reads of the store."""
         if self.halted is None:
             n = store.state_record(self.path)["request_id"] + 1
             if n < self.log_size:
                 self.halt([f"the checkpoint's log has {n} entries, fewer than the {self.log_size} this service "
                            "signed: an older copy of the checkpoint was restored under the running service"])
+            elif self.signed_link is not None:
+                i, link = self.signed_link
+                try:
+                    now = store.request_with_link(self.path, i)[1]
+                except store.StoreError:
+                    now = None
+                if now != link:
+                    self.halt([f"request #{i} of the checkpoint is not the one this service signed in its log: "
+                               "the record was rewritten, or another copy restored under the running service"])
         if self.halted is not None:
             raise RuntimeError("; ".join(self.halted))
 

@@ -331,6 +331,25 @@ def test_a_checkpoint_never_served_starts_against_an_empty_witness(base, served,
     assert app_.state.warnings == [] and not app_.state.worker.published
 
 
+def test_the_routes_guard_refuses_a_fork_of_the_same_size(served, base, tmp_path):
+    """Another copy with as many requests as the service signed, but another last request: the routes' cheap
+    check (two reads of the store) halts the worker before anything is queued or served."""
+    ck = tmp_path / "ck"
+    shutil.copytree(served.backup, ck)  # Alice's request signed: a log of 2
+    app_ = create_app(ck, {}, receipts.load_private_key(served.key), ml_data_loader, start_worker=False)
+    worker = app_.state.worker
+    assert worker.log_size == 2 and worker.signed_link[0] == 1
+    worker.guard()  # the checkpoint it started on passes
+    fork = tmp_path / "fork"  # the checkpoint as trained, then another request than Alice's: a log of 2 too
+    shutil.copytree(base, fork)
+    store.forget(fork, deletable(fork, 1, skip=50), sigma=None, data_loader=ml_data_loader)
+    shutil.rmtree(ck)
+    shutil.copytree(fork, ck)
+    with pytest.raises(RuntimeError, match="request #1 of the checkpoint is not the one this service signed"):
+        worker.guard()
+    assert worker.halted
+
+
 def test_the_worker_consults_the_witness_before_applying(base, tmp_path, servers):
     """A restore the log's size cannot show (the same size, another content), or a witness emptied under the
     running server: the worker's check before applying halts it; the request stays queued."""

@@ -11,7 +11,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -254,6 +253,20 @@ def test_the_documented_shell_and_openssl_verification(served, tmp_path):
         p = subprocess.run(["bash", "-c", "sh verify-receipt.sh answer.json server-key.pub"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=HANG_S)
         assert p.returncode != 0 and "Signature Verification Failure" in p.stdout + p.stderr, field
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="needs jq")
+def test_the_guides_jcs_jq_writes_rfc_8785_on_unusual_strings_and_keys(tmp_path):
+    """U+007F stays literal (jq's tojson escapes it), control characters are escaped as RFC 8785 says, and keys
+    sort by UTF-16 code units (a key above U+FFFF before one in U+E000..U+FFFF; jq sorts by code point)."""
+    program = re.search(r"cat > jcs.jq <<'EOF'\n(.*?)\nEOF\n", _docs_block("jcs.jq"), re.S).group(1)
+    (tmp_path / "jcs.jq").write_text(program)
+    value = {"a": "\u007f\u2028é\u0001\b\t\n\f\r\u001f\"\\/", "\U0001f600": 1, "\ufb33": 2, "": [1.5e-7, 1e21],
+             "\\u007f": "\\u007f", "x\u0000": "\u0080\ud7ff\ue000", "\r": {"\u20ac": None, "1": True}}
+    out = subprocess.run(["jq", "-j", "-f", str(tmp_path / "jcs.jq")], input=json.dumps(value).encode(),
+                         capture_output=True, timeout=HANG_S)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == canonical(value) == _jcs(value).encode()
 
 
 def _restore(backup, ck):

@@ -53,8 +53,9 @@ async def get_head(request):
 
 @answer_errors
 async def get_consistency(request):
-    """The consistency proof between two sizes of the log (public)."""
+    """The consistency proof between two sizes of the log (public; 503 once the service halted)."""
     service = request.app.state.service
+    await guard(service)
     q = request.query_params
     first = parse_count(q.get("first"), "first")
     second = parse_count(q.get("second"), "second") if "second" in q else None
