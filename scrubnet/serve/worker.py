@@ -12,7 +12,8 @@ head it signed, the witness still holding a head that the log extends). When eit
 (``halted`` names the problems): it applies nothing more and signs nothing more, POSTs and the model's routes
 are answered 503, and a restart is refused until the record is restored. So an older copy of the checkpoint
 restored under the running service is never applied to nor served: the routes check the cheap half
-(:meth:`Worker.guard`: the log's size) on every call, the worker the whole before it applies a request.
+(:meth:`Worker.guard`: the log's size and the link of the last request signed) on every call, the worker
+the whole before it applies a request.
 
 When the log grew it signs a new tree head, hands it to the witness (after checking that it extends the
 witnessed one), writes the signed head that carries it (so ``GET /v1/log/head`` serves it), and only then
