@@ -134,12 +134,18 @@ class Worker(threading.Thread):
 
     def rollback_problems(self, rec: dict) -> list[str]:
         """What the checkpoint lost of what this service signed (``rec``: a valid :func:`anchor.verify`
-        result): its log or its head file smaller than :attr:`log_size`, and against the witness: no head
-        held any more once one was published, or a head the log does not extend."""
+        result): its log or its head file smaller than :attr:`log_size`, another request where the largest
+        signed tree head ends (``signed_link``), and against the witness: no head held any more once one was
+        published, or a head the log does not extend."""
         n, problems = len(rec["leaf_hashes"]), []
         if n < self.log_size:
             problems.append(f"the checkpoint's log has {n} entries, fewer than the {self.log_size} this service "
                             "signed: an older copy of the checkpoint was restored under the running service")
+        if self.signed_link is not None and n >= self.log_size:
+            i, link = self.signed_link
+            if {r["id"]: r["hash"] for r in rec["requests"]}.get(i) != link:
+                problems.append(f"request #{i} of the checkpoint is not the one this service signed in its log: the "
+                                "record was rewritten, or another copy restored under the running service")
         sth = (anchor.read_head(self.path) or {}).get("tree_head")
         size = sth.get("tree_size") if isinstance(sth, dict) else None
         if self.log_size and (not isinstance(size, int) or size < self.log_size):

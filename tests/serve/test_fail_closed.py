@@ -345,8 +345,10 @@ def test_the_routes_guard_refuses_a_fork_of_the_same_size(served, base, tmp_path
     store.forget(fork, deletable(fork, 1, skip=50), sigma=None, data_loader=ml_data_loader)
     shutil.rmtree(ck)
     shutil.copytree(fork, ck)
+    problems = worker.rollback_problems(anchor.verify(ck, receipts.load_private_key(served.key).public_key()))
+    assert any("request #1 of the checkpoint is not the one this service signed" in p for p in problems)  # the worker
     with pytest.raises(RuntimeError, match="request #1 of the checkpoint is not the one this service signed"):
-        worker.guard()
+        worker.guard()  # the routes
     assert worker.halted
 
 
