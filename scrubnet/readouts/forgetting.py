@@ -267,13 +267,16 @@ def _class_part(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRule
     return pt, ci, n
 
 
-def _scores(sets: tuple, raw: str, f_off, h_off) -> tuple:
+def _scores(sets: tuple, raw: str, f_off, h_off, f_scale=None, h_scale=None) -> tuple:
     """Membership scores of (D_f before, D_f after, held-out before, held-out after): the raw statistic, or
-    with reference offsets the logit confidence minus each example's offset."""
+    with reference offsets the logit confidence minus each example's offset (divided by its reference spread
+    when given: online LiRA's per-example variance)."""
     if f_off is None:
         return tuple(p.score(raw) for p in sets)
     offs = (f_off, f_off, np.asarray(h_off, float), np.asarray(h_off, float))
-    out = tuple(p.score("confidence") - o for p, o in zip(sets, offs))
+    sc = (1.0, 1.0, 1.0, 1.0) if f_scale is None else (f_scale, f_scale, np.asarray(h_scale, float),
+                                                        np.asarray(h_scale, float))
+    out = tuple((p.score("confidence") - o) / c for p, o, c in zip(sets, offs, sc))
     if not all(np.isfinite(x).all() for x in out):
         raise ValueError("a calibrated score is not finite: check the reference offsets")
     return out
@@ -325,7 +328,8 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
                      *, statistic: str = "auto", rules: VerdictRules | None = None,
                      forget_offset: np.ndarray | None = None, heldout_offset: np.ndarray | None = None,
                      probe: dict | None = None, references: dict | None = None,
-                     forget_weight: np.ndarray | None = None) -> ForgettingVerdict:
+                     forget_weight: np.ndarray | None = None, forget_scale: np.ndarray | None = None,
+                     heldout_scale: np.ndarray | None = None) -> ForgettingVerdict:
     """The verdict from per-example statistics (no model needed).
 
     Parameters
@@ -354,14 +358,18 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     forget_weight : ndarray, optional
         Weights of D_f's examples in the gap (e.g. how far the reference models that trained on each example
         score it above those that did not: the examples where memorisation shows).
+    forget_scale, heldout_scale : ndarray, optional
+        Per-example spreads of the references' confidence (:meth:`ReferenceModels.scales`): the calibrated
+        score is then divided by them (a z-score per example).
 
     Returns
     -------
     ForgettingVerdict
     """
     rules = rules or VerdictRules()
-    if (forget_offset is None) != (heldout_offset is None):
-        raise ValueError("give the reference offsets of both D_f and the held-out data, or neither")
+    if (forget_offset is None) != (heldout_offset is None) or (forget_scale is None) != (heldout_scale is None) \
+            or (forget_scale is not None and forget_offset is None):
+        raise ValueError("give the reference offsets (and scales) of both D_f and the held-out data, or neither")
     raw, stat_aucs, w_r = _raw_statistic((forget_before, forget_after, heldout_before, heldout_after,
                                           retain_before), statistic)
     label = _class_label(forget_before, retain_before)
@@ -373,7 +381,8 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     calibrated = forget_offset is not None
     stat = "calibrated" if calibrated else raw
     scores = _scores((forget_before.subset(keep), forget_after.subset(keep), heldout_before, heldout_after),
-                     raw, None if forget_offset is None else np.asarray(forget_offset, float)[keep], heldout_offset)
+                     raw, None if forget_offset is None else np.asarray(forget_offset, float)[keep], heldout_offset,
+                     None if forget_scale is None else np.asarray(forget_scale, float)[keep], heldout_scale)
     w_f = _label_weights(forget_before.labels[keep], heldout_before.labels)
     n_f = int(keep.sum())
     pt, ci = _gap_part(scores, w_f, rules, n_f, None if forget_weight is None else

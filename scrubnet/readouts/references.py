@@ -86,18 +86,51 @@ class ReferenceModels:
         ndarray, shape (n,)
         """
         phi = np.stack([per_example_statistics(m, data).score("confidence") for m in self.models])
+        return out_mean(phi, self.out_mask(phi.shape[1], ids, seed, inside))
+
+    def out_mask(self, n: int, ids=None, seed: int = 0, inside: bool = False) -> np.ndarray:
+        """Which references count for each of ``n`` examples, bool (models, n): those that never trained on
+        the training examples at ``ids`` (with ``inside``: those that did), or one per pair by a seeded coin
+        for held-out data (``ids`` None)."""
         if ids is None and inside:
             raise ValueError("the references that trained on an example need its training position (ids)")
         if ids is None:
-            pick = np.random.default_rng(seed).integers(0, 2, size=(len(self.models) // 2, phi.shape[1]))
-            out = np.zeros(phi.shape, dtype=bool)
+            pick = np.random.default_rng(seed).integers(0, 2, size=(len(self.models) // 2, n))
+            out = np.zeros((len(self.models), n), dtype=bool)
             out[0::2], out[1::2] = pick == 0, pick == 1
-        else:
-            ids = np.asarray(ids, dtype=np.int64)
-            if len(ids) != phi.shape[1] or ids.min() < 0 or ids.max() >= self.members.shape[1]:
-                raise ValueError("ids must give one training position per example, inside the training data")
-            out = self.members[:, ids] if inside else ~self.members[:, ids]
-        return (phi * out).sum(0) / out.sum(0)
+            return out
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) != n or ids.min() < 0 or ids.max() >= self.members.shape[1]:
+            raise ValueError("ids must give one training position per example, inside the training data")
+        return self.members[:, ids] if inside else ~self.members[:, ids]
+
+    def scales(self, data, ids=None, seed: int = 0, prior: float = 4.0,
+               pooled: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+        """Each example's mean (n,) and spread (n,) of logit confidence under the references that never
+        trained on it, and the pooled variance: the per-example variance shrunk toward the pooled one with
+        ``prior`` pseudo-observations (online LiRA's per-example variance, kept stable with 2–8 values).
+        Pass the held-out data's ``pooled`` variance when scoring D_f, so both sets are scaled alike."""
+        phi = np.stack([per_example_statistics(m, data).score("confidence") for m in self.models])
+        return out_scale(phi, self.out_mask(phi.shape[1], ids, seed), prior, pooled)
+
+
+def out_mean(phi: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Mean over the references marked in ``out`` (models, n) of ``phi`` (models, n): shape (n,)."""
+    return (phi * out).sum(0) / out.sum(0)
+
+
+def out_scale(phi: np.ndarray, out: np.ndarray, prior: float = 4.0, pooled: float | None = None
+              ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(mean (n,), spread (n,), pooled variance): per example, the references' variance s² over its k OUT
+    values shrunk toward the pooled variance σ² (the mean of s², unless given) as (k−1)·s² + prior·σ²
+    over (k−1) + prior — a scaled-inverse-χ² prior with ``prior`` degrees of freedom."""
+    k = out.sum(0)
+    mu = out_mean(phi, out)
+    ss = ((phi - mu) ** 2 * out).sum(0)
+    s2 = np.where(k > 1, ss / np.maximum(k - 1, 1), np.nan)
+    pooled = float(np.nanmean(s2)) if pooled is None else float(pooled)
+    var = (np.maximum(k - 1, 0) * np.nan_to_num(s2) + prior * pooled) / (np.maximum(k - 1, 0) + prior)
+    return mu, np.sqrt(np.maximum(var, 1e-12)), pooled
 
 
 def train_references(fit: Callable[[np.ndarray, int], nn.Module], n_train: int, pairs: int = 2,
