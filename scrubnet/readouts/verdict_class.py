@@ -158,7 +158,9 @@ def class_probe(model_before: nn.Module, model_after: nn.Module, heldout, label:
     never_saw : nn.Module, optional
         A model that never saw the class (e.g. trained on D_r): its probe recall is the floor of "forgotten".
     layer : str, optional
-        The dotted name of the module whose output is probed (default: the head's input, found by hooks).
+        The dotted name of the scrubbed model's module whose output is probed (default: the head's input,
+        found by hooks); the input and never-saw models use their module of that name if they have one, else
+        their head's input.
     max_retain, seed : int
 
     Returns
@@ -178,8 +180,11 @@ def class_probe(model_before: nn.Module, model_after: nn.Module, heldout, label:
         if m is None:
             recalls[name] = None
             continue
-        h = layer_features(m, hs, layer)
-        r = None if retain is None else layer_features(m, retain, layer, max_retain, seed)
+        # the named layer is the scrubbed model's; the input (or never-saw) model uses it when it has a module
+        # of that name, else its own head's input (a model of another shape names its layers otherwise)
+        lay = layer if name == "after" or layer in dict(m.named_modules()) else None
+        h = layer_features(m, hs, lay)
+        r = None if retain is None else layer_features(m, retain, lay, max_retain, seed)
         if h is None or (retain is not None and r is None):
             return None
         r = r if r is not None else (np.zeros((0, h[0].shape[1])), np.zeros(0, dtype=np.int64))
