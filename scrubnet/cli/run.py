@@ -17,7 +17,7 @@ from scrubnet.device import resolve_device
 from scrubnet.experiments.checkpoints import TRAIN_OUTPUTS, save_training
 from scrubnet.experiments.config import ExperimentConfig, dump_toml, load_config, read_toml
 from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
-from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_warnings
+from scrubnet.experiments.report import group_warnings, mia_degenerate, report_from_dir, report_warnings
 from scrubnet.experiments.runner import get_split, prepare_seed, resolve_methods, run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
 from scrubnet.methods.base import available_methods
@@ -138,7 +138,7 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
     _prepare_run_dir(out, overwrite)
     results = run_experiment(cfg, out, progress=not quiet, console=console, device=dev, references=references)
     _print_summary(results)
-    for w in report_warnings(results):
+    for w in group_warnings(report_warnings(results)):
         console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
 

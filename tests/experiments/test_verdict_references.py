@@ -71,3 +71,19 @@ def test_run_trains_references_per_seed_and_calibrates_every_verdict():
     for d in res["methods"].values():
         v = d["runs"][0]["forgetting"]
         assert v["statistic"] == "calibrated" and v["references"]["models"] == 2, v
+
+
+def test_run_warnings_are_grouped_one_short_line_per_kind_in_the_terminal():
+    from scrubnet.experiments.report import group_warnings, report_warnings
+    long = "the forgetting verdict could not judge this scrub: inconclusive (" + "x" * 300 + ")"
+    results = {"config": {"resolved": {}}, "methods": {
+        m: {"runs": [{"seed": s, "readouts": {}, "warnings": [long]} for s in (0, 1, 2)]}
+        for m in ("finetune", "neggrad")}}
+    results["methods"]["newton"] = {"runs": [{"seed": 0, "readouts": {}, "warnings": ["the Newton step was damped"]}]}
+    full = report_warnings(results)
+    assert len(full) == 7 and all(long in w for w in full[:6])  # report.md keeps each in full
+    lines = group_warnings(full, width=120)
+    assert lines[0].startswith("the forgetting verdict could not judge this scrub: 6 runs")
+    assert "`finetune` (0, 1, 2)" in lines[0] and "`neggrad` (0, 1, 2)" in lines[0]
+    assert lines[1] == "the Newton step was damped: 1 run — `newton` (0)"
+    assert len(lines) == 2 and all(len(w) <= 120 and "\n" not in w for w in lines)
