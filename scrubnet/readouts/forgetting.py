@@ -512,7 +512,7 @@ def verdict_lines(v: dict) -> list[str]:
     out.append(f"  n_forget {v['n_forget']}, n_heldout {v['n_heldout']} (effective {v['n_heldout_effective']:.0f})")
     if v.get("samples_needed"):
         out.append(f"  about {v['samples_needed']} forget examples would decide it"
-                   + ("" if v.get("references") else " (or reference models: scrubnet.readouts.references)"))
+                   + ("" if v.get("references") else " (or reference models: `scrubnet references`)"))
     if v.get("references"):
         out.append(f"  reference models: {v['references']['models']}, trained once in "
                    f"{v['references']['seconds']:.1f} s")
