@@ -154,8 +154,22 @@ def paired_gaps(pos: tuple[np.ndarray, np.ndarray], neg: tuple[np.ndarray, np.nd
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
+_RETAIN_BOOT: dict = {}
+
+
 def retain_boot(retain: np.ndarray, held: np.ndarray, w: np.ndarray, rules: VerdictRules) -> np.ndarray:
-    """Bootstrap AUCs of D_r against held-out data, shape (n_boot,) (resampled independently of D_f's)."""
+    """Bootstrap AUCs of D_r against held-out data, shape (n_boot,) (resampled independently of D_f's).
+    The same input model judged against many scrubs gives the same arrays: the last few results are kept,
+    keyed by the arrays' bytes and the rules (a seeded computation, so the cached value is the value)."""
+    key = (retain.tobytes(), held.tobytes(), np.asarray(w, float).tobytes(), rules.n_boot, rules.seed)
+    if key not in _RETAIN_BOOT:
+        if len(_RETAIN_BOOT) >= 8:
+            _RETAIN_BOOT.pop(next(iter(_RETAIN_BOOT)))
+        _RETAIN_BOOT[key] = _retain_boot(retain, held, w, rules)
+    return _RETAIN_BOOT[key]
+
+
+def _retain_boot(retain: np.ndarray, held: np.ndarray, w: np.ndarray, rules: VerdictRules) -> np.ndarray:
     rng = np.random.default_rng(rules.seed + 1)
     ranks = Ranks(retain, held)
     return np.concatenate([ranks.auc(counts(rng, len(retain), b), counts(rng, len(held), b) * w[None])
