@@ -540,3 +540,33 @@ def test_forgot_needs_the_loss_and_the_error_to_agree_with_the_ranks():
     both = judge_forgetting(pe(f_l, f_m), pe(rng.exponential(1.0, 200), rng.normal(0, 1, 200)), *args,
                             statistic="margin")
     assert both.verdict == "forgot", both.summary
+
+
+def test_retain_bootstrap_cache_returns_what_the_computation_gives():
+    from scrubnet.readouts import verdict_rules as vr
+    rng = np.random.default_rng(15)
+    r, h, w = rng.normal(1, 1, 300), rng.normal(size=200), rng.uniform(0.5, 1.5, 200)
+    rules = VerdictRules(n_boot=200)
+    first = vr.retain_boot(r, h, w, rules)
+    assert np.array_equal(first, vr._retain_boot(r, h, w, rules))
+    assert vr.retain_boot(r, h, w, rules) is first  # the same input model: kept
+    assert not np.array_equal(vr.retain_boot(r + 0.5, h, w, rules), first)  # another model: computed anew
+
+
+def test_per_example_spreads_shrink_toward_the_pooled_variance():
+    """out_scale against the formula written out per example: ((k−1)s² + ν σ²) / ((k−1) + ν)."""
+    from scrubnet.readouts.references import out_scale
+    rng = np.random.default_rng(16)
+    phi = rng.normal(size=(8, 30)) * rng.uniform(0.5, 2.0, 30)
+    out = rng.random((8, 30)) < 0.6
+    out[:3] = True  # at least three OUT values per example
+    mu, sd, pooled = out_scale(phi, out, prior=4.0)
+    s2 = []
+    for i in range(30):
+        v = phi[out[:, i], i]
+        assert mu[i] == pytest.approx(v.mean())
+        s2.append(v.var(ddof=1))
+    assert pooled == pytest.approx(np.mean(s2))
+    for i in range(30):
+        k = out[:, i].sum()
+        assert sd[i] ** 2 == pytest.approx(((k - 1) * s2[i] + 4.0 * pooled) / (k - 1 + 4.0))
