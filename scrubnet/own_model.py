@@ -242,8 +242,8 @@ def _own_references(directory: Path, model: nn.Module, weights: Path, ud: UserDa
     meta, sha = refs.meta, state_sha256(Path(weights).read_bytes())
     if meta.get("source_sha256") != sha or meta.get("data_fingerprint") != ud.fingerprint:
         raise OwnModelError(f"--references {directory} were trained for other weights or data (their sha256 "
-                            f"{str(meta.get('source_sha256'))[:12]}…, these {sha[:12]}…): train them for this model "
-                            "with `scrubnet references`")
+                            f"{str(meta.get('source_sha256'))[:12]}…, these {sha[:12]}…): train them for this "
+                            "model with `scrubnet references`")
     if refs.members.shape[1] != len(ud.y):
         raise OwnModelError(f"--references {directory} split {refs.members.shape[1]} training examples, the data "
                             f"holds {len(ud.y)}")

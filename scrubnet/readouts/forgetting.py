@@ -15,7 +15,8 @@ membership is ``moved_wrong_way`` at any sample size.
 * A whole class (every training example of one label in D_f) is judged as a class: the probability the model
   gives the class on its held-out examples against the ≈ 0 of a model that never saw it, and the input model's
   a linear probe fitted anew on each model's last hidden features — a model that only hides the class (in any
-  re-parametrisation of that layer) reads ``hidden``. No held-out example of the class: ``nothing_to_measure`` with that reason.
+  re-parametrisation of that layer) reads ``hidden``. No held-out example of the class: ``nothing_to_measure``
+  with that reason.
 
 Rules, thresholds and their measurement: docs/decisions/verdict.md.
 """
