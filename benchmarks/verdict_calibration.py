@@ -458,11 +458,11 @@ def main() -> None:
                     os.replace(args.cache + ".tmp", args.cache)
     t1 = time.perf_counter()
     log = judge_cases(cases, draws=args.draws)
-    n_fam, n_seed = len({c["family"] for c in cases}), len({c["seed"] for c in cases})
+    n_fam, n_pairs = len({c["family"] for c in cases}), len({(c["family"], c["seed"]) for c in cases})
     for mode in ("raw", "refs4"):
         rows = [r for r in log if r["mode"] == mode]
         name = "with 4 reference models (offline LiRA calibration)" if mode == "refs4" else "without reference models"
-        table(rows, f"confusion, {name}: all sizes, {n_fam} families x {n_seed} seeds")
+        table(rows, f"confusion, {name}: all sizes, {n_fam} families, {n_pairs} (family, seed) pairs")
         by = defaultdict(Counter)
         for r in rows:
             by[r["size"]][r["verdict"]] += 1
