@@ -10,7 +10,11 @@ ML checkpoint (:mod:`scrubnet.mlforget.store`) whose static record has ``arch`` 
   ``state_dict_sha256`` (``state.base_sha256``: the state_dict of the cast model);
 * ``user_weights``: the spec (``state.user_weights``: LoRA config, layer prefixes or head);
 * ``data``: the ``.npz`` file (its array fingerprint is the checkpoint's ``data_fingerprint``);
-* ``absolute``: the same three paths, absolute, as they were when the checkpoint was written.
+* ``absolute``: the same three paths, absolute, as they were when the checkpoint was written;
+* ``engine``: ``"linearised"`` (absent in checkpoints written before the sharded engine: the same) or
+  ``"sharded"`` (:mod:`scrubnet.mlforget.sharded`), then with ``sharded``: its :class:`ShardedConfig`.
+  The layout is the same for both engines; the weights file of a sharded checkpoint holds every shard's
+  user weights after every slice (its ``state_dict``).
 
 **Paths.** ``model`` (its file or directory), ``weights`` and ``data`` are recorded relative to the checkpoint
 directory, so a checkpoint moved together with its base model and data (a project directory copied elsewhere,
@@ -34,6 +38,7 @@ from torch import Tensor, nn
 
 from scrubnet.data.user import load_user_data
 from scrubnet.mlforget.finetune import UserWeights, state_dict_sha256, tangent_network, user_weight_names
+from scrubnet.mlforget.sharded import ENGINE as SHARDED, ShardedConfig, ShardedModel
 from scrubnet.models.linearized import LinearizedModel
 from scrubnet.models.lora import LoRA
 from scrubnet.integrity import file_sha256
@@ -264,7 +269,12 @@ def finetune_record(base: dict, state, data_path: str | Path, out: str | Path) -
                          "data": data_abs}}
 
 
-def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedModel:
+def engine_of(static: dict) -> str:
+    """``"linearised"`` or ``"sharded"``: the engine of a fine-tune checkpoint's static record."""
+    return (static.get("finetune") or {}).get("engine", "linearised")
+
+
+def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedModel | ShardedModel:
     """The linearised network of a fine-tune checkpoint, its user weights at 0: the base model (hashes
     checked), its adapters, the tangent in the user weights. The store loads the stored weights into it.
 
@@ -283,6 +293,10 @@ def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedM
     ft = static["finetune"]
     base = load_base(located_base(ft, root if root is not None else static.get(ROOT_KEY)))
     net, names, _ = user_weight_names(base, user_weights_from_dict(ft["user_weights"]))
+    if engine_of(static) == SHARDED:  # the shards' user weights (all slices) are loaded by the store
+        sm = ShardedModel(net, names, ShardedConfig(**ft["sharded"]), static["user_ids"])
+        sm.spec = ft["user_weights"]
+        return sm
     return tangent_network(net, names)
 
 

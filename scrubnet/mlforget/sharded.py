@@ -61,7 +61,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.models.call import Inputs, ModelInputs, as_logits, call_model
+from scrubnet.mlforget.finetune import split_batch, user_weight_names
+from scrubnet.mlforget.model import MLConfig, MLState
+from scrubnet.models.call import Inputs, ModelInputs, call_model
 
 #: the engine's name in checkpoints and receipts
 ENGINE = "sharded"
@@ -410,7 +412,6 @@ class ShardedModel(nn.Module):
 def user_network(model: nn.Module, user_weights):
     """(network with adapters, user-weight names, spec dict) — the linearised engine's conventions
     (:func:`scrubnet.mlforget.finetune.user_weight_names`)."""
-    from scrubnet.mlforget.finetune import user_weight_names
     return user_weight_names(model, user_weights)
 
 
@@ -437,7 +438,6 @@ def sharded_finetune(model: nn.Module, x, y: Tensor | None = None, *, user_weigh
     ShardedModel
         Trained; ``train_info`` holds the cost; ``spec`` the user-weights spec dict.
     """
-    from scrubnet.mlforget.finetune import split_batch
     data_x, data_y = split_batch(x)
     y = data_y if y is None else y
     if y is None or len(y) != len(data_x) or len(y) == 0:
@@ -453,7 +453,6 @@ def sharded_finetune(model: nn.Module, x, y: Tensor | None = None, *, user_weigh
 def sharded_state(sm: ShardedModel, num_classes: int, base_sha256: str | None = None):
     """The request store's state (:class:`~scrubnet.mlforget.model.MLState`) of a sharded model: user ids =
     its ids, no core, σ = 0 (no noise: deletion is by retraining)."""
-    from scrubnet.mlforget.model import MLConfig, MLState
     cfg = MLConfig(sigma=0.0, leaky_slope=None, core_fraction=0.0, linearize=list(sm.names))
     state = MLState(sm, torch.zeros(0, dtype=torch.long), sm.ids.clone(), sm.forgotten.clone(), cfg,
                     int(num_classes), int(sm.config.seed))
