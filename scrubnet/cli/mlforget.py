@@ -225,8 +225,11 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                    "check_core": core_check})
     if engine == SHARDED:
         state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
+    state.base_sha256 = state_dict_sha256(net)  # the model file's, also when read through its label words
     record = finetune_record(base, state, data, out)
     record["engine"] = engine
+    if "task" in state.train_info:
+        record["task"] = state.train_info["task"]
     if engine == SHARDED:
         record["sharded"] = state.model.config.to_dict()
     if decision is not None:

@@ -283,7 +283,10 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
         mu = search["chosen"]
     fixed_check = None
     if not isinstance(mu, str) and chance_guard:
-        fixed_check = select_mu(net, names, data_x, y, c, core, grid=(float(mu),), **opts)[1]
+        n_val = held_out_size(len(y) - len(core))  # ≥ 200, or half of what there is (no least count here)
+        if n_val < 1:
+            raise ValueError("the chance check holds out half of the deletable samples: give at least 2")
+        fixed_check = select_mu(net, names, data_x, y, c, core, grid=(float(mu),), n_held_out=n_val, **opts)[1]
         refuse_near_chance(fixed_check, f"mu={float(mu):g}")
     cfg = _solver_config(config, names, isinstance(data_x, ModelInputs), mu=mu, target_scale=target_scale,
                          sigma=sigma, solver=SolverConfig(solver=solver))

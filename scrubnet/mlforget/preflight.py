@@ -19,8 +19,8 @@ intervals:
 ``strategy="auto"`` takes the linearised engine when its held-out error is within ``tolerance`` (2 points by
 default) of the ordinary one and outside the chance interval, else the sharded engine; ``reason`` says which
 numbers decided, in one line. Causal-LM labels (N, T) go to the sharded engine unless every sample has one
-answer token (then both are measured: the linearised engine reads the LM head at the answer position,
-:func:`answer_token_task`).
+answer token (then both are measured: the linearised engine reads the pretrained LM head's logits of the
+label words at the answer position, :class:`AnswerLogits`).
 
 :func:`fit_engine` runs the chosen engine and the chance guard of both (no checkpoint at chance): the
 linearised engine's held-out check (:func:`~scrubnet.mlforget.finetune.refuse_near_chance`), the sharded
@@ -48,36 +48,48 @@ BUDGET = {"epochs": 10, "lr": 1e-2, "batch_size": 32}
 
 
 class AnswerLogits(nn.Module):
-    """A causal LM read as a classifier over its vocabulary: the logits (n, V) that predict the answer token,
-    i.e. the LM head's output at the position before it (``answer_position`` − 1), through the pretrained LM
-    head (the formulation under which the kernel view of fine-tuning holds best, Malladi et al. 2023).
+    """A causal LM read as a classifier over its label words: the logits of the ``label_tokens`` that predict
+    the answer token, i.e. the LM head's output at the position before it (``answer_position`` − 1), through
+    the pretrained LM head (the label-word formulation under which the kernel view of fine-tuning holds best,
+    Malladi et al. 2023).
 
     Parameters
     ----------
     lm : nn.Module
         Gives logits (n, T, V) (``AutoModelForCausalLM`` or any module with a ``logits`` output).
+    label_tokens : sequence of int (K,)
+        The answer tokens (the classes, in this order).
     """
 
-    def __init__(self, lm: nn.Module):
+    def __init__(self, lm: nn.Module, label_tokens):
         super().__init__()
         self.lm = lm
+        self.register_buffer("label_tokens", torch.as_tensor(list(label_tokens), dtype=torch.long))
 
     def forward(self, input_ids: Tensor, answer_position: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         kw = {} if attention_mask is None else {"attention_mask": attention_mask}
         logits = call_model(self.lm, ModelInputs(input_ids, kw))
-        return logits[torch.arange(len(input_ids)), answer_position.long() - 1]
+        return logits[torch.arange(len(input_ids)), answer_position.long() - 1][:, self.label_tokens]
 
 
-def answer_token_task(x, labels: Tensor):
-    """(inputs, class labels) of a causal-LM task whose samples each hold ONE answer token (labels (N, T),
-    −100 elsewhere), for :class:`AnswerLogits`; None when some sample holds more or none."""
+def answer_token_task(x, labels: Tensor, label_tokens=None):
+    """(inputs with ``answer_position``, class labels (N,), label tokens) of a causal-LM task whose samples
+    each hold ONE answer token (labels (N, T), −100 elsewhere) for :class:`AnswerLogits`; the label tokens are
+    the distinct answer tokens (sorted) unless given. None when some sample holds more or none, or an answer
+    token is not among ``label_tokens``."""
     keep = labels != IGNORE_INDEX
     if not bool((keep.sum(1) == 1).all()):
         return None
     pos = keep.long().argmax(1)
+    answers = labels[torch.arange(len(labels)), pos]
+    words = torch.unique(answers) if label_tokens is None else torch.as_tensor(list(label_tokens), dtype=torch.long)
+    index = {int(t): k for k, t in enumerate(words.tolist())}
+    if any(int(a) not in index for a in answers.tolist()):
+        return None
     main = x.main if isinstance(x, ModelInputs) else x
     extras = dict(x.extras) if isinstance(x, ModelInputs) else {}
-    return ModelInputs(main, {**extras, "answer_position": pos}), labels[torch.arange(len(labels)), pos]
+    y = torch.tensor([index[int(a)] for a in answers.tolist()], dtype=torch.long)
+    return ModelInputs(main, {**extras, "answer_position": pos}), y, words.tolist()
 
 
 def _error(model: nn.Module, x, y: Tensor) -> float:
@@ -114,7 +126,8 @@ def preflight(model: nn.Module, x, y: Tensor, num_classes: int, *, user_weights=
         if task is None:
             return {"engine": "sharded", "reason": "sharded: causal-LM answers of several tokens (the linearised "
                     "engine reads one answer token per sample)", "held_out": 0}
-        model, (x, y), num_classes = AnswerLogits(model), task, int(num_classes)
+        x, y, words = task
+        model, num_classes = AnswerLogits(model, words), len(words)
     budget = {**BUDGET, **(budget or {})}
     net, names, _ = user_weight_names(model, user_weights)
     core = torch.zeros(0, dtype=torch.long)
@@ -200,11 +213,20 @@ def fit_engine(engine: str, model: nn.Module, x, y: Tensor, num_classes: int, *,
         Refuse (``ValueError``, one line) a model whose held-out error lies within the chance interval.
     """
     if engine == "linearised":
-        if y.dim() == 2:
-            raise ValueError("the linearised engine takes causal-LM labels through the LM head at the answer "
-                             "position: give one answer token per sample, or use the sharded engine")
-        return forgettable_finetune(model, x, y, num_classes, user_weights=user_weights, seed=seed,
-                                    chance_guard=chance_guard, **(linearised or {}))
+        task = None
+        if y.dim() == 2:  # a causal LM: the label words' logits at the answer position (AnswerLogits)
+            found = answer_token_task(x, y)
+            if found is None:
+                raise ValueError("the linearised engine reads a causal LM through its LM head at the answer "
+                                 "position: give one answer token per sample, or use the sharded engine")
+            x, y, words = found
+            model, num_classes = AnswerLogits(model, words), len(words)
+            task = {"kind": "answer-token", "label_tokens": words}
+        state = forgettable_finetune(model, x, y, num_classes, user_weights=user_weights, seed=seed,
+                                     chance_guard=chance_guard, **(linearised or {}))
+        if task is not None:
+            state.train_info["task"] = task
+        return state
     if engine != "sharded":
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     sm = sharded_finetune(model, x, y, user_weights=user_weights, seed=seed, **(sharded or {}))
