@@ -137,7 +137,7 @@ def pretrained_models(small):
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     pre_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
-    n_pre, ep = (3000, 3) if small else (20000, 8)
+    n_pre, ep = PRETRAIN or ((3000, 3) if small else (20000, 8))
     t0 = time.process_time()
     x, y = images(n_pre, pre_p, 1)
     cnn = pretrain(ResNetish().double(), x, y, ep)
@@ -191,7 +191,7 @@ def pretrained_lm(small):
     cfg = GPT2Config(vocab_size=LM_VOCAB, n_positions=12, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=LM_SEP, eos_token_id=LM_SEP)
     net = AnswerLogits(GPT2LMHeadModel(cfg).double(), LM_WORDS)
-    n_pre, ep = (3000, 3) if small else (20000, 8)
+    n_pre, ep = PRETRAIN or ((3000, 3) if small else (20000, 8))
     t0 = time.process_time()
     x, y = lm_sequences(n_pre, 0, 1)
     net = pretrain(net, x, y, ep)
@@ -296,6 +296,7 @@ def a_core_lrs(lr):
 
 
 NO_CORE = False
+PRETRAIN = None  # (samples, epochs) of every pretraining (``--pretrain``)
 
 
 def tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, mus, epochs, tag):
@@ -361,8 +362,9 @@ def sharded_requests(sm, net, uw, x, y, a, seed, tag):
     keep = torch.sort(order[a.requests * k:]).values
     fresh = sharded_finetune(net, x[keep], y[keep], ids=keep, user_weights=uw, **sm.bench_opts)
     sa, sb = sm.state_dict(), fresh.state_dict()
-    e = max(float((sa[n] - sb[n]).abs().max() / sb[n].abs().max().clamp_min(1e-300))
-            for n in sa if sa[n].is_floating_point())
+    num = max(float((sa[n].double() - sb[n].double()).abs().max()) for n in sa if sa[n].is_floating_point())
+    den = max(float(sb[n].double().abs().max()) for n in sb if sb[n].is_floating_point())
+    e = num / den  # max |w − ŵ| / max |ŵ| over every shard and slice checkpoint
     return e, statistics.median(cpu)
 
 
@@ -484,6 +486,7 @@ def main() -> None:
     ap.add_argument("--engines", default="linearised,sharded,auto", help="linearised, sharded, auto")
     ap.add_argument("--shards", type=int, default=4, help="sharded: S")
     ap.add_argument("--slices", type=int, default=4, help="sharded: R")
+    ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
     ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
     ap.add_argument("--no-core", action="store_true", help="linearised: the pretrained point only (no core)")
     ap.add_argument("--sharded-request", type=int, default=1, help="sharded: samples per request")
@@ -493,8 +496,9 @@ def main() -> None:
     a = ap.parse_args()
     a.mus = [float(v) for v in a.mu.split(",")]
     a.engines = [e for e in a.engines.split(",") if e]
-    global NO_CORE
+    global NO_CORE, PRETRAIN
     NO_CORE = a.no_core
+    PRETRAIN = tuple(int(v) for v in a.pretrain.split(",")) if a.pretrain else None
     only = None if a.only is None else a.only.split(",")
     n = a.n or (400 if a.small else 1000)
     seeds = a.seeds or (1 if a.small else 3)

@@ -153,3 +153,45 @@ def test_no_finetune_exits_0_at_chance(files, tmp_path, strategy, extra):
     lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("strategy auto=")]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error:") and "chance" in lines[0], out
     assert not (tmp_path / "ck").exists()
+
+
+def test_causal_lm_on_both_engines_from_the_command_line(tmp_path):
+    """A GPT-2-style LM saved like a downloaded one; token labels (the answer, −100 elsewhere). Linearised: the
+    label words' logits at the answer position, a request equal to the fit without those rows (float64, to
+    1e-8). Sharded: the loss on the answer tokens, a request equal to a fresh sharded fine-tune bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    from scrubnet.mlforget.preflight import fit_engine
+    cfg = transformers.GPT2Config(vocab_size=16, n_positions=10, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=4, eos_token_id=4)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "lm")
+    g = torch.Generator().manual_seed(1)
+    n = 80
+    content = torch.randint(8, 16, (n, 8), generator=g)
+    ids = torch.cat([content, (content[:, -1:] % 4)], 1)  # the answer: the class of the last content token
+    labels = torch.full_like(ids, -100)
+    labels[:, -1] = ids[:, -1]
+    np.savez(tmp_path / "lm.npz", x_train=ids.numpy(), y_train=labels.numpy())
+    base = ["mlforget", "finetune", "--model", f"hf:{tmp_path / 'lm'}", "--data", tmp_path / "lm.npz",
+            "--user-weights", "lora:c_attn,c_fc:r2"]
+    code, out = cli(*base, "--strategy", "linearised", "--mu", "1e-3", "--sigma", 0, "--out", tmp_path / "lin")
+    assert code == 0, out
+    code, out = cli("mlforget", "forget", tmp_path / "lin", "--ids", "2,9")
+    assert code == 0, out
+    st, static = store.load(tmp_path / "lin")
+    assert static["finetune"]["task"] == {"kind": "answer-token", "label_tokens": [0, 1, 2, 3]}
+    net = load_base(located_base(static["finetune"], tmp_path / "lin"))
+    keep = torch.tensor([i for i in range(n) if i not in (2, 9)])
+    ref = fit_engine("linearised", net, ids[keep], labels[keep], 16, user_weights=LoRA(["c_attn", "c_fc"], 2),
+                     linearised={"mu": 1e-3, "sigma": 0.0}, chance_guard=False)
+    w, r = st.model.delta_flat(), ref.model.delta_flat()
+    assert float((w - r).abs().max() / r.abs().max()) <= 1e-8
+    code, out = cli(*base, "--strategy", "sharded", "--shards", 2, "--slices", 2, "--epochs", 3, "--lr", 0.02,
+                    "--batch-size", 16, "--out", tmp_path / "sh")
+    assert code == 0 and "sharded engine" in out, out
+    code, out = cli("mlforget", "forget", tmp_path / "sh", "--ids", "2,9")
+    assert code == 0, out
+    fresh = sharded_finetune(net, ids[keep], labels[keep], ids=keep, user_weights=LoRA(["c_attn", "c_fc"], 2),
+                             shards=2, slices=2, epochs=3, lr=0.02, batch_size=16, seed=0)
+    a, b = store.load(tmp_path / "sh")[0].model.state_dict(), fresh.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
