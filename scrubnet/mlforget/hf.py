@@ -82,9 +82,8 @@ class ForgettableArguments:
     shards, slices, epochs, lr, batch_size, aggregate : the sharded engine's settings.
     tolerance : float
         'auto': the largest held-out error gap (linearised − ordinary) that keeps the linearised engine.
-
-    Whatever the engine, a model whose held-out error lies within the chance interval is refused
-    (:mod:`scrubnet.mlforget.chance`): ``train()`` raises ``ValueError`` and writes nothing.
+        Whatever the engine, a model whose held-out error lies within the chance interval is refused
+        (:mod:`scrubnet.mlforget.chance`): ``train()`` raises ``ValueError`` and writes nothing.
     """
 
     mu: object = 1e-3
