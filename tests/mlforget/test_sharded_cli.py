@@ -138,6 +138,13 @@ def test_auto_chooses_sharded_and_cli_deletion_equals_fresh_sharded_finetune(fil
                              shards=3, slices=2, epochs=8, lr=0.05, batch_size=16, seed=0)
     a, b = store.load(tmp_path / "ck")[0].model.state_dict(), fresh.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # forget-all: every shard back at the pretrained point, holding nothing
+    code, out = cli("mlforget", "forget-all", tmp_path / "ck")
+    assert code == 0, out
+    sd = store.load(tmp_path / "ck")[0].model.state_dict()
+    assert all(torch.equal(v, sd["init/" + k.split("/", 2)[2]]) for k, v in sd.items() if k.startswith("s"))
+    assert all(int(v) == 0 for k, v in sd.items() if k.startswith("held/"))
+    assert store.requests(tmp_path / "ck")[-1]["solver"]["engine"] == "sharded" and store.verify(tmp_path / "ck")["valid"]
 
 
 @pytest.mark.parametrize("strategy, extra", [("linearised", ["--mu", "0.05"]), ("linearised", ["--mu", "1e-4"]),
