@@ -37,12 +37,12 @@ import torch
 
 from scrubnet.data.user import load_user_data
 from scrubnet.mlforget.finetune import UserWeights, accuracy, split_batch, state_dict_sha256
-from scrubnet.mlforget.preflight import fit_engine, preflight
+from scrubnet.mlforget.preflight import answer_token_task, fit_engine, preflight
 from scrubnet.mlforget.sharded import ENGINE as SHARDED
 from scrubnet.mlforget.store import save_new
 from scrubnet.mlforget.ftstore import (FINETUNE_ARCH, base_record, cast_inputs, finetune_record, load_base,
                                       main_input)
-from scrubnet.models.call import ModelInputs
+from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.lora import LoRA
 
 #: the names of the base model's directory and of the data file inside the checkpoint
@@ -260,7 +260,19 @@ def _trainer_class():
             if self.eval_dataset is not None:
                 ev = collate_all(self.eval_dataset, self.data_collator, base)
                 xe, ye = split_batch({k: torch.as_tensor(v) for k, v in ev.items()})
-                metrics["eval_accuracy"] = accuracy(state.model, cast_inputs(xe, fa.dtype), ye)
+                xe = cast_inputs(xe, fa.dtype)
+                task = state.train_info.get("task")
+                if ye.dim() == 2 and task is not None:  # the linearised engine's label-word view of a causal LM
+                    found = answer_token_task(xe, ye, task["label_tokens"])
+                    if found is not None:
+                        metrics["eval_accuracy"] = accuracy(state.model, found[0], found[1])
+                elif ye.dim() == 2:  # the sharded engine on a causal LM: every answer token right
+                    with torch.no_grad():
+                        pred = call_model(state.model, xe)[:, :-1].argmax(-1)
+                    lab = ye[:, 1:]
+                    metrics["eval_accuracy"] = float(((pred == lab) | (lab == -100)).all(1).double().mean())
+                else:
+                    metrics["eval_accuracy"] = accuracy(state.model, xe, ye)
             self.log(metrics)
             return TrainOutput(0, 0.0, metrics)
 
