@@ -181,7 +181,7 @@ def fit_checkpoint(out: Path, base_model, spec: UserWeights, batch: dict, fa: Fo
         if engine == "auto":
             decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=fa.tolerance,
                                  target_scale=fa.target_scale, solver=fa.solver, seed=seed,
-                                 budget={"epochs": max(1, fa.epochs // 2), "lr": fa.lr, "batch_size": fa.batch_size})
+                                 budget={"epochs": fa.epochs, "lr": fa.lr, "batch_size": fa.batch_size})
             engine = decision["engine"]
         state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed,
                            sharded={"shards": fa.shards, "slices": fa.slices, "epochs": fa.epochs, "lr": fa.lr,
