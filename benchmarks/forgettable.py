@@ -48,6 +48,14 @@ One line per (model, engine) over the seeds::
     [MODEL] strategy S accuracy_gap_points G [lo, hi]; request_vs_user_finetune R; exact_max_rel_diff E
 
 (``strategy auto=ENGINE``: the engine most seeds chose; each seed's choice is printed above it).
+
+The run recorded in docs/decisions/forgettable.md (about 45 min wall on 2 heavily shared cores)::
+
+    python benchmarks/forgettable.py --n 300 --seeds 3 --pretrain 8000,4 --max-epochs 25 --patience 4 \
+        --no-core --mu 1e-3,1e-4,1e-5,1e-6 --requests 20
+    python benchmarks/forgettable.py --sweep --only cnn --n 300 --seeds 3 --pretrain 8000,4 --max-epochs 25 --patience 4
+    python benchmarks/forgettable.py --only causal-lm --n 300 --seeds 3 --pretrain 8000,4 --max-epochs 25 \
+        --patience 4 --no-core --mu 1e-3,1e-4,1e-5,1e-6 --requests 20 --shards 2 --engines sharded,auto --preflight-full
 """
 from __future__ import annotations
 
