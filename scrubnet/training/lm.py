@@ -53,7 +53,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     target = batch["labels"][:, 1:]
     valid = target != -100
-    lp = torch.log_softmax(logits.float(), -1).gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1)
     return lp * valid, valid
 
 
@@ -165,3 +165,22 @@ def add_lora(model, r: int = 8, alpha: float = 16.0, seed: int = 0):
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=["c_attn", "c_proj", "c_fc"],
                      fan_in_fan_out=True, bias="none")
     return get_peft_model(copy.deepcopy(model), cfg)
+
+
+@torch.no_grad()
+def answer_token_hits(model, tok, questions: list[str], answers: list[str], batch_size: int = 256
+                      ) -> list[np.ndarray]:
+    """Per pair, a bool array over the answer's tokens (no end token): ``hit_t = [argmax π(·|q, a_<t) = a_t]``
+    under teacher forcing. Greedy decoding from ``q ⧺ a_<k`` reproduces ``a_≥k`` iff ``hit_t`` for every
+    t ≥ k (each generated token is then the true one, so the context stays the true context)."""
+    model.eval()
+    out = []
+    for i in range(0, len(questions), batch_size):
+        b = encode(tok, questions[i:i + batch_size], answers[i:i + batch_size], eos=False)
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+        target = b["labels"][:, 1:]
+        hit = (logits.argmax(-1) == target)
+        for j in range(len(target)):
+            valid = target[j] != -100
+            out.append(hit[j][valid].numpy().astype(bool))
+    return out
