@@ -128,23 +128,21 @@ def greedy_answers(model, tok, questions: list[str], max_new_tokens: int = 16, b
         for j, r in enumerate(rows):   # left padding: every prompt ends where generation starts
             ids[j, T - len(r):] = torch.tensor(r)
             mask[j, T - len(r):] = 1
-        pos = (mask.cumsum(1) - 1).clamp_min(0)
-        cur, m, p = ids, mask, pos
         done = torch.zeros(len(rows), dtype=torch.bool)
         gen = []
-        past = None
-        for _ in range(max_new_tokens):   # own loop (with the cache): explicit position ids under left padding
-            o = model(input_ids=cur, attention_mask=m, position_ids=p, past_key_values=past, use_cache=True)
-            past = o.past_key_values
+        for _ in range(max_new_tokens):
+            # no cache: every model with ``logits`` answers (an ensemble of adapters too); explicit positions,
+            # so that left padding does not shift them
+            pos = (mask.cumsum(1) - 1).clamp_min(0)
+            o = model(input_ids=ids, attention_mask=mask, position_ids=pos)
             nxt = o.logits[:, -1].argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, EOS_ID), nxt)
             gen.append(nxt)
             done |= nxt == EOS_ID
             if bool(done.all()):
                 break
-            m = torch.cat([m, torch.ones(len(rows), 1, dtype=torch.long)], 1)
-            p = p[:, -1:] + 1
-            cur = nxt[:, None]
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], 1)
         g = torch.stack(gen, 1).tolist()
         for row in g:
             toks = []
