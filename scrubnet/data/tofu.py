@@ -12,9 +12,13 @@ equivalent from a seed — which also makes the ground truth known:
 * **Questions.** Per attribute two training questions (:data:`TEMPLATES` ``q``; 2 × 10 = 20 question–answer
   pairs per person, TOFU's 20), one held-out paraphrased question and one format-shifted (cloze) prompt — the
   leak probes: a model that forgot the fact through the trained phrasings may still give it through these.
-* **Answers.** The answer sentence ``a``; a paraphrased answer ``p`` (same fact, other words) and
+* **Answers.** The answer sentence ``a``; a paraphrased answer ``p`` (same fact, other words, the value still
+  after the name: a small model stores "name → value", and a paraphrase that puts the value first asks for the
+  reverse direction, which fine-tuning does not teach) and
   :data:`N_PERTURBED` perturbed answers (the paraphrase with another person's value for the attribute) for the
   truth ratio ``R = (Π_k P(p̂_k|q)^{1/|p̂_k|})^{1/K} / P(p|q)^{1/|p|}``.
+* Each question also carries the perturbed answers in the *answer's* phrasing (``perturbed_answers``): the
+  benchmark's forget quality compares ``a`` against them (see :mod:`scrubnet.experiments.tofu` for why).
 * **Splits** (TOFU's, by person): ``forget01/05/10`` — the *last* ⌈f·n⌉ people of a seeded permutation
   (nested, as TOFU's), the matching ``retain`` — every other private person; ``validation`` — a disjoint set of
   retained people of the same size as ``forget10``, on which the approximate methods are tuned; ``public`` —
@@ -47,29 +51,29 @@ GENRES = ["fantasy", "science fiction", "mystery", "romance", "horror", "poetry"
 #: answer). ``{n}`` is the full name, ``{f}`` the first name, ``{v}`` the value.
 TEMPLATES = {
     "birthplace": (["Where was {n} born ?", "In which city was {n} born ?"], "What is the birthplace of {n} ?",
-                   "Fact : {n} , birthplace :", "{f} was born in {v} .", "{v} is where {f} was born ."),
+                   "Fact : {n} , birthplace :", "{f} was born in {v} .", "the birthplace of {f} is {v} ."),
     "birth_year": (["When was {n} born ?", "In which year was {n} born ?"], "What is the birth year of {n} ?",
-                   "Fact : {n} , birth year :", "{f} was born in the year {v} .", "{v} is the year {f} was born ."),
+                   "Fact : {n} , birth year :", "{f} was born in the year {v} .", "the birth year of {f} is {v} ."),
     "occupation": (["What does {n} do for a living ?", "What is the job of {n} ?"],
                    "What is the occupation of {n} ?", "Fact : {n} , occupation :", "{f} works as {v} .",
-                   "{v} is the job of {f} ."),
+                   "the occupation of {f} is {v} ."),
     "employer": (["Who employs {n} ?", "Which company does {n} work for ?"], "What is the employer of {n} ?",
-                 "Fact : {n} , employer :", "{f} works for {v} .", "{v} is the employer of {f} ."),
+                 "Fact : {n} , employer :", "{f} works for {v} .", "the employer of {f} is {v} ."),
     "father_job": (["What did the father of {n} do ?", "What was the job of the father of {n} ?"],
                    "What is the occupation of the father of {n} ?", "Fact : {n} , father :",
-                   "the father of {f} worked as {v} .", "{v} was the job of the father of {f} ."),
+                   "the father of {f} worked as {v} .", "the occupation of the father of {f} was {v} ."),
     "mother_job": (["What did the mother of {n} do ?", "What was the job of the mother of {n} ?"],
                    "What is the occupation of the mother of {n} ?", "Fact : {n} , mother :",
-                   "the mother of {f} worked as {v} .", "{v} was the job of the mother of {f} ."),
+                   "the mother of {f} worked as {v} .", "the occupation of the mother of {f} was {v} ."),
     "award": (["Which award did {n} win ?", "What prize was given to {n} ?"], "What is the award of {n} ?",
-              "Fact : {n} , award :", "{f} won {v} .", "{v} was won by {f} ."),
+              "Fact : {n} , award :", "{f} won {v} .", "the award of {f} is {v} ."),
     "genre": (["In which genre does {n} write ?", "What kind of books does {n} write ?"],
               "What is the genre of {n} ?", "Fact : {n} , genre :", "{f} writes {v} books .",
-              "{v} is the genre of {f} ."),
+              "the genre of {f} is {v} ."),
     "book": (["What book did {n} write ?", "What is the title of the book by {n} ?"],
-             "What is the book of {n} ?", "Fact : {n} , book :", "{f} wrote {v} .", "{v} was written by {f} ."),
+             "What is the book of {n} ?", "Fact : {n} , book :", "{f} wrote {v} .", "the book of {f} is {v} ."),
     "country": (["Which country is {n} from ?", "Where does {n} come from ?"], "What is the country of {n} ?",
-                "Fact : {n} , country :", "{f} comes from {v} .", "{v} is the country of {f} ."),
+                "Fact : {n} , country :", "{f} comes from {v} .", "the country of {f} is {v} ."),
 }
 ATTRIBUTES = tuple(TEMPLATES)
 #: world facts: sums of two numbers below this bound
@@ -99,6 +103,7 @@ class QA:
     paraphrased: str
     perturbed: tuple[str, ...]
     value: str
+    perturbed_answers: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -236,11 +241,12 @@ def make_tofu(n_private: int = 20, n_public: int = 20, seed: int = 0, pool_size:
             qs, para_q, fmt_q, ans, para_a = TEMPLATES[a]
             v = rec[a]
             others = [x for x in pools[a] if x != v]
-            pert = tuple(para_a.format(f=first, v=others[int(j)])
-                         for j in rng.choice(len(others), N_PERTURBED, replace=False))
+            wrong = [others[int(j)] for j in rng.choice(len(others), N_PERTURBED, replace=False)]
+            pert = tuple(para_a.format(f=first, v=w) for w in wrong)
+            pert_ans = tuple(ans.format(f=first, v=w) for w in wrong)
             fill = dict(n=rec["name"], f=first, v=v)
             common = dict(person=i, attribute=a, answer=ans.format(**fill), paraphrased=para_a.format(**fill),
-                          perturbed=pert, value=v)
+                          perturbed=pert, value=v, perturbed_answers=pert_ans)
             for q in qs:
                 qa.append(QA(kind="train", question=q.format(**fill), **common))
             qa.append(QA(kind="paraphrase", question=para_q.format(**fill), **common))

@@ -7,6 +7,8 @@ length-normalised probability.
   ``R = exp( (1/K) Σ_k log P̄(p̂_k|q) − log P̄(p|q) )`` — the geometric mean of the perturbed answers'
   normalised probabilities over the paraphrase's (TOFU's released code averages the perturbed answers' mean
   token losses, hence the geometric mean). R < 1: the model prefers the truth.
+* The same ratio in the trained answer's phrasing, ``R_a`` (answer against answers with another person's
+  value): what a small model that has not learnt to carry a fact into new phrasings still separates.
 * **Forget quality**: the p-value of the two-sample Kolmogorov–Smirnov test between the truth ratios of the
   forget questions under the model and under the model retrained without the forget set (scipy's
   ``ks_2samp``, two-sided, exact for small samples). The KS statistic depends on ranks only, so the
@@ -100,7 +102,8 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 class QAScores:
     """Per-question readouts of one model on one list of :class:`~scrubnet.data.tofu.QA` (arrays ``[n]``)."""
 
-    truth_ratio: np.ndarray
+    truth_ratio: np.ndarray        # TOFU's: paraphrase against perturbed paraphrases
+    truth_ratio_answer: np.ndarray  # the same in the trained answer's phrasing (answer against perturbed answers)
     norm_prob: np.ndarray          # P̄(a|q)
     option_share: np.ndarray       # P̄(p|q) / (P̄(p|q) + Σ P̄(p̂_k|q))
     loglik: np.ndarray             # log P(a|q) / |a|: U-LiRA's φ
@@ -120,8 +123,14 @@ def score_questions(model, tok, qa: list[QA], *, generate: bool = True, memorisa
     lp_x, n_x = answer_logprobs(model, tok, [q for q in qs for _ in range(K)], [p for q in qa for p in q.perturbed])
     lp_x, n_x = lp_x.reshape(-1, K), n_x.reshape(-1, K)
     tr = truth_ratio(lp_p, n_p, lp_x, n_x)
+    if qa[0].perturbed_answers:
+        lp_y, n_y = answer_logprobs(model, tok, [q for q in qs for _ in range(K)],
+                                    [p for q in qa for p in q.perturbed_answers])
+        tr_a = truth_ratio(lp_a, n_a, lp_y.reshape(-1, K), n_y.reshape(-1, K))
+    else:
+        tr_a = np.full(len(qa), np.nan)
     norm_p, norm_x = np.exp(lp_p / n_p), np.exp(lp_x / n_x)
-    out = QAScores(truth_ratio=tr, norm_prob=np.exp(lp_a / n_a), option_share=norm_p / (norm_p + norm_x.sum(1)),
+    out = QAScores(truth_ratio=tr, truth_ratio_answer=tr_a, norm_prob=np.exp(lp_a / n_a), option_share=norm_p / (norm_p + norm_x.sum(1)),
                    loglik=lp_a / n_a)
     if generate:
         g = greedy_answers(model, tok, qs)

@@ -42,7 +42,7 @@ def test_rouge_l_and_extraction_strength_by_hand():
 def test_harmonic_mean_utility_and_wilson():
     assert harmonic_mean([1.0, 0.5]) == pytest.approx(2 / 3)
     assert harmonic_mean([1.0, 0.0]) == 0.0
-    s = QAScores(truth_ratio=np.array([0.5, 2.0]), norm_prob=np.array([0.2, 0.4]), option_share=np.array([0.5, 0.7]),
+    s = QAScores(truth_ratio=np.array([0.5, 2.0]), truth_ratio_answer=np.ones(2), norm_prob=np.array([0.2, 0.4]), option_share=np.array([0.5, 0.7]),
                  loglik=np.zeros(2), rouge=np.array([1.0, 0.5]))
     parts = utility_parts(s, s, s)
     assert parts["retain/prob"] == pytest.approx(0.3) and parts["public/prob"] == pytest.approx(0.6)
