@@ -54,11 +54,14 @@ import torch
 
 from scrubnet.audit.stats import ulira
 from scrubnet.data.tofu import make_tofu
+from scrubnet.mlforget.finetune import split_batch
+from scrubnet.mlforget.sharded import assignment, sharded_finetune
 from scrubnet.methods.llm import LLM_METHODS, LR_GRID, UnlearnConfig, unlearn_lm
+from scrubnet.models.lora import LoRA
 from scrubnet.models.tiny_lm import make_lm, train_word_tokenizer
 from scrubnet.readouts.tofu import (PROBE_KINDS, forget_quality, model_utility, score_questions, utility_parts,
                                     wilson_interval)
-from scrubnet.training.lm import add_lora, fit_lm
+from scrubnet.training.lm import add_lora, encode, fit_lm
 
 EXACT_ENGINES = ("retrain", "sharded")
 SECOND_SEED = 1000
@@ -348,4 +351,68 @@ def exact_retrain(base, tok, data, cfg: TofuConfig, seed: int, models: dict | No
                    "request_sample_passes": cfg.finetune_epochs * len(data.questions(data.retain(cfg.split)))}
 
 
-EXACT_FUNCTIONS = {"retrain": exact_retrain}
+def person_ids(people, n_per_person: int, shards: int, slices: int, seed: int) -> dict[int, list[int]]:
+    """Sample ids that put every pair of a person in one shard and one slice of the sharded engine.
+
+    The engine places a sample by a keyed hash of its id alone (:func:`~scrubnet.mlforget.sharded.assignment`),
+    which scatters one person's 20 pairs over every shard: forgetting a person would retrain all of them. So
+    the person's place is the engine's place of the *person's* number (``assignment(p)``), and the person's
+    ``n_per_person`` sample ids are the first unused integers ≥ (p + 1)·10⁶ that the engine places there.
+    Ids stay a function of the person alone, so the deletion stays exact (the run on D ∖ D_f uses the same ids
+    for the people it keeps)."""
+    out = {}
+    for p in people:
+        want_shard, want_slice = (int(t[0]) for t in assignment([int(p)], shards, slices, seed))
+        ids, cand = [], (int(p) + 1) * 10 ** 6
+        while len(ids) < n_per_person:
+            block = list(range(cand, cand + 64))
+            sh, sl = assignment(block, shards, slices, seed)
+            ids += [i for i, a, b in zip(block, sh.tolist(), sl.tolist()) if a == want_shard and b == want_slice]
+            cand += 64
+        out[int(p)] = ids[:n_per_person]
+    return out
+
+
+class LogitsOf(torch.nn.Module):
+    """A model whose call returns ``.logits`` (what the readouts call) from one that returns the logits tensor
+    (the sharded engine's ``forward``: the log of the shards' mean probabilities)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        kw = {"attention_mask": attention_mask}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids
+        return dataclasses.make_dataclass("Out", ["logits"])(self.inner(input_ids, **kw))
+
+
+def exact_sharded(base, tok, data, cfg: TofuConfig, seed: int, models: dict | None = None):
+    """The isolated engine (:mod:`scrubnet.mlforget.sharded`): ``cfg.shards`` × ``cfg.slices`` LoRA adapters
+    (scrubnet's :class:`~scrubnet.models.lora.LoRA` on every linear map, rank ``cfg.lora_r``) fine-tuned on all
+    private people, sharded by person (:func:`person_ids`), then asked to delete the forget people. The model
+    answers with the mean of the shards' token probabilities."""
+    qa = data.questions(range(data.n_private))
+    ids_of = person_ids(range(data.n_private), 20, cfg.shards, cfg.slices, seed)
+    counters = {p: 0 for p in ids_of}
+    ids = []
+    for q in qa:
+        ids.append(ids_of[q.person][counters[q.person]])
+        counters[q.person] += 1
+    batch = encode(tok, [q.question for q in qa], [q.answer for q in qa])
+    x = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": batch["labels"]}
+    lora = LoRA(["c_attn", "c_proj", "c_fc"], rank=cfg.lora_r, alpha=2.0 * cfg.lora_r, seed=seed)
+    sm = sharded_finetune(base, x, user_weights=lora, shards=cfg.shards, slices=cfg.slices,
+                          epochs=cfg.finetune_epochs, lr=cfg.finetune_lr, batch_size=cfg.batch_size, ids=ids,
+                          seed=seed)
+    gone = [i for p in data.forget(cfg.split) for i in ids_of[p]]
+    data_x, data_y = split_batch(x)
+    req = sm.forget(gone, data_x, data_y, row_ids=ids)
+    return LogitsOf(sm), {"engine": "sharded", "request_seconds": req["seconds"],
+                          "request_sample_passes": req["sample_passes"], "shards_retrained": req["shards_retrained"],
+                          "train_sample_passes": sm.train_info.get("sample_passes"), "shards": cfg.shards,
+                          "slices": cfg.slices}
+
+
+EXACT_FUNCTIONS = {"retrain": exact_retrain, "sharded": exact_sharded}
