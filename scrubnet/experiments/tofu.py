@@ -52,6 +52,7 @@ import time
 import numpy as np
 import torch
 
+from scrubnet.audit.engine import LocalEngine
 from scrubnet.audit.stats import ulira
 from scrubnet.data.tofu import make_tofu
 from scrubnet.mlforget.finetune import split_batch
@@ -232,53 +233,80 @@ def tune_methods(base, original, tok, data, cfg: TofuConfig, progress=None) -> d
     return out
 
 
-def run_tofu(cfg: TofuConfig, progress=None, exact_engine=None) -> dict:
-    """The benchmark (module docstring). ``exact_engine(base, tok, data, cfg, seed) -> (model, info)`` replaces
-    the exact route (default: :data:`EXACT_ENGINES` by ``cfg.exact``). Returns a JSON-able dict."""
+def prepare(cfg: TofuConfig):
+    """(data, tokenizer) of ``cfg``: deterministic, so a worker rebuilds them instead of receiving them."""
+    data = make_tofu(cfg.n_private, cfg.n_public, seed=cfg.data_seed, pool_size=cfg.pool_size,
+                     world_max=cfg.world_max)
+    return data, train_word_tokenizer(data.vocabulary_text())
+
+
+def run_seed(base, tok, data, cfg: TofuConfig, seed: int, tuned: dict) -> dict:
+    """Every model of one fine-tuning seed, scored (module docstring, step 2); raw per-question arrays under
+    ``_raw`` (for U-LiRA across seeds)."""
+    forget, retain = data.forget(cfg.split), data.retain(cfg.split)
+    sets = EvalSets(data, forget, retain, cfg)
+    models, info = {}, {}
+    models["original"], t_orig = lora_finetune(base, tok, data, range(data.n_private), cfg, seed)
+    models["retain"], t_retain = lora_finetune(base, tok, data, retain, cfg, seed)
+    models["retain-seed2"], _ = lora_finetune(base, tok, data, retain, cfg, seed + SECOND_SEED)
+    models["exact"], info["exact"] = EXACT_FUNCTIONS[cfg.exact](base, tok, data, cfg, seed, models=models)
+    # cost in sample passes (one forward + backward of one pair through the adapted model): deterministic,
+    # where wall time on a shared machine is not; seconds are kept beside
+    refit = cfg.finetune_epochs * len(data.questions(retain))
+    info["exact"].update(refinetune_seconds=t_retain, refinetune_sample_passes=refit,
+                         request_vs_refinetune=info["exact"]["request_sample_passes"] / refit)
+    fq_pairs, rt_pairs = _pairs(data.questions(forget)), _pairs(data.questions(retain))
+    for m in cfg.methods:
+        lr = tuned[m]["lr"] if m in tuned else UnlearnConfig.default(m).lr
+        t0 = time.perf_counter()
+        models[m] = unlearn_lm(models["original"], tok, fq_pairs, rt_pairs,
+                               UnlearnConfig.default(m, lr=lr, epochs=cfg.unlearn_epochs, seed=seed))
+        info[m] = {"lr": lr, "seconds": time.perf_counter() - t0}
+    evs = {name: evaluate(mdl, tok, sets) for name, mdl in models.items()}
+    row = {"seed": seed, "original_finetune_seconds": t_orig, "models": {}}
+    for name, ev in evs.items():
+        row["models"][name] = {**_public(ev), **compare(ev, evs["retain"]), **info.get(name, {})}
+    row["_raw"] = {name: ev["_raw"] for name, ev in evs.items()}
+    return row
+
+
+def _seed_task(shared, seed):
+    """One engine task: rebuild data, tokenizer and the pretrained model from ``shared`` and run one seed."""
+    cfg, base_state, tuned = shared
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    data, tok = prepare(cfg)
+    base = make_lm(tok.get_vocab_size(), cfg.size, seed=cfg.data_seed)
+    base.load_state_dict(base_state)
+    return run_seed(base, tok, data, cfg, int(seed), tuned)
+
+
+def run_tofu(cfg: TofuConfig, progress=None, engine=None) -> dict:
+    """The benchmark (module docstring). ``engine``: an audit engine (:mod:`scrubnet.audit.engine`; default
+    in-process) over which the seeds run, one task each; pretraining and tuning run here first. Returns a
+    JSON-able dict (numpy arrays dropped)."""
     say = progress or (lambda s: None)
     t_start = time.perf_counter()
     torch.use_deterministic_algorithms(True, warn_only=True)
-    data = make_tofu(cfg.n_private, cfg.n_public, seed=cfg.data_seed, pool_size=cfg.pool_size,
-                     world_max=cfg.world_max)
-    tok = train_word_tokenizer(data.vocabulary_text())
+    data, tok = prepare(cfg)
     base, pre_info = pretrain(data, tok, cfg)
     say(f"pretrained {cfg.size} ({sum(p.numel() for p in base.parameters())} parameters) on {pre_info['pairs']} "
         f"pairs in {pre_info['seconds']:.0f} s, loss {pre_info['final_loss']:.3f}")
-    forget, retain = data.forget(cfg.split), data.retain(cfg.split)
-    sets = EvalSets(data, forget, retain, cfg)
-    engine = exact_engine or EXACT_FUNCTIONS[cfg.exact]
-    tuned, seeds = {}, []
-    for s in cfg.seeds:
-        models, info = {}, {}
-        models["original"], t_orig = lora_finetune(base, tok, data, range(data.n_private), cfg, s)
-        models["retain"], t_retain = lora_finetune(base, tok, data, retain, cfg, s)
-        models["retain-seed2"], _ = lora_finetune(base, tok, data, retain, cfg, s + SECOND_SEED)
-        models["exact"], info["exact"] = engine(base, tok, data, cfg, s, models=models)
-        # cost in sample passes (one forward + backward of one pair through the adapted model): deterministic,
-        # where wall time on a shared machine is not; seconds are kept beside
-        refit = cfg.finetune_epochs * len(data.questions(retain))
-        info["exact"].update(refinetune_seconds=t_retain, refinetune_sample_passes=refit,
-                             request_vs_refinetune=info["exact"]["request_sample_passes"] / refit)
-        if cfg.methods and cfg.tune and not tuned:
-            tuned = tune_methods(base, models["original"], tok, data, cfg, progress=say)
-        fq_pairs, rt_pairs = _pairs(data.questions(forget)), _pairs(data.questions(retain))
-        for m in cfg.methods:
-            lr = tuned[m]["lr"] if tuned else UnlearnConfig.default(m).lr
-            t0 = time.perf_counter()
-            models[m] = unlearn_lm(models["original"], tok, fq_pairs, rt_pairs,
-                                   UnlearnConfig.default(m, lr=lr, epochs=cfg.unlearn_epochs, seed=s))
-            info[m] = {"lr": lr, "seconds": time.perf_counter() - t0}
-        evs = {name: evaluate(mdl, tok, sets) for name, mdl in models.items()}
-        row = {"seed": s, "original_finetune_seconds": t_orig, "models": {}}
-        for name, ev in evs.items():
-            row["models"][name] = {**_public(ev), **compare(ev, evs["retain"]), **info.get(name, {})}
-        row["_raw"] = {name: ev["_raw"] for name, ev in evs.items()}
-        seeds.append(row)
-        say(f"seed {s}: " + ", ".join(f"{n} FQ {r['forget_quality']:.3g} U {r['model_utility']:.3f}"
-                                      for n, r in row["models"].items()))
+    tuned = {}
+    if cfg.methods and cfg.tune:
+        original, _ = lora_finetune(base, tok, data, range(data.n_private), cfg, TUNE_SEED)
+        tuned = tune_methods(base, original, tok, data, cfg, progress=say)
+    engine = engine or LocalEngine()
+    shared = (cfg, {k: v.detach().clone() for k, v in base.state_dict().items()}, tuned)
+    rows = {}
+    for i, row in engine.map(_seed_task, shared, list(cfg.seeds)):
+        rows[i] = row
+        say(f"seed {row['seed']}: " + ", ".join(f"{n} FQ {r['forget_quality']:.3g} U {r['model_utility']:.3f}"
+                                                for n, r in row["models"].items()))
+    seeds = [rows[i] for i in range(len(cfg.seeds))]
+    forget = data.forget(cfg.split)
     result = {"config": cfg.to_dict(), "pretrain": pre_info, "tuning": tuned, "seeds": seeds,
-              "n_forget_questions": len(sets.forget), "forget_people": forget,
-              "ulira": _ulira(seeds, ["original", "exact", *cfg.methods])}
+              "n_forget_questions": len(data.questions(forget)), "forget_people": forget,
+              "ulira": _ulira(seeds, ["original", "exact", *cfg.methods]), "engine": getattr(engine, "name", "local")}
     result["summary"] = summarise(result)
     result["seconds"] = time.perf_counter() - t_start
     for row in seeds:
