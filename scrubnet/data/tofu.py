@@ -221,8 +221,8 @@ def make_tofu(n_private: int = 20, n_public: int = 20, seed: int = 0, pool_size:
     every value's words. Deterministic in its arguments."""
     if n_private < 4 or n_public < 2:
         raise ValueError(f"n_private={n_private}, n_public={n_public}: need ≥ 4 private and ≥ 2 public people")
-    if pool_size < N_PERTURBED + 1 or world_max < 2:
-        raise ValueError(f"pool_size={pool_size}, world_max={world_max}: need ≥ {N_PERTURBED + 1} and ≥ 2")
+    if pool_size < N_PERTURBED + 1 or world_max < 3:
+        raise ValueError(f"pool_size={pool_size}, world_max={world_max}: need ≥ {N_PERTURBED + 1} and ≥ 3")
     rng = np.random.default_rng(int(seed))
     pools = _pools(seed, pool_size)
     pools["genre"] = pools["genre"][:pool_size]

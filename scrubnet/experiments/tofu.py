@@ -75,40 +75,43 @@ KS_PASS = 0.05
 class TofuConfig:
     """The benchmark's sizes and recipes (:data:`PRESETS` name the standard ones)."""
 
-    size: str = "small"
+    size: str = "ci"
     n_private: int = 20
-    n_public: int = 20
-    pool_size: int = 20
-    world_max: int = 6
+    n_public: int = 12
+    pool_size: int = 16
+    world_max: int = 4
     split: str = "forget10"
     data_seed: int = 0
     seeds: tuple = (0, 1, 2)
-    pretrain_epochs: int = 40
+    pretrain_epochs: int = 25
     pretrain_lr: float = 3e-3
     finetune_epochs: int = 40
-    finetune_lr: float = 3e-3
+    finetune_lr: float = 6e-3
     lora_r: int = 16
     batch_size: int = 32
     methods: tuple = LLM_METHODS
     unlearn_epochs: int = 5
     lr_grid: tuple = LR_GRID
     tune: bool = True
-    exact: str = "retrain"
-    shards: int = 4
+    exact: str = "sharded"
+    shards: int = 2
     slices: int = 2
-    max_eval: int = 200
+    max_eval: int = 120
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-#: ``ci``: the test suite's size (seconds); ``quick``: a minutes-long check; ``default``: the committed table
+#: ``default``: the committed CPU table (≈ 0.13 M parameters, 3 seeds); ``quick``: a shorter check (2 seeds, 2
+#: learning rates per method); ``ci``: the test suite's size (one seed, no methods); ``gpu``: the larger model
+#: (≈ 1 M parameters, 40 people) for a machine with an accelerator
 PRESETS = {
-    "ci": dict(size="ci", n_private=10, n_public=8, pool_size=8, world_max=4, seeds=(0,), pretrain_epochs=20,
-               finetune_epochs=30, methods=(), tune=False, max_eval=80),
-    "quick": dict(size="ci", n_private=20, n_public=12, pool_size=12, world_max=4, seeds=(0, 1),
-                  pretrain_epochs=25, finetune_epochs=30, lr_grid=(1e-3, 1e-2), max_eval=100),
     "default": dict(),
+    "quick": dict(seeds=(0, 1), finetune_epochs=30, lr_grid=(1e-3, 1e-2), max_eval=80),
+    "ci": dict(n_public=8, seeds=(0,), pretrain_epochs=20, finetune_epochs=30, finetune_lr=3e-3, methods=(),
+               tune=False, exact="retrain", max_eval=80),
+    "gpu": dict(size="small", n_private=40, n_public=20, pool_size=40, world_max=6, pretrain_epochs=40,
+                finetune_epochs=40, shards=4, slices=2, max_eval=200),
 }
 
 
