@@ -305,6 +305,12 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
         if cert.get("budget_nats") is not None:
             typer.echo(f"certificate: KL(scrubbed ‖ retrained) ≤ {cert['kl_bound_nats']:.3g} nats at σ = "
                        f"{cert['sigma']:g} (‖w − w*‖ ≤ {cert['weight_error_bound']:.3g})")
+        if info.get("engine") == SHARDED:
+            typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
+                       f"sharded engine: retrained shard(s) {info['shards_retrained']} from slice(s) "
+                       f"{info['from_slice']} ({info['sample_passes']} of the training's "
+                       f"{info['full_sample_passes']} sample-passes), {record['seconds']:.2f} s")
+            return
         typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
                    f"{info.get('solver')} solver ({info.get('iterations')} iterations), residual "
                    f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")

@@ -214,6 +214,17 @@ def load_user_weights(model: nn.Module, state: dict[str, Tensor], source: str) -
     """Load ``state`` into ``model`` after checking names, shapes and finiteness against the model's own
     state_dict; ``source`` names the weights in the messages. Returns the model in eval mode."""
     expected = model.state_dict()
+    state = dict(state)
+    # tied weights (a causal LM's lm_head is its input embedding): save_pretrained stores the tensor once; an
+    # entry sharing its storage with another the file holds is filled from that one
+    by_ptr = {}
+    for k, v in expected.items():
+        by_ptr.setdefault((v.data_ptr(), tuple(v.shape)), []).append(k)
+    for names in by_ptr.values():
+        present = [k for k in names if k in state]
+        for k in names:
+            if k not in state and present and len(names) > 1:
+                state[k] = state[present[0]]
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -186,12 +186,44 @@ def test_causal_lm_on_both_engines_from_the_command_line(tmp_path):
                      linearised={"mu": 1e-3, "sigma": 0.0}, chance_guard=False)
     w, r = st.model.delta_flat(), ref.model.delta_flat()
     assert float((w - r).abs().max() / r.abs().max()) <= 1e-8
-    code, out = cli(*base, "--strategy", "sharded", "--shards", 2, "--slices", 2, "--epochs", 3, "--lr", 0.02,
+    code, out = cli(*base, "--strategy", "sharded", "--shards", 2, "--slices", 2, "--epochs", 20, "--lr", 0.05,
                     "--batch-size", 16, "--out", tmp_path / "sh")
     assert code == 0 and "sharded engine" in out, out
     code, out = cli("mlforget", "forget", tmp_path / "sh", "--ids", "2,9")
     assert code == 0, out
     fresh = sharded_finetune(net, ids[keep], labels[keep], ids=keep, user_weights=LoRA(["c_attn", "c_fc"], 2),
-                             shards=2, slices=2, epochs=3, lr=0.02, batch_size=16, seed=0)
+                             shards=2, slices=2, epochs=20, lr=0.05, batch_size=16, seed=0)
     a, b = store.load(tmp_path / "sh")[0].model.state_dict(), fresh.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_trainer_with_the_sharded_strategy(tmp_path):
+    """``ForgettableTrainer(forgettable=ForgettableArguments(strategy="sharded"))`` writes a sharded checkpoint
+    (the same layout: base/, data.npz) whose request equals a fresh sharded fine-tune of the saved base."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from scrubnet.mlforget.hf import ForgettableArguments, ForgettableTrainer
+    from tests.hf_models import probe_labels, tiny_bert
+    model = tiny_bert(num_labels=3, seed=0)
+    ids = torch.randint(1, 50, (60, 8), generator=torch.Generator().manual_seed(4))
+    labels = probe_labels(model, {"input_ids": ids})
+    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(8, dtype=torch.long), "label": int(labels[i])}
+            for i in range(60)]
+    fa = ForgettableArguments(strategy="sharded", user_weights="head", shards=2, slices=2, epochs=10, lr=0.05,
+                              batch_size=16)
+    tr = ForgettableTrainer(model=model, args=transformers.TrainingArguments(output_dir=str(tmp_path / "ck"),
+                                                                             report_to=[]),
+                            train_dataset=rows, forgettable=fa)
+    metrics = tr.train().metrics
+    assert metrics["engine"] == "sharded"
+    st, static = store.load(tmp_path / "ck")
+    assert static["finetune"]["engine"] == "sharded" and static["finetune"]["data"] == "data.npz"
+    record, applied = store.forget(tmp_path / "ck", [7], data_loader=ml_data_loader)
+    assert applied and record["solver"]["engine"] == "sharded"
+    net = load_base(located_base(static["finetune"], tmp_path / "ck"))
+    x, y = ml_data_loader({**static, "checkpoint_dir": str(tmp_path / "ck")})
+    keep = torch.tensor([i for i in range(60) if i != 7])
+    fresh = sharded_finetune(net, x[keep], y[keep], ids=keep, user_weights=["classifier"], shards=2, slices=2,
+                             epochs=10, lr=0.05, batch_size=16, seed=tr.args.seed)
+    a, b = store.load(tmp_path / "ck")[0].model.state_dict(), fresh.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
