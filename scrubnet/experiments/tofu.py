@@ -276,7 +276,6 @@ def run_seed(base, tok, data, cfg: TofuConfig, seed: int, tuned: dict) -> dict:
 def _seed_task(shared, seed):
     """One engine task: rebuild data, tokenizer and the pretrained model from ``shared`` and run one seed."""
     cfg, base_state, tuned = shared
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     data, tok = prepare(cfg)
     base = make_lm(tok.get_vocab_size(), cfg.size, seed=cfg.data_seed)
     base.load_state_dict(base_state)
@@ -289,7 +288,6 @@ def run_tofu(cfg: TofuConfig, progress=None, engine=None) -> dict:
     JSON-able dict (numpy arrays dropped)."""
     say = progress or (lambda s: None)
     t_start = time.perf_counter()
-    torch.use_deterministic_algorithms(True, warn_only=True)
     data, tok = prepare(cfg)
     base, pre_info = pretrain(data, tok, cfg)
     say(f"pretrained {cfg.size} ({sum(p.numel() for p in base.parameters())} parameters) on {pre_info['pairs']} "
@@ -338,7 +336,7 @@ def _ulira(seeds: list[dict], names: list[str]) -> dict:
 
 def summarise(result: dict) -> dict:
     """Means over seeds of every model's headline readouts, the exact engine's pass count and the best approximate
-    method (highest mean forget quality)."""
+    method (highest mean forget quality at a utility ≥ :data:`UTILITY_FLOOR` × the original's)."""
     seeds = result["seeds"]
     names = list(seeds[0]["models"])
     keys = ["forget_quality", "forget_quality_paraphrase", "model_utility", "forget/rouge", "forget/recall", "extraction_strength",
@@ -347,7 +345,10 @@ def summarise(result: dict) -> dict:
     for n in names:
         mean[n]["probes_within"] = int(sum(r["models"][n][f"probe/{k}/within"] for r in seeds for k in PROBE_KINDS))
     approx = [m for m in result["config"]["methods"] if m in mean]
-    best = max(approx, key=lambda m: (mean[m]["forget_quality"], mean[m]["model_utility"])) if approx else None
+    # the tuning's rule: the highest forget quality among the methods whose utility stays ≥ UTILITY_FLOOR × the
+    # original's (all of them when none does)
+    ok = [m for m in approx if mean[m]["model_utility"] >= UTILITY_FLOOR * mean["original"]["model_utility"]]
+    best = max(ok or approx, key=lambda m: (mean[m]["forget_quality"], mean[m]["model_utility"])) if approx else None
     passes = sum(r["models"]["exact"]["forget_quality"] >= KS_PASS for r in seeds)
     f0 = float(np.mean([r["models"]["retain-seed2"]["forget_quality"] for r in seeds]))
     return {"mean": mean, "best_approximate": best, "exact_passes": int(passes), "n_seeds": len(seeds),
