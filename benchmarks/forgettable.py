@@ -409,7 +409,7 @@ def run_seed(name, net, uw, data, seed, a):
         out["sharded"] = (100 * (e_sh - e_ord), user_s / req_s, e)
     if "auto" in a.engines:
         d = preflight(net, x, y, int(logits(net, x[:1]).shape[1]), user_weights=uw, seed=seed,
-                      budget={"epochs": max(1, epochs // 2), "lr": lr, "batch_size": 32})
+                      budget={"epochs": max(1, epochs // (1 if a.preflight_full else 2)), "lr": lr, "batch_size": 32})
         print(f"{tag} strategy auto={d['reason']}", flush=True)
         out["auto"] = (d["engine"],) + out[d["engine"]]
     return out
@@ -488,6 +488,8 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=4, help="sharded: R")
     ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
     ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
+    ap.add_argument("--preflight-full", action="store_true", help="auto: the pre-flight's ordinary fine-tuning "
+                    "takes the yardstick's epochs (default: half)")
     ap.add_argument("--no-core", action="store_true", help="linearised: the pretrained point only (no core)")
     ap.add_argument("--sharded-request", type=int, default=1, help="sharded: samples per request")
     ap.add_argument("--lm-user-weights", default="lora:c_attn,attn.c_proj:r4")

@@ -174,8 +174,8 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                           "(a pre-flight on held-out data chooses, and says why)"),
              shards: int = typer.Option(4, "--shards", help="sharded: S, isolated adapters"),
              slices: int = typer.Option(4, "--slices", help="sharded: R, slices (checkpoints) per shard"),
-             epochs: int = typer.Option(20, "--epochs", help="sharded: epochs budget of each shard (pre-flight: "
-                                        "its ordinary fine-tuning takes half, at least 1)"),
+             epochs: int = typer.Option(20, "--epochs", help="sharded: epochs budget of each shard (and of the "
+                                        "pre-flight's ordinary fine-tuning on half the data)"),
              lr: float = typer.Option(1e-3, "--lr", help="sharded: Adam learning rate"),
              batch_size: int = typer.Option(32, "--batch-size", help="sharded: batch size"),
              aggregate: str = typer.Option("mean", "--aggregate", help="sharded: mean (of probabilities) | vote"),
@@ -213,7 +213,7 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     engine, decision = strategy, None
     if strategy == "auto":
         decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=tolerance, target_scale=target_scale,
-                             solver=solver, seed=seed, budget={"epochs": max(1, epochs // 2), "lr": lr,
+                             solver=solver, seed=seed, budget={"epochs": epochs, "lr": lr,
                                                                 "batch_size": batch_size})
         engine = decision["engine"]
         typer.echo(f"strategy auto={engine}: {decision['reason']}")

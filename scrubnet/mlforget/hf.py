@@ -37,12 +37,12 @@ import torch
 
 from scrubnet.data.user import load_user_data
 from scrubnet.mlforget.finetune import UserWeights, accuracy, split_batch, state_dict_sha256
-from scrubnet.mlforget.preflight import fit_engine, preflight
+from scrubnet.mlforget.preflight import answer_token_task, fit_engine, preflight
 from scrubnet.mlforget.sharded import ENGINE as SHARDED
 from scrubnet.mlforget.store import save_new
 from scrubnet.mlforget.ftstore import (FINETUNE_ARCH, base_record, cast_inputs, finetune_record, load_base,
                                       main_input)
-from scrubnet.models.call import ModelInputs
+from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.lora import LoRA
 
 #: the names of the base model's directory and of the data file inside the checkpoint
@@ -82,9 +82,8 @@ class ForgettableArguments:
     shards, slices, epochs, lr, batch_size, aggregate : the sharded engine's settings.
     tolerance : float
         'auto': the largest held-out error gap (linearised − ordinary) that keeps the linearised engine.
-
-    Whatever the engine, a model whose held-out error lies within the chance interval is refused
-    (:mod:`scrubnet.mlforget.chance`): ``train()`` raises ``ValueError`` and writes nothing.
+        Whatever the engine, a model whose held-out error lies within the chance interval is refused
+        (:mod:`scrubnet.mlforget.chance`): ``train()`` raises ``ValueError`` and writes nothing.
     """
 
     mu: object = 1e-3
@@ -182,7 +181,7 @@ def fit_checkpoint(out: Path, base_model, spec: UserWeights, batch: dict, fa: Fo
         if engine == "auto":
             decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=fa.tolerance,
                                  target_scale=fa.target_scale, solver=fa.solver, seed=seed,
-                                 budget={"epochs": max(1, fa.epochs // 2), "lr": fa.lr, "batch_size": fa.batch_size})
+                                 budget={"epochs": fa.epochs, "lr": fa.lr, "batch_size": fa.batch_size})
             engine = decision["engine"]
         state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed,
                            sharded={"shards": fa.shards, "slices": fa.slices, "epochs": fa.epochs, "lr": fa.lr,
@@ -261,7 +260,19 @@ def _trainer_class():
             if self.eval_dataset is not None:
                 ev = collate_all(self.eval_dataset, self.data_collator, base)
                 xe, ye = split_batch({k: torch.as_tensor(v) for k, v in ev.items()})
-                metrics["eval_accuracy"] = accuracy(state.model, cast_inputs(xe, fa.dtype), ye)
+                xe = cast_inputs(xe, fa.dtype)
+                task = state.train_info.get("task")
+                if ye.dim() == 2 and task is not None:  # the linearised engine's label-word view of a causal LM
+                    found = answer_token_task(xe, ye, task["label_tokens"])
+                    if found is not None:
+                        metrics["eval_accuracy"] = accuracy(state.model, found[0], found[1])
+                elif ye.dim() == 2:  # the sharded engine on a causal LM: every answer token right
+                    with torch.no_grad():
+                        pred = call_model(state.model, xe)[:, :-1].argmax(-1)
+                    lab = ye[:, 1:]
+                    metrics["eval_accuracy"] = float(((pred == lab) | (lab == -100)).all(1).double().mean())
+                else:
+                    metrics["eval_accuracy"] = accuracy(state.model, xe, ye)
             self.log(metrics)
             return TrainOutput(0, 0.0, metrics)
 

@@ -138,6 +138,13 @@ def test_auto_chooses_sharded_and_cli_deletion_equals_fresh_sharded_finetune(fil
                              shards=3, slices=2, epochs=8, lr=0.05, batch_size=16, seed=0)
     a, b = store.load(tmp_path / "ck")[0].model.state_dict(), fresh.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # forget-all: every shard back at the pretrained point, holding nothing
+    code, out = cli("mlforget", "forget-all", tmp_path / "ck")
+    assert code == 0, out
+    sd = store.load(tmp_path / "ck")[0].model.state_dict()
+    assert all(torch.equal(v, sd["init/" + k.split("/", 2)[2]]) for k, v in sd.items() if k.startswith("s"))
+    assert all(int(v) == 0 for k, v in sd.items() if k.startswith("held/"))
+    assert store.requests(tmp_path / "ck")[-1]["solver"]["engine"] == "sharded" and store.verify(tmp_path / "ck")["valid"]
 
 
 @pytest.mark.parametrize("strategy, extra", [("linearised", ["--mu", "0.05"]), ("linearised", ["--mu", "1e-4"]),
@@ -227,3 +234,30 @@ def test_trainer_with_the_sharded_strategy(tmp_path):
                              epochs=10, lr=0.05, batch_size=16, seed=tr.args.seed)
     a, b = store.load(tmp_path / "ck")[0].model.state_dict(), fresh.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_trainer_on_a_causal_lm(tmp_path):
+    """The trainer on a causal LM with token labels: both engines write a checkpoint and score the evaluation
+    set by its answer tokens."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from scrubnet.mlforget.hf import ForgettableArguments, ForgettableTrainer
+    cfg = transformers.GPT2Config(vocab_size=16, n_positions=10, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=4, eos_token_id=4)
+    torch.manual_seed(0)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    content = torch.randint(8, 16, (100, 8), generator=torch.Generator().manual_seed(1))
+    ids = torch.cat([content, content[:, -1:] % 4], 1)
+    labels = torch.full_like(ids, -100)
+    labels[:, -1] = ids[:, -1]
+    rows = [{"input_ids": ids[i], "labels": labels[i]} for i in range(100)]
+    for strategy, extra in (("linearised", {"mu": 1e-3}), ("sharded", {"shards": 2, "slices": 2, "epochs": 20,
+                                                                      "lr": 0.05, "batch_size": 16})):
+        tr = ForgettableTrainer(model=lm, args=transformers.TrainingArguments(output_dir=str(tmp_path / strategy),
+                                                                              report_to=[]),
+                                train_dataset=rows[:80], eval_dataset=rows[80:],
+                                forgettable=ForgettableArguments(strategy=strategy, user_weights=LoRA(["c_attn", "c_fc"], 2),
+                                                                 **extra))
+        metrics = tr.train().metrics
+        assert metrics["engine"] == strategy and metrics["eval_accuracy"] > 0.5, metrics
+        assert store.load(tmp_path / strategy)[1]["finetune"]["engine"] == strategy
