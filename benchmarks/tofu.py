@@ -11,7 +11,7 @@ The same run as ``scrubnet bench --dataset tofu-synthetic``; this script adds th
 
     python benchmarks/tofu.py --out /tmp/tofu                      # the committed table (CPU, 3 seeds)
     python benchmarks/tofu.py --preset quick --out /tmp/tofu-q     # minutes
-    python benchmarks/tofu.py --preset gpu --device-note --out /tmp/tofu-gpu   # the larger model
+    python benchmarks/tofu.py --preset gpu --out /tmp/tofu-gpu     # the larger model (≈ 1 M parameters)
 """
 from __future__ import annotations
 
