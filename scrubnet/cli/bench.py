@@ -10,6 +10,7 @@ Avg. Gap to retraining, with 95 % intervals and tie groups.
     scrubnet bench --dataset cifar10 --data-dir DIR --device cuda --out runs/cifar   # … on a GPU
     scrubnet bench --dataset cifar10 --scale 0.02 --data-dir DIR --out runs/cifar-cpu   # a CPU-sized version
     scrubnet bench --engine ray --out runs/bench                      # jobs on a local Ray
+    scrubnet bench --dataset tofu-synthetic --out runs/tofu           # forget people from a fine-tuned LM
 
 Writes bench.json, bench.md, bench.png and ``OUT/jobs/`` (one file per finished job: a killed bench run again
 with the same --out resumes). Bad input gives one line ``error: …`` naming the option and the value given, and
@@ -23,6 +24,7 @@ from typing import Optional
 import typer
 
 from scrubnet.atomic_io import prepare_output_dir
+from scrubnet.cli import bench_tofu
 from scrubnet.audit.engine import make_engine
 from scrubnet.cli.common import DATASET_HELP, DEVICE_OPTION, MODEL_HELP, QUIET_OPTION, UserError, console, \
     parse_list, threads_option
@@ -67,7 +69,9 @@ def _check_options(engine, address, max_retries, ray_cpus, forget_sets, seeds, s
 def bench(out: Optional[Path] = typer.Option(None, "--out", help="output directory (bench.json, bench.md, "
                                              "bench.png, jobs/); not needed with --dry-run"),
           config: Optional[Path] = typer.Option(None, help=CONFIG_HELP),
-          dataset: Optional[str] = typer.Option(None, help=DATASET_HELP + " (cifar10: the field's protocol)"),
+          dataset: Optional[str] = typer.Option(None, help=DATASET_HELP + " (cifar10: the field's protocol) | "
+                                                f"{bench_tofu.DATASET} (forget people from a fine-tuned language "
+                                                "model, scored as TOFU)"),
           data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset (CIFAR-10: the "
                                                   "python batches)"),
           model: Optional[str] = typer.Option(None, help=MODEL_HELP),
@@ -87,6 +91,8 @@ def bench(out: Optional[Path] = typer.Option(None, "--out", help="output directo
           no_tune: bool = typer.Option(False, "--no-tune", help="run every method at its defaults (as released "
                                        "for the field's methods; no tuning on the validation split)"),
           engine: str = typer.Option("local", help="local | ray"),
+          exact: Optional[str] = typer.Option(None, help=f"{bench_tofu.DATASET}: the exact route, retrain (re-fine-"
+                                              "tune without the people) | sharded (the isolated engine; default)"),
           address: Optional[str] = typer.Option(None, help="HOST:PORT of a running Ray cluster (with --engine ray)"),
           ray_cpus: Optional[int] = typer.Option(None, "--ray-cpus", help="CPUs of a local Ray (default: all)"),
           max_retries: int = typer.Option(3, "--max-retries", help="Ray: re-runs of a task whose worker died"),
@@ -98,6 +104,14 @@ def bench(out: Optional[Path] = typer.Option(None, "--out", help="output directo
     95 % intervals over forget sets × seeds and the groups of methods it cannot tell apart.
 
     --out must be new, empty, or hold only the jobs/ of an interrupted bench (which resumes)."""
+    if dataset == bench_tofu.DATASET:
+        return bench_tofu.run(out, quick=quick, dry=dry_run, seeds=seeds, methods=methods, no_tune=no_tune, exact=exact,
+                              engine=engine, address=address, ray_cpus=ray_cpus, max_retries=max_retries,
+                              overwrite=overwrite, quiet=quiet,
+                              unused={"--config": config, "--data-dir": data_dir, "--model": model,
+                                      "--settings": settings, "--forget-sets": forget_sets, "--scale": scale})
+    if exact is not None:
+        raise UserError(f"--exact {exact!r}: only for --dataset {bench_tofu.DATASET}")
     _check_options(engine, address, max_retries, ray_cpus, forget_sets, seeds, scale, dataset, data_dir, config)
     dev = resolve_device(device)
     cifar = dataset == "cifar10"
