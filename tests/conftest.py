@@ -80,6 +80,16 @@ def processes_with_marker(value: str) -> list[tuple[int, str]]:
 def pytest_configure(config):
     # a worker process of a distributed run inherits the controller's marker; only the outermost session sets one
     os.environ.setdefault(SESSION_MARKER, uuid.uuid4().hex)
+    # generated data sets are cached for the session's processes (and its subprocesses) in a directory of its own,
+    # never in the user's cache: a run starts from nothing and leaves nothing behind
+    if "SCRUBNET_CACHE_DIR" not in os.environ:
+        import atexit
+        import shutil
+        import tempfile
+
+        where = tempfile.mkdtemp(prefix="scrubnet-test-cache-")
+        os.environ["SCRUBNET_CACHE_DIR"] = where
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -368,7 +368,9 @@ def plot_entropies(hist_data: dict, path: Path) -> None:
         for j, part in enumerate(("retain", "forget", "test")):
             h = np.log(np.clip(np.array(hist_data[m][part]), 1e-12, None))
             ax = axes[i, j]
-            ax.hist(h, bins=30, range=(-12, 1), color="tab:green" if m == "retrain" else "tab:blue", alpha=0.8)
+            # one filled outline per panel, not 30 bar patches: drawing ~1,000 patches took 3 s of a tiny run
+            counts, edges = np.histogram(h, bins=30, range=(-12, 1))
+            ax.stairs(counts, edges, fill=True, color="tab:green" if m == "retrain" else "tab:blue", alpha=0.8)
             if i == 0:
                 ax.set_title(f"log entropy on D_{'r' if part == 'retain' else 'f' if part == 'forget' else 'test'}")
             if j == 0:
