@@ -80,6 +80,9 @@ def processes_with_marker(value: str) -> list[tuple[int, str]]:
 def pytest_configure(config):
     # a worker process of a distributed run inherits the controller's marker; only the outermost session sets one
     os.environ.setdefault(SESSION_MARKER, uuid.uuid4().hex)
+    # the subprocesses the tests start (CLI commands, servers, the documentation's blocks) run tiny models too: one
+    # thread each, as this process (above); two threads per process only spin on a 2-core machine running several
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # generated data sets are cached for the session's processes (and its subprocesses) in a directory of its own,
     # never in the user's cache: a run starts from nothing and leaves nothing behind
     if "SCRUBNET_CACHE_DIR" not in os.environ:

@@ -101,23 +101,27 @@ def check_final(path, id_sets, base, tmp_path):
 def test_concurrent_requests_serialise(base_ckpt, tmp_path):
     ck = tmp_path / "ckpt"
     shutil.copytree(base_ckpt, ck)
-    id_sets = [deletable(ck, 2, skip=2 * k) for k in range(8)]
+    # four processes race for the lock (each one's start-up is most of its cost; four show the serialisation as
+    # well as eight did)
+    id_sets = [deletable(ck, 2, skip=2 * k) for k in range(4)]
     procs = [subprocess.Popen(cli_cmd("forget", "--checkpoint", ck, "--ids", json.dumps(s)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=ENV) for s in id_sets]
     outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     numbers = sorted(int(o[0].split("#")[1].split(":")[0]) for o in outs)
-    assert numbers == list(range(1, 9))  # every process applied its own request, each under its own number
+    assert numbers == list(range(1, 5))  # every process applied its own request, each under its own number
     check_final(ck, id_sets, base_ckpt, tmp_path)
 
 
 def test_concurrent_requests_with_kills_then_rerun(base_ckpt, tmp_path):
     ck = tmp_path / "ckpt"
     shutil.copytree(base_ckpt, ck)
-    id_sets = [deletable(ck, 2, skip=2 * k) for k in range(8)]
+    # six processes: one killed at each of the four stages, one at a random moment, one left to finish
+    n = 6
+    id_sets = [deletable(ck, 2, skip=2 * k) for k in range(n)]
     rng = random.Random(12)
-    victims = dict(zip(rng.sample(range(8), 4), ["locked", "weights_partial", "before_commit", "after_commit"]))
-    timed_victim = next(k for k in rng.sample(range(8), 8) if k not in victims)  # killed at a random moment
+    victims = dict(zip(rng.sample(range(n), 4), ["locked", "weights_partial", "before_commit", "after_commit"]))
+    timed_victim = next(k for k in rng.sample(range(n), n) if k not in victims)  # killed at a random moment
     procs = []
     for k, s in enumerate(id_sets):
         env = {**ENV, store.PAUSE_ENV: victims[k]} if k in victims else ENV
@@ -138,7 +142,7 @@ def test_concurrent_requests_with_kills_then_rerun(base_ckpt, tmp_path):
     for p in procs:
         p.communicate(timeout=HANG_GUARD_S)
     killed = set(victims) | {timed_victim}
-    assert all(procs[k].returncode == 0 for k in range(8) if k not in killed)
+    assert all(procs[k].returncode == 0 for k in range(n) if k not in killed)
     assert all(procs[k].returncode == -9 for k in victims)
     rec = store.verify(ck)
     assert rec["valid"], rec["problems"]  # whatever was killed where, the record is consistent
