@@ -12,6 +12,7 @@ import hashlib
 import os
 import tempfile
 import zipfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -112,8 +113,6 @@ def mnist1d_arrays(num_samples: int = 8000, data_seed: int = 42) -> dict:
 
 
 def _mnist1d_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("mnist1d")
     except PackageNotFoundError:  # a source checkout of the generator: never reuse another version's pools
