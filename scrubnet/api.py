@@ -28,7 +28,8 @@ from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed
-from scrubnet.tuning.profile import TunedProfile, note_auto, resolve_profile
+from scrubnet.tuning.profile import TunedProfile, resolve_profile
+from scrubnet.tuning.request import after_request
 
 ON_FAILURE = ("raise", "return")
 
@@ -110,10 +111,14 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
-    out = priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
-                       retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
-                       on_not_forgotten=on_not_forgotten)
-    note_auto(out, auto, len(forget_s))
+    measure = dict(retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
+                   on_not_forgotten=on_not_forgotten)
+
+    def run(name: str, options: dict):
+        return priced_scrub(get_method(name, **options), options, model, retain_s, forget_s, ctx, test_s,
+                            max_cost_vs_retrain, **measure)
+    out = after_request(run(method, method_options), run, model, retain, forget, test_s, ctx, auto,
+                        tolerance=retain_error_tolerance, keys=keys, max_cost_vs_retrain=max_cost_vs_retrain)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
