@@ -88,7 +88,9 @@ def test_tune_writes_a_profile_and_forget_auto_runs_its_choice(own, tmp_path):
     assert r.exit_code == 0, r.output
     prof = TunedProfile.load(prof_path)
     assert "chosen:" in r.output and r.output.count(" cost ") >= 4 and "retrainings" in r.output
-    assert prof.validation["n"] == 6 and len(prof.trials) == 4
+    # three validation draws by successive halving: 4 candidates on the first, the best 2 on the others
+    assert prof.validation["n"] == 6 and prof.validation["plan"] == [4, 2, 2] and len(prof.trials) == 8
+    assert "ETA" in r.output and "closes = 1 −" in r.output
     assert json.loads(prof_path.read_text())["chosen"]["method"] == prof.method
     out = tmp_path / "scrubbed.safetensors"
     r = _forget(own, out, "--method", "auto", "--profile", str(prof_path), "--warn-not-forgotten")
