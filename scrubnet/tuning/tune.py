@@ -186,6 +186,29 @@ def _draws(y_r: Tensor, y_f: Tensor, seed: int, whole: int | None, k: int) -> li
     return out
 
 
+def _send_user_code_by_value(engine, model: nn.Module, *data) -> None:
+    """On a Ray engine, the user's own modules (the model's classes, a loader's ``collate_fn``) are pickled by
+    value: a worker cannot import a file loaded from a path (``--model net.py:make_net``) or a test's module."""
+    if getattr(engine, "name", "local") != "ray":
+        return
+    import sys
+
+    from ray import cloudpickle
+
+    objs = [type(m) for m in model.modules()] + [getattr(d, "collate_fn", None) for d in data]
+    for o in objs:
+        name = getattr(o, "__module__", None)
+        if not name or name == "__main__" or name.split(".")[0] in ("torch", "scrubnet", "transformers", "peft",
+                                                                       "builtins", "typing", "functools"):
+            continue
+        mod = sys.modules.get(name)
+        if mod is not None:
+            try:
+                cloudpickle.register_pickle_by_value(mod)
+            except ValueError:      # not a registrable module (already by value, or a package's internal)
+                pass
+
+
 def rung_plan(n: int, draws: int, eta: int) -> list[int]:
     """How many candidates run on each draw under successive halving: n, then ⌈n/eta⌉ (at least 2, at most the
     rung before) … one entry per draw."""
@@ -320,6 +343,7 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
     n_rv = int(len(y_r) + len(y_f) - len(picked[0][0]))
     work = {(m, repr(sorted(o.items()))): _work(model, n_rv, len(picked[0][0]), m, o, recipe, x1) for m, o in grid}
 
+    _send_user_code_by_value(engine, model, retain, forget)
     trials: list[Trial] = []
     alive = list(range(len(grid)))
     per_cand: dict[int, list[Trial]] = {c: [] for c in alive}
