@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from scrubnet.cli.common import (DATA_HELP, DEVICE_OPTION, MODEL_OPTION_HELP, OWN_MODEL_HELP, RECIPE_HELP,
                                  WEIGHTS_HELP, UserError, console, err_console, parse_list, parse_options,
                                  read_forget_ids, refuse_existing_file, threads_option)
+from scrubnet.audit.engine import make_engine
 from scrubnet.device import resolve_device
 from scrubnet.tuning.own import tune_own
 from scrubnet.tuning.profile import DEFAULT_CANDIDATES
@@ -77,7 +78,6 @@ def tune(model: str = typer.Option(..., "--model", help=OWN_MODEL_HELP),
         raise UserError(f"--engine {engine!r}: unknown engine; choose local or ray")
     if engine != "ray" and (address is not None or ray_cpus is not None):
         raise UserError("--address and --ray-cpus are for the Ray engine: add --engine ray")
-    from scrubnet.audit.engine import make_engine
     eng = make_engine(engine, address=address, num_cpus=ray_cpus)
     try:
         with tuning_progress() as progress:

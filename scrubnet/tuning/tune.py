@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -34,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.audit.engine import LocalEngine
 from scrubnet.checkpoint import weights_sha256
+from scrubnet.cost_guard import estimate
 from scrubnet.data.stream import BatchKeys, DataStream, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import first_inputs
@@ -128,7 +131,6 @@ def _whole_class(y_retain: Tensor, y_forget: Tensor, forget_class: int | None) -
 def _work(model: nn.Module, n_retain: int, n_forget: int, method: str, options: dict, recipe, x1) -> float:
     """A run's FLOP count over the retraining's (the cost model's; deterministic, unlike a clock: the choice
     must not flip on timing noise); nan for a method without a cost model."""
-    from scrubnet.cost_guard import estimate   # same layer; imported here to keep the tuning's imports light
     try:
         est = estimate(model, n_retain, n_forget, method=method, x_probe=x1, recipe=recipe, **options)
     except (ValueError, TypeError, RuntimeError):
@@ -191,9 +193,7 @@ def _send_user_code_by_value(engine, model: nn.Module, *data) -> None:
     value: a worker cannot import a file loaded from a path (``--model net.py:make_net``) or a test's module."""
     if getattr(engine, "name", "local") != "ray":
         return
-    import sys
-
-    from ray import cloudpickle
+    from ray import cloudpickle   # optional: only on a Ray engine
 
     objs = [type(m) for m in model.modules()] + [getattr(d, "collate_fn", None) for d in data]
     for o in objs:
@@ -282,8 +282,6 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
         Save it with :meth:`~scrubnet.tuning.profile.TunedProfile.save`; run it with
         ``scrubnet.forget(..., method="auto", profile=profile)``.
     """
-    from scrubnet.audit.engine import LocalEngine   # same layer: the audits' engines
-
     recipe = recipe or TrainingRecipe()
     engine = engine or LocalEngine()
     t_start = time.process_time()

@@ -82,3 +82,56 @@ def test_the_users_training_is_checked_before_it_becomes_a_yardstick():
     with pytest.raises(ValueError, match="not the trained nn.Module"):
         check_trained(None, model, x[:4])
     check_trained(_trained()[0], model, x[:4])      # the same architecture, finite: accepted
+
+
+def _profile(model, gold_forget_loss: float, test_loss: float, chosen: dict, n: int):
+    from scrubnet.checkpoint import weights_sha256
+    from scrubnet.tuning.profile import TunedProfile
+    draw = {"n": n, "class": None, "gold": {"forget_loss": gold_forget_loss}, "original": {"test_loss": test_loss},
+            "classes": {}}
+    return TunedProfile(model_sha256=weights_sha256(model), original={"test_loss": test_loss}, trials=[],
+                        validation={"n": n, "class": None, "classes": {}, "retrain_seconds": 1.0,
+                                    "gold": draw["gold"], "draws": [draw, draw]},
+                        tolerance=0.05, min_closure=0.5, chosen=chosen)
+
+
+def test_a_request_checks_itself_against_the_profiles_promise_and_takes_the_next_step():
+    from scrubnet.tuning.check import per_sample_loss
+    from scrubnet.tuning.request import estimated_closure
+    from scrubnet.data.stream import as_stream
+    model, (x, y) = _trained()
+    test = _data(200, 1)
+    retain, forget = (x[20:], y[20:]), (x[:20], y[:20])
+    lf0 = float(per_sample_loss(model, as_stream(forget)).mean())
+    lt0 = float(per_sample_loss(model, as_stream(test)).mean())
+    # the promise: the retraining's forget loss was 3× the original's test loss on the validation draws
+    weak = {"method": "finetune", "options": {"epochs": 1, "lr": 1e-6}}           # moves nothing
+    strong = {"method": "neggrad", "options": {"epochs": 3, "lr": 0.05}}
+    prof = _profile(model, 3.0, 1.0, dict(weak, within=True, why="test", closure_worst=0.6, next=[
+        dict(strong, closure_worst=0.5)]), 20)
+    # a tiny model: the call's fixed costs (the verdict, the retain rule) are many of its 10 ms retrainings; the
+    # ceiling is raised so that the next step fits
+    _, res = scrubnet.forget(model, retain, forget, method="auto", profile=prof, test=test, on_failure="return",
+                             on_not_forgotten="warn", max_cost_vs_retrain=1e4)
+    sc = res.checks["self_check"]
+    assert sc["promised_gold_forget_loss"] == pytest.approx(3.0 * lt0, rel=1e-5)
+    assert sc["original_forget_loss"] == pytest.approx(lf0, rel=1e-5)
+    first, second = sc["attempts"]
+    assert first["method"] == "finetune" and first["estimated_closure"] < 0.5          # fell short
+    assert first["estimated_closure"] == pytest.approx(
+        estimated_closure(first["forget_loss"], lf0, 3.0 * lt0), abs=1e-9)
+    assert second["method"] == "neggrad"                                             # the next step ran
+    assert res.method == ("neggrad" if second["estimated_closure"] >= 0.5 and second["ok"] else res.method)
+    assert sc["total_cost_vs_retrain"] == pytest.approx(first["cost_vs_retrain"] + second["cost_vs_retrain"])
+    assert any("next step" in w for w in res.warnings)
+
+    # a next step predicted past the cost ceiling is not run; nothing reached the promise: the routes are named
+    long = {"method": "neggrad", "options": {"epochs": 10 ** 6, "lr": 0.05}, "closure_worst": 0.5}
+    prof = _profile(model, 3.0, 1.0, dict(weak, within=True, why="test", closure_worst=0.6, next=[long]), 20)
+    _, res = scrubnet.forget(model, retain, forget, method="auto", profile=prof, test=test, on_failure="return",
+                             on_not_forgotten="warn", max_cost_vs_retrain=1e4)
+    assert len(res.checks["self_check"]["attempts"]) == 1 and not res.checks["self_check"]["kept"]
+    routes = [w for w in res.warnings if "routes that forget" in w]
+    assert routes and "retrain" in routes[0] and "forgettable" in routes[0]
+    assert estimated_closure(1.0, 1.0, 1.01) == 1.0 and estimated_closure(1.2, 1.0, 1.01) == 0.0   # no gap
+    assert estimated_closure(2.0, 1.0, 3.0) == pytest.approx(0.5)
