@@ -220,10 +220,10 @@ def rung_plan(n: int, draws: int, eta: int) -> list[int]:
 
 def _rank_key(trials: list[Trial]) -> tuple:
     """A candidate's standing over the draws it ran: within tolerance on every one first, then its worst
-    closure, then its cost (a broken or failed draw puts it last)."""
+    closure, then its length (a broken or failed draw puts it last; the FLOP count is taken of the finalists
+    only: counting costs as much as a run)."""
     worst = min(t.closure if (t.ok and t.metrics) else -math.inf for t in trials)
-    return (all(t.within for t in trials), worst, -statistics.fmean(
-        t.work if math.isfinite(t.work) else t.seconds for t in trials))
+    return (all(t.within for t in trials), worst, -float(trials[0].options.get("epochs", 0)))
 
 
 def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: TrainingRecipe | None = None,
@@ -337,9 +337,6 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
                                 "ctx": ctx})
         draw_info.append({"n": int(len(idx)), "class": cls, "gold": gold_m, "original": original,
                           "classes": {int(c): int((y_r[idx] == c).sum()) for c in y_r[idx].unique()}})
-    x1 = first_inputs(shared["draws"][0]["sets"][0])
-    n_rv = int(len(y_r) + len(y_f) - len(picked[0][0]))
-    work = {(m, repr(sorted(o.items()))): _work(model, n_rv, len(picked[0][0]), m, o, recipe, x1) for m, o in grid}
 
     _send_user_code_by_value(engine, model, retain, forget)
     trials: list[Trial] = []
@@ -353,13 +350,19 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
         payloads = [(i, *grid[c]) for c in alive]
         for pos, t in engine.map(_run_trial, shared, payloads):
             c = alive[pos]
-            t.work = work[(grid[c][0], repr(sorted(grid[c][1].items())))]
             t.within = within_tolerance(t, shared["draws"][i]["gold"], tolerance, min_closure)
             per_cand[c].append(t)
             trial_seconds += t.seconds
             done += 1
             if progress:
                 progress(done, total_steps, f"draw {i + 1}/{len(plan)}: {t.method}")
+    # the finalists' cost by the FLOP model (deterministic: the choice must not flip on a clock's noise)
+    x1 = first_inputs(shared["draws"][0]["sets"][0])
+    n_rv = int(len(y_r) + len(y_f) - len(picked[0][0]))
+    for c in alive:
+        w = _work(model, n_rv, len(picked[0][0]), grid[c][0], grid[c][1], recipe, x1)
+        for t in per_cand[c]:
+            t.work = w
     for c in sorted(per_cand):
         trials.extend(sorted(per_cand[c], key=lambda t: t.draw))
     d0 = draw_info[0]
