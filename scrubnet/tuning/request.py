@@ -117,7 +117,7 @@ def self_check(out, run: Callable, model: nn.Module, forget_s, test_s, prof: Tun
                 break
     kept = [a for a in attempts if keeps(a[1])]
     final, fm = kept[0] if kept else max(attempts, key=lambda a: (a[1]["ok"], a[1]["estimated_closure"]))
-    final.checks["self_check"] = {"promised_gold_forget_loss": g_hat, "original_forget_loss": lf_orig,
+    final.checks["self_check"] = {"result": [a[0] for a in attempts].index(final), "promised_gold_forget_loss": g_hat, "original_forget_loss": lf_orig,
                                   "min_closure": want, "kept": bool(kept), "attempts": [a[1] for a in attempts],
                                   "cost_ceiling": ceiling, "total_cost_vs_retrain": spent,
                                   "promised_closure_worst": prof.chosen.get("closure_worst")}
