@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import scrubnet  # noqa: E402
 from scrubnet.methods import available_methods  # noqa: E402
 from scrubnet.methods.base import method_class  # noqa: E402
-from scrubnet.tuning.data import stream  # noqa: E402
+from scrubnet.tuning.data import fresh, stream  # noqa: E402
 from scrubnet.tuning import profile as profile_mod  # noqa: E402
 from scrubnet.tuning.profile import DEFAULT_CANDIDATES  # noqa: E402
 from scrubnet.tuning.tune import evaluate, forget_closure, tune  # noqa: E402
@@ -98,6 +98,9 @@ def request(original, retain, forget, prof, um, test, fc, gold, m_o, sets, t_gol
     if not self_check:
         prof = copy.deepcopy(prof)
         prof.chosen["next"] = []
+    # every variant sees the same order: a shuffling loader's generator advances with every pass, and a second
+    # request on the same loader would see another order (another result) whatever the variant
+    retain, forget = fresh(retain, 0), fresh(forget, 0)
     (scrubbed, res), t_req = timed(scrubnet.forget, original, retain, forget, method="auto", profile=prof,
                                    recipe=um.recipe, test=test, forget_class=fc, on_failure="return")
     m_s, m_g = evaluate(scrubbed, *sets), evaluate(gold, *sets)
