@@ -58,7 +58,8 @@ def tune(model: str = typer.Option(..., "--model", help=OWN_MODEL_HELP),
          model_option: list[str] = typer.Option([], "--model-option", help=MODEL_OPTION_HELP),
          methods: Optional[str] = typer.Option(None, help="candidate methods, comma-separated (default: "
                                                + ",".join(DEFAULT_CANDIDATES) + ")"),
-         budget: int = typer.Option(2, min=1, help="options tried per candidate method (the same for each)"),
+         budget: int = typer.Option(1, min=1, help="options tried per candidate method (the same for each; 1: "
+                                    "a quarter of your training at a third of its rate)"),
          tolerance: float = typer.Option(0.05, min=0.0, max=1.0, help="retain and test error within this of the "
                                          "retraining (a fraction), and at least half the forget-loss gap closed"),
          draws: int = typer.Option(3, min=1, help="validation forget sets drawn like --forget-ids; the choice "

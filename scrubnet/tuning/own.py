@@ -40,7 +40,7 @@ def load_train_function(spec: str):
 
 def tune_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int],
              train_spec: str, recipe_path: Path | None, out: Path, init: Path | None = None, seed: int = 0,
-             budget: int = 2, methods: tuple[str, ...] = DEFAULT_CANDIDATES, tolerance: float = 0.05,
+             budget: int = 1, methods: tuple[str, ...] = DEFAULT_CANDIDATES, tolerance: float = 0.05,
              device: torch.device = torch.device("cpu"), draws: int = 3, engine=None, progress=None
              ) -> TunedProfile:
     """Tune on the user's model files and write the profile to ``out`` (module docstring).
