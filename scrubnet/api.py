@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 from scrubnet.cost_guard import priced_scrub
@@ -115,13 +116,22 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
                    on_not_forgotten=on_not_forgotten)
 
     def run(name: str, options: dict):
-        return priced_scrub(get_method(name, **options), options, model, retain_s, forget_s, ctx, test_s,
-                            max_cost_vs_retrain, **measure)
+        # the global generator (a model's dropout draws from it) fixed by the seed and restored after: the same
+        # request gives the same result whatever ran before it (the retraining's price probe, a request before)
+        with torch.random.fork_rng(devices=_cuda_devices(model)):
+            torch.manual_seed(int(seed))
+            return priced_scrub(get_method(name, **options), options, model, retain_s, forget_s, ctx, test_s,
+                                max_cost_vs_retrain, **measure)
     out = after_request(run(method, method_options), run, model, retain, forget, test_s, ctx, auto,
                         tolerance=retain_error_tolerance, keys=keys, max_cost_vs_retrain=max_cost_vs_retrain)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
+
+
+def _cuda_devices(model: nn.Module) -> list:
+    """The CUDA devices of ``model``'s parameters (their generators are forked with the CPU's)."""
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
 def _resolve(method: str, method_options: dict, profile, model: nn.Module, on_failure: str
