@@ -28,6 +28,34 @@ pretrained point with the yardstick's rate and epochs (one run, timed). Summary 
 
     python benchmarks/forgettable.py                 # N = 1,000, 3 seeds (about 30 min on 2 shared cores)
     python benchmarks/forgettable.py --small         # N = 400, 1 seed, short pretraining: a smoke run
+
+**Engines** (``--engines linearised,sharded,auto``, the default). A third model joins the CNN and BERT: a
+GPT-2-style causal LM (from a config) pretrained on "the class of the FIRST token", fine-tuned on "the class
+of the SECOND token" — a task that needs attention to move — read through its pretrained LM head (the label
+words' logits at the answer position, :class:`~scrubnet.mlforget.preflight.AnswerLogits`), user weights LoRA
+on attention (c_attn, attn.c_proj). Per model and seed, beside the linearised engine above:
+
+* **sharded** (:func:`~scrubnet.mlforget.sharded.sharded_finetune`): ``--shards`` × ``--slices``, the
+  yardstick's learning rate and epochs, in float32 as the yardstick; ``--requests`` sequential requests of
+  ``--sharded-request`` samples (default 1: one person's row), their median CPU time against the same user
+  re-fine-tune; ``exact_max_rel_diff`` after the last request against a sharded fine-tune run from scratch
+  on D ∖ D_f with the same seeds, over every shard and slice checkpoint (0 when bit for bit);
+* **auto**: the pre-flight (:func:`~scrubnet.mlforget.preflight.preflight`, on the training samples, the
+  yardstick's rate, half its epochs) chooses an engine; the line reports the chosen engine's numbers.
+
+One line per (model, engine) over the seeds::
+
+    [MODEL] strategy S accuracy_gap_points G [lo, hi]; request_vs_user_finetune R; exact_max_rel_diff E
+
+(``strategy auto=ENGINE``: the engine most seeds chose; each seed's choice is printed above it).
+
+The run recorded in docs/decisions/forgettable.md (about 45 min wall on 2 heavily shared cores)::
+
+    python benchmarks/forgettable.py --n 300 --seeds 3 --pretrain 8000,4 --max-epochs 25 --patience 4 \
+        --no-core --mu 1e-3,1e-4,1e-5,1e-6 --requests 20
+    python benchmarks/forgettable.py --sweep --only cnn --n 300 --seeds 3 --pretrain 8000,4 --max-epochs 25 --patience 4
+    python benchmarks/forgettable.py --only causal-lm --n 300 --seeds 3 --pretrain 8000,4 --max-epochs 25 \
+        --patience 4 --no-core --mu 1e-3,1e-4,1e-5,1e-6 --requests 20 --shards 2 --engines sharded,auto --preflight-full
 """
 from __future__ import annotations
 
@@ -43,6 +71,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, user_weight_names
+from scrubnet.mlforget.preflight import AnswerLogits, preflight
+from scrubnet.mlforget.sharded import sharded_finetune
 from scrubnet.mlforget.ftstore import parse_user_weights
 from scrubnet.mlforget.model import forget_request, retrain_user_weights
 from scrubnet.models.call import ModelInputs, call_model
@@ -115,7 +145,7 @@ def pretrained_models(small):
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     pre_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
-    n_pre, ep = (3000, 3) if small else (20000, 8)
+    n_pre, ep = PRETRAIN or ((3000, 3) if small else (20000, 8))
     t0 = time.process_time()
     x, y = images(n_pre, pre_p, 1)
     cnn = pretrain(ResNetish().double(), x, y, ep)
@@ -133,13 +163,52 @@ def pretrained_models(small):
     print(f"[transformer] pretrained on the last-token task: {n_pre} sequences, {ep} epochs, test accuracy "
           f"{accuracy(bert, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
 
+    lm, lm_tokens = pretrained_lm(small)
+
     def cnn_data(n, seed):
         return images(n, user_p, 100 + seed), images(500, user_p, 200 + seed), images(2000, user_p, 300 + seed)
 
     def bert_data(n, seed):
         return tokens(n, "user", 100 + seed), tokens(500, "user", 200 + seed), tokens(2000, "user", 300 + seed)
 
-    return [("cnn", cnn, cnn_data), ("transformer", bert, bert_data)]
+    def lm_data(n, seed):
+        return lm_tokens(n, 1, 100 + seed), lm_tokens(500, 1, 200 + seed), lm_tokens(2000, 1, 300 + seed)
+
+    return [("cnn", cnn, cnn_data), ("transformer", bert, bert_data), ("causal-lm", lm, lm_data)]
+
+
+#: the causal LM's sequences: 8 content tokens (ids 8..39), a separator (id 4), the answer (a label word)
+LM_VOCAB, LM_SEP, LM_WORDS, LM_K = 40, 4, (0, 1, 2, 3), 4
+
+
+def lm_sequences(n, position, seed):
+    """(inputs for :class:`AnswerLogits`, class labels): the answer is the class (token mod 4) of the content
+    token at ``position`` (0: pretraining, 1: the user task, which needs attention to move)."""
+    g = torch.Generator().manual_seed(seed)
+    content = torch.randint(8, LM_VOCAB, (n, 8), generator=g)
+    y = content[:, position] % LM_K
+    ids = torch.cat([content, torch.full((n, 1), LM_SEP), torch.tensor(LM_WORDS)[y][:, None]], 1)
+    return ModelInputs(ids, {"answer_position": torch.full((n,), 9)}), y.long()
+
+
+def pretrained_lm(small):
+    """A GPT-2-style LM (from a config) pretrained with the loss on the answer token of position-0 sequences;
+    returned wrapped as :class:`AnswerLogits` over the label words."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=LM_VOCAB, n_positions=12, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=LM_SEP, eos_token_id=LM_SEP)
+    net = AnswerLogits(GPT2LMHeadModel(cfg).double(), LM_WORDS)
+    n_pre, ep = PRETRAIN or ((3000, 3) if small else (20000, 8))
+    t0 = time.process_time()
+    x, y = lm_sequences(n_pre, 0, 1)
+    net = pretrain(net, x, y, ep)
+    xt, yt = lm_sequences(2000, 0, 9)
+    xu, yu = lm_sequences(2000, 1, 9)
+    print(f"[causal-lm] pretrained on the first token's class: {n_pre} sequences, {ep} epochs, test accuracy "
+          f"{accuracy(net, xt, yt):.3f}; on the user task (second token) before fine-tuning "
+          f"{accuracy(net, xu, yu):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
+    return net, lambda n, pos, seed: lm_sequences(n, pos, seed)
 
 
 def seeded_user_weights(spec: str):
@@ -229,10 +298,19 @@ def mu_scan(state, x, y, xv, yv, mus):
     return out
 
 
+def a_core_lrs(lr):
+    """The points tried: the pretrained one, then the core fine-tuned at {lr, lr/3, lr/10} (``--no-core``: none)."""
+    return (None,) if NO_CORE else (None, lr, lr / 3, lr / 10)
+
+
+NO_CORE = False
+PRETRAIN = None  # (samples, epochs) of every pretraining (``--pretrain``)
+
+
 def tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, mus, epochs, tag):
     """Point (pretrained, or the core at {lr, lr/3, lr/10}) and µ picked on validation; the model refitted."""
-    tried = []
-    for core_lr in (None, lr, lr / 3, lr / 10):
+    tried, C = [], int(logits(net, x[:1]).shape[1])  # the model's classes (the LM: its label words)
+    for core_lr in a_core_lrs(lr):
         core = {"core_ids": range(n_core), "core_train": {"lr": core_lr, "epochs": max(10, epochs)},
                 "check_core": False} if core_lr else {}
         st = forgettable_finetune(net, x, y, C, user_weights=uw, mu=max(mus), sigma=0.0, solver="primal", **core)
@@ -247,11 +325,14 @@ def tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, mus, epochs, tag):
             "check_core": False} if core_lr else {}
     state = forgettable_finetune(net, x, y, C, user_weights=uw, mu=mu, sigma=0.0, solver="primal", **core)
     pre = forgettable_finetune(net, x, y, C, user_weights=uw, mu=pre_mu, sigma=0.0, solver="primal")
-    head = forgettable_finetune(net, x, y, C, user_weights="head", mu=pre_mu, sigma=0.0, solver="primal")
+    try:
+        head = forgettable_finetune(net, x, y, C, user_weights="head", mu=pre_mu, sigma=0.0, solver="primal")
+    except ValueError:  # no head found by name (the causal LM reads its tied LM head)
+        head = None
     return state, pre, head, core_lr, mu
 
 
-def requests(state, net, uw, x, y, n_core, k, n_req, lr, epochs, seed, tag):
+def requests(state, net, uw, x, y, n_core, k, n_req, lr, epochs, seed, tag, user=True):
     """``n_req`` sequential requests of ``k`` samples; (E after the last, median request CPU s, user-alternative
     CPU s)."""
     order = torch.arange(n_core, len(y))[torch.randperm(len(y) - n_core, generator=torch.Generator().manual_seed(5))]
@@ -265,6 +346,8 @@ def requests(state, net, uw, x, y, n_core, k, n_req, lr, epochs, seed, tag):
             diffs[r] = float((w - w_hat).abs().max() / w_hat.abs().max())
             print(f"{tag} request {r}: forgot {k}, exact_max_rel_diff {diffs[r]:.2e}, request CPU s {cpu[-1]:.3f}",
                   flush=True)
+    if not user:
+        return diffs[n_req], statistics.median(cpu), None
     keep = torch.tensor(sorted(set(range(len(y))) - set(order[:n_req * k].tolist())))
     c0 = time.process_time()
     early_stopped(net, uw, x[keep], y[keep], x[keep][:1], y[keep][:1], lr, seed, epochs, epochs + 1)
@@ -272,37 +355,129 @@ def requests(state, net, uw, x, y, n_core, k, n_req, lr, epochs, seed, tag):
     return diffs[n_req], statistics.median(cpu), user_s
 
 
+def sharded_requests(sm, net, uw, x, y, a, seed, tag):
+    """``--requests`` sequential requests of ``--sharded-request`` samples to the sharded model; (E against a
+    fresh sharded fine-tune on D ∖ D_f, median request CPU s)."""
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(5))
+    k, cpu = a.sharded_request, []
+    for r in range(a.requests):
+        c0 = time.process_time()
+        info = sm.forget(order[r * k:(r + 1) * k].tolist(), x, y)
+        cpu.append(time.process_time() - c0)
+        if r == 0:
+            print(f"{tag} sharded request 1: shards {info['shards_retrained']} from slice {info['from_slice']}, "
+                  f"{info['sample_passes']} of {info['full_sample_passes']} sample-passes", flush=True)
+    keep = torch.sort(order[a.requests * k:]).values
+    fresh = sharded_finetune(net, x[keep], y[keep], ids=keep, user_weights=uw, **sm.bench_opts)
+    sa, sb = sm.state_dict(), fresh.state_dict()
+    num = max(float((sa[n].double() - sb[n].double()).abs().max()) for n in sa if sa[n].is_floating_point())
+    den = max(float(sb[n].double().abs().max()) for n in sb if sb[n].is_floating_point())
+    e = num / den  # max |w − ŵ| / max |ŵ| over every shard and slice checkpoint
+    return e, statistics.median(cpu)
+
+
 def run_seed(name, net, uw, data, seed, a):
+    """{engine: (gap points, request/user ratio, E)} and the auto choice of one seed."""
     tag = f"[{name} seed {seed}]"
     (x, y), (xv, yv), (xt, yt) = data
+    out = {}
     ordinary, lr, _, epochs = tuned_ordinary(net, uw, x, y, xv, yv, seed, a.max_epochs, a.patience, tag)
-    n_core = int(round(a.core_fraction * len(y)))
-    state, pre, head, core_lr, mu = tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, a.mus, epochs, tag)
-    n_core = n_core if core_lr else 0
-    err = {"ordinary": 1 - accuracy(ordinary, f32(xt), yt), "forgettable": 1 - accuracy(state.model, xt, yt),
-           "pretrained_point": 1 - accuracy(pre.model, xt, yt), "head_only": 1 - accuracy(head.model, xt, yt)}
-    gap = 100 * (err["forgettable"] - err["ordinary"])
+    e_ord = 1 - accuracy(ordinary, f32(xt), yt)
     capped = " — AT THE EPOCH CAP: the yardstick may not have converged" if epochs >= a.max_epochs else ""
-    print(f"{tag} ordinary lr {lr:g} ({epochs} epochs{capped}); forgettable at the "
-          f"{'core point (core lr ' + format(core_lr, 'g') + ')' if core_lr else 'pretrained point'}, µ {mu:g}, "
-          f"{state.model.num_linearized} user weights")
-    print(f"{tag} " + "  ".join(f"test_error_{k} {v:.4f}" for k, v in err.items()) + f"  gap_points {gap:.2f}",
-          flush=True)
-    k = max(1, len(y) // 100)
-    e, req_s, user_s = requests(state, net, uw, x, y, n_core, k, a.requests, lr, epochs, seed, tag)
-    print(f"{tag} user fine-tune on D_r {user_s:.2f} CPU s, request {req_s:.4f} CPU s (median): "
-          f"ratio {user_s / req_s:.0f}", flush=True)
-    return gap, user_s / req_s, e
+    print(f"{tag} ordinary lr {lr:g} ({epochs} epochs{capped}): test_error_ordinary {e_ord:.4f}", flush=True)
+    keep = torch.arange(len(y))[a.requests * max(1, len(y) // 100):]  # D_r of the linearised requests below
+    c0 = time.process_time()
+    early_stopped(net, uw, x[keep], y[keep], x[keep][:1], y[keep][:1], lr, seed, epochs, epochs + 1)
+    user_s = time.process_time() - c0
+    print(f"{tag} user re-fine-tune on D_r (the yardstick's recipe): {user_s:.2f} CPU s", flush=True)
+    if "linearised" in a.engines or "auto" in a.engines:
+        n_core = int(round(a.core_fraction * len(y)))
+        state, pre, head, core_lr, mu = tuned_forgettable(net, uw, x, y, xv, yv, n_core, lr, a.mus, epochs, tag)
+        n_core = n_core if core_lr else 0
+        e_lin = 1 - accuracy(state.model, xt, yt)
+        print(f"{tag} linearised at the {'core point (core lr ' + format(core_lr, 'g') + ')' if core_lr else 'pretrained point'}"
+              f", µ {mu:g}: test_error {e_lin:.4f} (pretrained point {1 - accuracy(pre.model, xt, yt):.4f}"
+              + (f", head only {1 - accuracy(head.model, xt, yt):.4f})" if head is not None else ")"), flush=True)
+        k = max(1, len(y) // 100)
+        e, req_s, _ = requests(state, net, uw, x, y, n_core, k, a.requests, lr, epochs, seed, tag, user=False)
+        out["linearised"] = (100 * (e_lin - e_ord), user_s / req_s, e)
+    if "sharded" in a.engines or "auto" in a.engines:
+        opts = {"shards": a.shards, "slices": a.slices, "epochs": max(1, epochs), "lr": lr, "batch_size": 32,
+                "seed": seed}
+        c0 = time.process_time()
+        sm = sharded_finetune(copy.deepcopy(net).float(), f32(x), y, user_weights=uw, **opts)
+        train_s = time.process_time() - c0
+        sm.bench_opts = opts
+        e_sh = 1 - accuracy(sm, f32(xt), yt)
+        print(f"{tag} sharded S={a.shards} R={a.slices}: test_error {e_sh:.4f}, training {train_s:.1f} CPU s",
+              flush=True)
+        e, req_s = sharded_requests(sm, copy.deepcopy(net).float(), uw, f32(x), y, a, seed, tag)
+        print(f"{tag} sharded: {a.requests} requests of {a.sharded_request}, median {req_s:.3f} CPU s, "
+              f"exact_max_rel_diff {e:.2e}", flush=True)
+        out["sharded"] = (100 * (e_sh - e_ord), user_s / req_s, e)
+    if "auto" in a.engines:
+        d = preflight(net, x, y, int(logits(net, x[:1]).shape[1]), user_weights=uw, seed=seed,
+                      budget={"epochs": max(1, epochs // (1 if a.preflight_full else 2)), "lr": lr, "batch_size": 32})
+        print(f"{tag} strategy auto={d['reason']}", flush=True)
+        out["auto"] = (d["engine"],) + out[d["engine"]]
+    return out
 
 
 def summary(name, results):
-    gaps, ratios, errs = zip(*results)
-    m = statistics.mean(gaps)
-    half = T975.get(len(gaps) - 1, 2.0) * statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else float("nan")
-    print(f"[{name}] per-seed gaps: " + ", ".join(f"{g:.2f}" for g in gaps))
-    print(f"[{name}] accuracy_gap_points {m:.2f} [{m - half:.2f}, {m + half:.2f}]")
-    print(f"[{name}] request_vs_user_finetune {statistics.median(ratios):.0f} [{min(ratios):.0f}, {max(ratios):.0f}]")
-    print(f"[{name}] exact_max_rel_diff {max(errs):.2e}", flush=True)
+    """One line per engine over the seeds (module docstring)."""
+    for engine in [e for e in ("linearised", "sharded", "auto") if e in results[0]]:
+        rows = [r[engine] for r in results]
+        label = engine
+        if engine == "auto":
+            chosen = [r[0] for r in rows]
+            print(f"[{name}] auto chose per seed: {', '.join(chosen)}")
+            label = "auto=" + max(set(chosen), key=chosen.count)
+            rows = [r[1:] for r in rows]
+        gaps, ratios, errs = zip(*rows)
+        m = statistics.mean(gaps)
+        half = T975.get(len(gaps) - 1, 2.0) * statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 \
+            else float("nan")
+        print(f"[{name}] strategy {label} accuracy_gap_points {m:.2f} [{m - half:.2f}, {m + half:.2f}]; "
+              f"request_vs_user_finetune {statistics.median(ratios):.1f}; exact_max_rel_diff {max(errs):.2e}",
+              flush=True)
+
+
+def sweep(name, net, uw, data, seeds, a):
+    """Sharded accuracy and request cost against S and R (``--sweep``): per (S, R), over the seeds, the test error
+    gap to the yardstick and the mean sample-passes of a 1-sample request as a share of the user's re-fine-tune
+    (N · the yardstick's epochs), with its CPU-time ratio."""
+    rows = {}
+    for seed in range(seeds):
+        tag = f"[{name} sweep seed {seed}]"
+        (x, y), (xv, yv), (xt, yt) = data(a.n_eff, seed)
+        ordinary, lr, _, epochs = tuned_ordinary(net, uw(seed), x, y, xv, yv, seed, a.max_epochs, a.patience, tag)
+        e_ord = 1 - accuracy(ordinary, f32(xt), yt)
+        c0 = time.process_time()
+        early_stopped(net, uw(seed), x, y, x[:1], y[:1], lr, seed, epochs, epochs + 1)
+        user_s = time.process_time() - c0
+        for S in (1, 2, 4, 8):
+            for R in (1, 4):
+                sm = sharded_finetune(copy.deepcopy(net).float(), f32(x), y, user_weights=uw(seed), shards=S,
+                                      slices=R, epochs=max(1, epochs), lr=lr, seed=seed)
+                gap = 100 * (1 - accuracy(sm, f32(xt), yt) - e_ord)
+                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(5))
+                share, cpu = [], []
+                for r in range(5):
+                    c0 = time.process_time()
+                    info = sm.forget([int(order[r])], f32(x), y)
+                    cpu.append(time.process_time() - c0)
+                    share.append(info["sample_passes"] / (len(y) * max(1, epochs)))
+                rows.setdefault((S, R), []).append((gap, statistics.mean(share), user_s / statistics.median(cpu)))
+                print(f"{tag} S={S} R={R}: gap {gap:.2f} points, request {statistics.mean(share):.3f} of the "
+                      f"re-fine-tune's sample-passes, CPU ratio {user_s / statistics.median(cpu):.1f}", flush=True)
+    for (S, R), v in sorted(rows.items()):
+        gaps = [g for g, _, _ in v]
+        m = statistics.mean(gaps)
+        half = T975.get(len(gaps) - 1, 2.0) * statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 \
+            else float("nan")
+        print(f"[{name}] sweep S={S} R={R}: accuracy_gap_points {m:.2f} [{m - half:.2f}, {m + half:.2f}]; "
+              f"request_share {statistics.mean(s for _, s, _ in v):.3f}; "
+              f"request_vs_user_finetune {statistics.median(r for _, _, r in v):.1f}", flush=True)
 
 
 def main() -> None:
@@ -315,16 +490,36 @@ def main() -> None:
     ap.add_argument("--max-epochs", type=int, default=40, help="the yardstick's epoch cap (early stopping)")
     ap.add_argument("--patience", type=int, default=5, help="epochs without a better validation error")
     ap.add_argument("--requests", type=int, default=20, help="sequential deletion requests of 1 %% each")
-    ap.add_argument("--only", choices=["cnn", "transformer"], default=None)
+    ap.add_argument("--only", default=None, help="comma-separated models: cnn, transformer, causal-lm")
+    ap.add_argument("--engines", default="linearised,sharded,auto", help="linearised, sharded, auto")
+    ap.add_argument("--shards", type=int, default=4, help="sharded: S")
+    ap.add_argument("--slices", type=int, default=4, help="sharded: R")
+    ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
+    ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
+    ap.add_argument("--preflight-full", action="store_true", help="auto: the pre-flight's ordinary fine-tuning "
+                    "takes the yardstick's epochs (default: half)")
+    ap.add_argument("--no-core", action="store_true", help="linearised: the pretrained point only (no core)")
+    ap.add_argument("--sharded-request", type=int, default=1, help="sharded: samples per request")
+    ap.add_argument("--lm-user-weights", default="lora:c_attn,attn.c_proj:r4")
     ap.add_argument("--cnn-user-weights", default="layers:proj,fc", help="as `mlforget finetune --user-weights`")
-    ap.add_argument("--transformer-user-weights", default="lora:query,value:r2:save=classifier")
+    ap.add_argument("--transformer-user-weights", default="lora:query,key,value,dense:r4:save=classifier")
     a = ap.parse_args()
     a.mus = [float(v) for v in a.mu.split(",")]
+    a.engines = [e for e in a.engines.split(",") if e]
+    global NO_CORE, PRETRAIN
+    NO_CORE = a.no_core
+    PRETRAIN = tuple(int(v) for v in a.pretrain.split(",")) if a.pretrain else None
+    only = None if a.only is None else a.only.split(",")
     n = a.n or (400 if a.small else 1000)
     seeds = a.seeds or (1 if a.small else 3)
     for name, net, data in pretrained_models(a.small):
-        uw = seeded_user_weights(a.cnn_user_weights if name == "cnn" else a.transformer_user_weights)
-        if a.only in (None, name):
+        spec = {"cnn": a.cnn_user_weights, "transformer": a.transformer_user_weights}.get(name, a.lm_user_weights)
+        uw = seeded_user_weights(spec)
+        if a.sweep and (only is None or name in only):
+            a.n_eff = n
+            sweep(name, net, uw, data, seeds, a)
+            continue
+        if only is None or name in only:
             t0 = time.perf_counter()
             results = [run_seed(name, net, uw(s), data(n, s), s, a) for s in range(seeds)]
             summary(name, results)

@@ -19,12 +19,16 @@ Each client is a tenant with a token of its own; the signing key and the witness
 live outside the checkpoint. While the clients run, one more tenant floods the server with ``--flood`` POSTs
 as fast as it can: the per-tenant rate limit and queue quota answer it 429 (with ``Retry-After``) while the
 other tenants' requests complete. A client that gets a 429 waits ``Retry-After`` and resends (same key).
+And one client without a token, from another loopback address (127.0.0.2), holds ``--hog`` idle connections
+and reopens every one the server closes, for as long as the others run: the server's per-client connection
+cap closes its excess at once, so the tenants' requests are still served (any 503 they get is a failure).
 
 Prints ``requests_per_second:`` (applied requests / wall time from the first request to the last one
-applied, kills and restarts included), ``lost:`` (accepted requests not applied exactly once; must be 0) and
-``flood:`` (the flooding tenant's POSTs answered 429 / accepted), then ``ok`` or the failed checks (exit 1).
+applied, kills and restarts included), ``lost:`` (accepted requests not applied exactly once; must be 0),
+``flood:`` (the flooding tenant's POSTs answered 429 / accepted) and ``hog:`` (connections the hog opened,
+how many the server closed), then ``ok`` or the failed checks (exit 1).
 
-    python benchmarks/serve_load.py [--clients 32 --requests 2 --ids 1 --kills 3 --flood 60 --seed 0]
+    python benchmarks/serve_load.py [--clients 32 --requests 2 --ids 1 --kills 3 --flood 60 --hog 300 --seed 0]
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import http.client
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -52,8 +57,9 @@ from scrubnet.mlforget import store
 from scrubnet.serve import anchor, receipts
 
 FLOOD = "flood"
-#: the server's limits in this benchmark: a tenant may send 10 POSTs at once, 2 per second after, and keep 8 queued
-LIMITS = ("--burst", "10", "--rate", "2", "--max-queued", "8")
+#: the server's limits in this benchmark: a tenant may send 10 POSTs at once, 2 per second after, and keep 8 queued;
+#: one client address may hold 64 connections (the tenants all connect from 127.0.0.1, up to 257 threads)
+LIMITS = ("--burst", "10", "--rate", "2", "--max-queued", "8", "--max-connections-per-client", "64")
 
 
 def token(client) -> str:
@@ -119,13 +125,15 @@ def main() -> None:
     ap.add_argument("--ids", type=int, default=1, help="sample ids per request")
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--flood", type=int, default=60, help="POSTs of the flooding tenant")
+    ap.add_argument("--hog", type=int, default=300, help="idle connections the connection hog holds (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline", type=float, default=600.0, help="seconds the clients may take, at most")
     args = ap.parse_args()
     if not (1 <= args.clients <= 256 and 1 <= args.requests <= 100 and 1 <= args.ids <= 100
-            and 0 <= args.kills <= 20 and 10 <= args.deadline <= 3600 and 0 <= args.flood <= 1000):
+            and 0 <= args.kills <= 20 and 10 <= args.deadline <= 3600 and 0 <= args.flood <= 1000
+            and 0 <= args.hog <= 2000):
         raise SystemExit("error: --clients 1..256, --requests 1..100, --ids 1..100, --kills 0..20, "
-                         "--deadline 10..3600, --flood 0..1000")
+                         "--deadline 10..3600, --flood 0..1000, --hog 0..2000")
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -196,15 +204,53 @@ def main() -> None:
                 kills_done.append(time.monotonic() - t0)
                 server.start()
 
+        clients_done = threading.Event()
+        hog_stats = {"opened": 0, "closed_by_server": 0, "held_max": 0}
+
+        def hog() -> None:
+            """Hold ``--hog`` idle connections from 127.0.0.2; reopen every one the server closes (bounded by
+            the clients' end and the deadline; loopback only)."""
+            socks: list = []
+            while not clients_done.is_set() and time.monotonic() < t_end:
+                alive = []
+                for s in socks:
+                    r, _, _ = select.select([s], [], [], 0)
+                    if r and not _peek_open(s):
+                        s.close()
+                        hog_stats["closed_by_server"] += 1
+                    else:
+                        alive.append(s)
+                socks = alive
+                while len(socks) < args.hog and not clients_done.is_set():
+                    s = socket.socket()
+                    try:
+                        s.bind(("127.0.0.2", 0))
+                        s.connect(("127.0.0.1", server.port))
+                    except OSError:
+                        s.close()
+                        break  # the server is down (killed): try again on the next round
+                    socks.append(s)
+                    hog_stats["opened"] += 1
+                hog_stats["held_max"] = max(hog_stats["held_max"], len(socks))
+                clients_done.wait(0.2)
+            for s in socks:
+                s.close()
+
         t0 = time.monotonic()
         threads = [threading.Thread(target=client, args=(c,)) for c in [*range(args.clients), FLOOD]]
         kt = threading.Thread(target=killer)
+        ht = threading.Thread(target=hog)
+        if args.hog:
+            ht.start()
         kt.start()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        clients_done.set()
         kt.join()
+        if args.hog:
+            ht.join()
         # let the (running) server apply every queued request and sign every receipt
         while time.monotonic() < t_end and (store.oldest_queued(ckpt) is not None
                                             or store.applied_without_receipt(ckpt)):
@@ -268,12 +314,24 @@ def main() -> None:
         print(f"flood: {n429} of {len(flood_codes)} POSTs answered 429, "
               f"{len(accepted) - len(others)} accepted; the other tenants' {len(others)} requests all accepted"
               if not never else f"flood: {n429} of {len(flood_codes)} POSTs answered 429")
+        if args.hog:
+            print(f"hog: {hog_stats['opened']} idle connections opened from 127.0.0.2 (at most {args.hog} at once), "
+                  f"{hog_stats['closed_by_server']} closed by the server and reopened; the tenants got "
+                  f"{sum('HTTP 503' in f for f in failures)} answers 503")
         if problems:
             print("FAILED: " + "; ".join(problems))
             raise SystemExit(1)
         print("ok: every accepted request applied exactly once; chain, receipts and replay verify")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _peek_open(s: socket.socket) -> bool:
+    """Whether a readable socket is still open (the server closed it when it reads as EOF or errors)."""
+    try:
+        return s.recv(1, socket.MSG_PEEK) != b""
+    except OSError:
+        return False
 
 
 def _write(path: Path, text: str) -> Path:

@@ -3,6 +3,7 @@
     python scripts/bench_guide.py                  # print the section
     python scripts/bench_guide.py --check          # exit 1 if the guide's section differs from bench.json
     python scripts/bench_guide.py --update         # rewrite the section in place
+    python scripts/bench_guide.py --resummarise    # recompute bench.json's summary from its runs, then --update
 
 The section lies between ``<!-- bench-guide: begin -->`` and ``<!-- bench-guide: end -->``. Each setting gets the
 table of ``bench.md`` (:func:`scrubnet.experiments.bench_report.bench_table_rows`: metrics in %, mean ± the
@@ -20,7 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scrubnet.experiments.bench_report import bench_table_rows  # noqa: E402
+from scrubnet.atomic_io import atomic_write_json  # noqa: E402
+from scrubnet.experiments.bench import family  # noqa: E402
+from scrubnet.experiments.bench_report import bench_table_rows, summarise_setting  # noqa: E402
 
 GUIDE, RESULTS = ROOT / "docs" / "guides" / "bench.md", ROOT / "docs" / "guides" / "bench.json"
 BEGIN, END = "<!-- bench-guide: begin -->", "<!-- bench-guide: end -->"
@@ -49,7 +52,19 @@ def render(results: dict) -> list[str]:
             lines += [_tuning(results["tuning"][s]), ""]
     for m, why in (results.get("variants") or {}).items():
         lines += [f"† {m}: {why}.", ""]
+    for note in results.get("notes") or []:
+        lines += [note, ""]
     return lines
+
+
+def resummarise(results: dict) -> dict:
+    """``results`` with each setting's summary recomputed from its recorded runs and tuning by the current
+    statistics (:func:`~scrubnet.experiments.bench_report.summarise_setting`: intervals, paired differences,
+    tie groups); the runs themselves are not touched."""
+    runs = results["runs"]
+    results["summary"] = {s: summarise_setting([r for r in runs if r["setting"] == s], results["tuning"][s], family)
+                          for s in results["summary"]}
+    return results
 
 
 def replace(text: str, section: list[str]) -> str:
@@ -64,8 +79,14 @@ def main(argv=None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 if the guide differs from bench.json")
     g.add_argument("--update", action="store_true", help="rewrite the guide's section")
+    g.add_argument("--resummarise", action="store_true",
+                   help="recompute bench.json's summary from its runs, then rewrite the guide's section")
     a = ap.parse_args(argv)
-    section = render(json.loads(RESULTS.read_text()))
+    results = json.loads(RESULTS.read_text())
+    if a.resummarise:
+        atomic_write_json(RESULTS, resummarise(results))
+        a.update = True
+    section = render(results)
     if not (a.check or a.update):
         print("\n".join(section))
         return 0

@@ -27,6 +27,7 @@ from scrubnet.data.stream import BatchKeys, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import first_inputs, method_class
 from scrubnet.models import find_classifier
+from scrubnet.readouts.references import ReferenceModels, load_references
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed
 from scrubnet.tuning.profile import TunedProfile, resolve_profile
@@ -43,7 +44,7 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
            reference: nn.Module | None = None, keys: BatchKeys | None = None, chunk_size: int = 512,
            retain_error_tolerance: float = RETAIN_ERROR_TOLERANCE, on_not_forgotten: str = "fail",
            max_cost_vs_retrain: float | None = None, train: Any = None, retrain_start: nn.Module | None = None,
-           profile: TunedProfile | str | None = None,
+           profile: TunedProfile | str | None = None, references: Any = None, forget_ids: Any = None,
            **method_options: Any) -> tuple[nn.Module, ForgetResult]:
     """Scrub ``forget`` (D_f) from ``model`` trained on D = D_r ∪ D_f with ``recipe``.
 
@@ -84,6 +85,11 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
         Refuse (``BudgetExceeded``) before any work above this many of the user's retrainings (``price_call``).
     train, retrain_start : callable or HuggingFace Trainer, nn.Module, optional
         The user's ``train(model, data) -> model`` and its start: ``retrain`` runs it, the cost times it.
+    references, forget_ids : ReferenceModels or directory, sequence of int; optional
+        Reference models of ``model`` (:func:`~scrubnet.readouts.references.train_references`, or the directory
+        ``scrubnet references`` / :meth:`~scrubnet.readouts.references.ReferenceModels.save` wrote) and D_f's
+        positions in the training data they were split from: the verdict's scores are calibrated by them
+        (docs/guides/verdict.md). ``forget_ids`` is required with ``references``.
     **method_options
         The method's options, checked against its rules. A method costing more than one retraining runs its
         budgeted mode unless its option is given (:func:`scrubnet.cost_guard.budgeted_options`).
@@ -112,8 +118,10 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     scrubber = get_method(method, **method_options)  # bad options refused before anything is priced
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
+    refs = _references(references, forget_ids, model, len(forget_s))
     measure = dict(retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
-                   on_not_forgotten=on_not_forgotten)
+                   on_not_forgotten=on_not_forgotten, references=refs,
+                   forget_ids=None if refs is None else [int(i) for i in forget_ids])
 
     def run(name: str, options: dict):
         # the global generator (a model's dropout draws from it) fixed by the seed and restored after: the same
@@ -132,6 +140,24 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
 def _cuda_devices(model: nn.Module) -> list:
     """The CUDA devices of ``model``'s parameters (their generators are forked with the CPU's)."""
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def _references(references: Any, forget_ids: Any, model: nn.Module, n_forget: int) -> ReferenceModels | None:
+    """The verdict's reference models: given, or loaded from their directory into copies of ``model``;
+    ``forget_ids`` checked (one training position per forget example, inside the references' split)."""
+    if references is None:
+        if forget_ids is not None:
+            raise ValueError("forget_ids locate D_f for the reference models: give references= too")
+        return None
+    if forget_ids is None:
+        raise ValueError("references need forget_ids: D_f's positions in the training data they were split from")
+    if not isinstance(references, ReferenceModels):
+        references = load_references(references, model)
+    ids = [int(i) for i in forget_ids]
+    if len(ids) != n_forget or min(ids) < 0 or max(ids) >= references.members.shape[1]:
+        raise ValueError(f"forget_ids must give one position per forget example (got {len(ids)} for {n_forget}), "
+                         f"inside the {references.members.shape[1]} training examples the references split")
+    return references
 
 
 def _resolve(method: str, method_options: dict, profile, model: nn.Module, on_failure: str

@@ -26,7 +26,9 @@ from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.user import (USER_ARCH, UserModelError, build_user_model, factory_source_sha256, load_factory,
                                   load_user_weights, read_state_dict)
 from scrubnet.readouts.basic import activation_l1, error_and_loss
+from scrubnet.readouts.references import load_references, train_references
 from scrubnet.recipe import TrainingRecipe
+from scrubnet.recipe.retrain import retrain_like_user
 from scrubnet.tuning.profile import TunedProfile, resolve_profile
 
 
@@ -111,7 +113,8 @@ def _load_all(spec, options, weights, data, device) -> tuple[nn.Module, dict | N
 def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int], method: str,
                method_options: dict[str, Any], recipe_path: Path | None, out: Path, seed: int, force: bool,
                device: torch.device, before_scrub=None, on_not_forgotten: str = "fail",
-               train_spec: str | None = None, profile: TunedProfile | None = None) -> dict | None:
+               train_spec: str | None = None, profile: TunedProfile | None = None,
+               references: Path | None = None) -> dict | None:
     """Scrub D_f (``forget_ids``: positions in x_train) from the user's model and write ``out`` (+ sidecar);
     returns the sidecar.
     A failed scrub (result not ok, or the method's refusal) raises :class:`OwnModelError`; nothing is written.
@@ -123,10 +126,13 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
     ``train_spec`` (``--train FILE.py:FUNCTION``): the user's own training, what ``retrain`` runs and the cost
     reference times (:mod:`scrubnet.recipe.retrain`); handed D_r as ``(x, y)`` tensors.
     With a tuned ``profile`` (``--method auto``: ``method`` and ``method_options`` are its choice) the profile
-    must be this model's; the sidecar records what it chose and why (``auto``)."""
+    must be this model's; the sidecar records what it chose and why (``auto``).
+    ``references``: the directory ``scrubnet references`` wrote for these weights and data (checked by their
+    sha256 and fingerprint): the verdict's scores are calibrated by them."""
     recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
     train = load_user_training(train_spec) if train_spec is not None else None
     model, _, ud, c = _load_all(spec, options, weights, data, device)
+    refs = None if references is None else _own_references(references, model, weights, ud)
     if profile is not None:
         try:
             resolve_profile(profile, model)
@@ -149,6 +155,8 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
                                        recipe=recipe, seed=seed, on_failure="return", num_classes=c,
                                        forget_class=whole_class(ud.y, idx), force=force, test=test,
                                        on_not_forgotten=on_not_forgotten, train=train, profile=profile,
+                                       references=refs if test is not None else None,
+                                       forget_ids=idx.tolist() if refs is not None and test is not None else None,
                                        **method_options)
     except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
         raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
@@ -220,3 +228,47 @@ def evaluate_own(*, spec: str, options: dict[str, Any], weights: Path, data: Pat
 
 
 __all__ = ["OwnModelError", "UserModelError", "evaluate_own", "forget_own", "load_own_model"]
+
+
+def references_dir(weights: Path) -> Path:
+    """Where ``scrubnet references`` stores a model's reference models by default: beside its weights."""
+    return Path(str(weights) + ".references")
+
+
+def _own_references(directory: Path, model: nn.Module, weights: Path, ud: UserData):
+    """The reference models in ``directory``, refused (one error line) unless they were trained for these
+    weights (sha256) on this data (fingerprint)."""
+    try:
+        refs = load_references(directory, model)
+    except ValueError as e:
+        raise OwnModelError(f"--references: {e}") from None
+    meta, sha = refs.meta, state_sha256(Path(weights).read_bytes())
+    if meta.get("source_sha256") != sha or meta.get("data_fingerprint") != ud.fingerprint:
+        raise OwnModelError(f"--references {directory} were trained for other weights or data (their sha256 "
+                            f"{str(meta.get('source_sha256'))[:12]}…, these {sha[:12]}…): train them for this "
+                            "model with `scrubnet references`")
+    if refs.members.shape[1] != len(ud.y):
+        raise OwnModelError(f"--references {directory} split {refs.members.shape[1]} training examples, the data "
+                            f"holds {len(ud.y)}")
+    return refs
+
+
+def train_own_references(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
+                         recipe_path: Path | None, out: Path, pairs: int, seed: int, device: torch.device,
+                         train_spec: str | None = None) -> dict:
+    """Train ``2·pairs`` reference models of the user's model (each on a random half of x_train, the way the
+    user trained it: ``--train``, else the recipe reproduced) and write them to ``out``; returns the index
+    (count, cost in seconds, the weights' sha256 and the data fingerprint they belong to)."""
+    recipe = TrainingRecipe.from_toml(recipe_path) if recipe_path is not None else TrainingRecipe()
+    train = load_user_training(train_spec) if train_spec is not None else None
+    model, _, ud, _ = _load_all(spec, options, weights, data, device)
+    x, y = ud.x.to(device), ud.y.to(device)
+
+    def fit(idx, s):
+        sel = torch.as_tensor(idx, dtype=torch.long, device=device)
+        return retrain_like_user(model, (x[sel], y[sel]), train=train, recipe=recipe, seed=s)
+
+    refs = train_references(fit, len(y), pairs=pairs, seed=seed)
+    refs.save(out, {"source_sha256": state_sha256(Path(weights).read_bytes()), "data_fingerprint": ud.fingerprint,
+                    "factory": spec, "train": train_spec, "recipe": recipe_record(recipe, recipe_path)})
+    return {"models": len(refs.models), "seconds": refs.seconds, "out": str(out)}

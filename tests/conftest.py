@@ -39,3 +39,82 @@ def protocol_ctx(w0: dict, config: TrainConfig | None = None, loss: str = "cross
     config = config or TrainConfig()
     recipe = dataclasses.replace(TrainingRecipe.scrubnet_protocol(w0, config), loss=loss)
     return ForgetContext(recipe=recipe, schedule=config, **fields)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# No process a test starts outlives the suite.
+#
+# Every child inherits this session's marker in its environment (a test that builds its own environment from
+# os.environ keeps it). When the session ends, any process still carrying the marker — a server whose test failed
+# before its finaliser ran, a worker a test forgot — is listed, killed, and fails the run: a left-over server would
+# hold a port and a checkpoint's lock on the next run, and on CI it would outlive the job.
+# ---------------------------------------------------------------------------------------------------------------
+import os  # noqa: E402
+import signal  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+SESSION_MARKER = "SCRUBNET_TEST_SESSION"
+
+
+def processes_with_marker(value: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment holds ``SESSION_MARKER=value``, this one
+    excluded (Linux /proc; elsewhere nothing is found)."""
+    found, needle = [], f"{SESSION_MARKER}={value}".encode()
+    for d in Path("/proc").glob("[0-9]*"):
+        pid = int(d.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if needle not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            status = (d / "status").read_text()
+            if "\nState:\tZ" in status:  # a zombie has exited; its parent has not reaped it yet
+                continue
+            found.append((pid, (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def pytest_configure(config):
+    # a worker process of a distributed run inherits the controller's marker; only the outermost session sets one
+    os.environ.setdefault(SESSION_MARKER, uuid.uuid4().hex)
+    # the subprocesses the tests start (CLI commands, servers, the documentation's blocks) run tiny models too: one
+    # thread each, as this process (above); two threads per process only spin on a 2-core machine running several
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # generated data sets are cached for the session's processes (and its subprocesses) in a directory of its own,
+    # never in the user's cache: a run starts from nothing and leaves nothing behind
+    if "SCRUBNET_CACHE_DIR" not in os.environ:
+        import atexit
+        import shutil
+        import tempfile
+
+        where = tempfile.mkdtemp(prefix="scrubnet-test-cache-")
+        os.environ["SCRUBNET_CACHE_DIR"] = where
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    left = processes_with_marker(os.environ[SESSION_MARKER])
+    if not left:
+        return
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(left)} process(es) started by the tests outlived them (killed now):"]
+    lines += [f"  pid {pid}: {cmd[:200]}" for pid, cmd in left]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def docs_run(tmp_path_factory):
+    """The README's and the site's code blocks, run once for the whole session (``tests/docs_blocks.py``)."""
+    from tests.docs_blocks import run_docs
+
+    return run_docs(tmp_path_factory.mktemp("docs"))

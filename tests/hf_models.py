@@ -38,3 +38,14 @@ class Wrapper(nn.Module):
 
     def forward(self, input_ids, attention_mask=None):
         return self.bert(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def probe_labels(model: nn.Module, batch: dict, num_labels: int = 3, seed: int = 123) -> torch.Tensor:
+    """Labels (n,) int64 a tiny random BERT's features carry: the terciles (for 3 labels; quantiles in general)
+    of a seeded random projection of its pooled output — balanced classes the head can learn, so a fine-tune on
+    them is above chance (the commands refuse a model at chance)."""
+    with torch.no_grad():
+        z = model.bert(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).pooler_output
+    s = z.double() @ torch.randn(z.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    cuts = torch.quantile(s, torch.arange(1, num_labels, dtype=torch.float64) / num_labels)
+    return torch.bucketize(s, cuts).long()

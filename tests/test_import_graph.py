@@ -34,7 +34,8 @@ LAYERS = {"scrubnet._config": 0, "scrubnet.atomic_io": 0, "scrubnet.integrity": 
           "scrubnet.own_model": 4, "scrubnet.tuning": 4,
           "scrubnet.cli": 5}
 FORBIDDEN = [("scrubnet.methods", "scrubnet.readouts")]
-OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray", "starlette", "uvicorn", "cryptography", "transformers"}
+OPTIONAL_DEPENDENCIES = {"PIL", "tomli", "tomllib", "ray", "starlette", "uvicorn", "cryptography", "transformers",
+                         "peft", "tokenizers", "faker"}
 # heavy third-party libraries imported where they are used, so that a command's start-up does not pay for
 # them (scikit-learn, scipy, matplotlib and mnist1d cost ≈ 2 s of the 3.5 s of `scrubnet config --dump`);
 # never a scrubnet module, so the layer checks below still see every edge

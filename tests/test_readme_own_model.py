@@ -1,12 +1,10 @@
-"""The "Your own model" guide's command-line block runs verbatim: it is extracted from
-docs/guides/own-model.md and run with bash in a
-temporary directory (the venv's ``python`` and ``scrubnet`` first on PATH, this checkout on PYTHONPATH)."""
+"""The "Your own model" guide's command-line blocks run verbatim, in the session's one run of the site
+(``docs_run``, tests/docs_blocks.py: its blocks run in order in one temporary directory with the venv's
+``python`` and ``scrubnet`` first on PATH); these tests check what those blocks wrote and printed."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = "docs/guides/own-model.md"
 
 
 def own_model_block(index: int = 0) -> str:
@@ -24,20 +23,12 @@ def own_model_block(index: int = 0) -> str:
     return blocks[index]
 
 
-def run_block(block: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", SCRUBNET_THREADS="1",
-               OMP_NUM_THREADS="1")
-    return subprocess.run(["bash", "-e", "-c", block], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
-
-
-def test_readme_own_model_block_runs_verbatim(tmp_path):
+def test_readme_own_model_block_runs_verbatim(docs_run):
     block = own_model_block()
     assert "scrubnet forget --model" in block and "scrubnet evaluate --model" in block
-    r = run_block(block, tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    own = tmp_path / "own"
+    r = docs_run.block(PAGE, block)
+    assert r.returncode == 0, r.failure()
+    own = docs_run.site_dir / "own"
     for m in ("finetune", "fisher", "newton", "ntk"):
         out = own / f"scrubbed-{m}.safetensors"
         meta = json.loads((own / f"scrubbed-{m}.safetensors.json").read_text())
@@ -52,7 +43,7 @@ def test_readme_own_model_block_runs_verbatim(tmp_path):
     assert readouts["error_retain"] <= 0.05 and readouts["error_test"] <= 0.3
 
 
-def test_the_masked_text_model_block_runs_verbatim(tmp_path):
+def test_the_masked_text_model_block_runs_verbatim(docs_run):
     """The second block: a factory whose forward needs ``attention_mask``, token ids and the mask in the .npz,
     Fisher, Newton and NTK from the command line, then ``scrubnet evaluate``; no traceback anywhere."""
     import numpy as np
@@ -60,10 +51,10 @@ def test_the_masked_text_model_block_runs_verbatim(tmp_path):
 
     block = own_model_block(1)
     assert "train_attention_mask" in block and "--method $m" in block and "scrubnet evaluate --model" in block
-    r = run_block(block, tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = docs_run.block(PAGE, block)
+    assert r.returncode == 0, r.failure()
     assert "Traceback" not in r.stdout + r.stderr
-    own = tmp_path / "own-text"
+    own = docs_run.site_dir / "own-text"
     with np.load(own / "reviews.npz") as z:
         assert z["x_train"].dtype == np.int64 and set(z.files) == {
             "x_train", "train_attention_mask", "y_train", "x_test", "test_attention_mask", "y_test"}

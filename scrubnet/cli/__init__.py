@@ -13,7 +13,8 @@ from typing import Optional
 import typer
 
 from scrubnet.cli import audit as audit_cmds, bench as bench_cmds, dp as dp_cmds, forget as forget_cmds, \
-    mlforget as mlforget_cmds, run as run_cmds, serve as serve_cmds, study as study_cmds, tune as tune_cmds
+    mlforget as mlforget_cmds, references as references_cmds, run as run_cmds, serve as serve_cmds, \
+    study as study_cmds, tune as tune_cmds
 from scrubnet.cli.common import handle_errors, report_error, set_default_threads
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -21,7 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 for _name, _fn in (("run", run_cmds.run), ("train", run_cmds.train), ("forget", forget_cmds.forget),
                    ("evaluate", forget_cmds.evaluate), ("report", run_cmds.report), ("sweep", run_cmds.sweep),
-                   ("config", run_cmds.config_cmd), ("tune", tune_cmds.tune)):
+                   ("config", run_cmds.config_cmd), ("tune", tune_cmds.tune),
+                   ("references", references_cmds.references)):
     app.command(name=_name)(handle_errors(_fn))
 for _name, _fn in (("train", mlforget_cmds.train), ("finetune", mlforget_cmds.finetune),
                    ("forget", mlforget_cmds.forget), ("forget-all", mlforget_cmds.forget_all_cmd),

@@ -7,8 +7,10 @@ Avg. Gap to retraining, with 95 % intervals and tie groups.
     scrubnet bench --no-tune --out runs/bench-defaults                # the defaults (as released)
     scrubnet bench --dataset cifar10 --dry-run                        # the field's protocol: sizes, epochs, time
     scrubnet bench --dataset cifar10 --data-dir DIR --out runs/cifar  # the field's protocol on the python batches
+    scrubnet bench --dataset cifar10 --data-dir DIR --device cuda --out runs/cifar   # … on a GPU
     scrubnet bench --dataset cifar10 --scale 0.02 --data-dir DIR --out runs/cifar-cpu   # a CPU-sized version
     scrubnet bench --engine ray --out runs/bench                      # jobs on a local Ray
+    scrubnet bench --dataset tofu-synthetic --out runs/tofu           # forget people from a fine-tuned LM
 
 Writes bench.json, bench.md, bench.png and ``OUT/jobs/`` (one file per finished job: a killed bench run again
 with the same --out resumes). Bad input gives one line ``error: …`` naming the option and the value given, and
@@ -22,15 +24,17 @@ from typing import Optional
 import typer
 
 from scrubnet.atomic_io import prepare_output_dir
+from scrubnet.cli import bench_tofu
 from scrubnet.audit.engine import make_engine
-from scrubnet.cli.common import DATASET_HELP, MODEL_HELP, QUIET_OPTION, UserError, console, parse_list, \
-    threads_option
+from scrubnet.cli.common import DATASET_HELP, DEVICE_OPTION, MODEL_HELP, QUIET_OPTION, UserError, console, \
+    parse_list, threads_option
 from scrubnet.cli.run import CONFIG_HELP, _apply_dataset, _build_config
 from scrubnet.experiments.bench import (BENCH_OUTPUTS, DEFAULT_FORGET_SETS, QUICK, SETTINGS, default_methods,
                                         run_bench, setting_config, tune_grids, tune_trials)
 from scrubnet.experiments.bench_cifar import (CIFAR_FORGET_SETS, CIFAR_SEEDS, CIFAR_SETTINGS, apply_cifar_protocol,
                                               cifar_plan, render_plan)
 from scrubnet.experiments.config import read_toml
+from scrubnet.device import resolve_device
 
 #: the data sets scrubnet carries inside (no --data-dir)
 EMBEDDED = ("mnist1d", "digits")
@@ -65,7 +69,9 @@ def _check_options(engine, address, max_retries, ray_cpus, forget_sets, seeds, s
 def bench(out: Optional[Path] = typer.Option(None, "--out", help="output directory (bench.json, bench.md, "
                                              "bench.png, jobs/); not needed with --dry-run"),
           config: Optional[Path] = typer.Option(None, help=CONFIG_HELP),
-          dataset: Optional[str] = typer.Option(None, help=DATASET_HELP + " (cifar10: the field's protocol)"),
+          dataset: Optional[str] = typer.Option(None, help=DATASET_HELP + " (cifar10: the field's protocol) | "
+                                                f"{bench_tofu.DATASET} (forget people from a fine-tuned language "
+                                                "model, scored as TOFU)"),
           data_dir: Optional[Path] = typer.Option(None, help="directory of a file-based dataset (CIFAR-10: the "
                                                   "python batches)"),
           model: Optional[str] = typer.Option(None, help=MODEL_HELP),
@@ -85,18 +91,29 @@ def bench(out: Optional[Path] = typer.Option(None, "--out", help="output directo
           no_tune: bool = typer.Option(False, "--no-tune", help="run every method at its defaults (as released "
                                        "for the field's methods; no tuning on the validation split)"),
           engine: str = typer.Option("local", help="local | ray"),
+          exact: Optional[str] = typer.Option(None, help=f"{bench_tofu.DATASET}: the exact route, retrain (re-fine-"
+                                              "tune without the people) | sharded (the isolated engine; default)"),
           address: Optional[str] = typer.Option(None, help="HOST:PORT of a running Ray cluster (with --engine ray)"),
           ray_cpus: Optional[int] = typer.Option(None, "--ray-cpus", help="CPUs of a local Ray (default: all)"),
           max_retries: int = typer.Option(3, "--max-retries", help="Ray: re-runs of a task whose worker died"),
           threads: int = threads_option("torch threads per task"),
           overwrite: bool = typer.Option(False, help="replace the outputs of an earlier bench in --out (its "
                                          "finished jobs are kept and reused)"),
-          quiet: bool = QUIET_OPTION):
+          device: str = DEVICE_OPTION, quiet: bool = QUIET_OPTION):
     """Benchmark every method on the standard settings with the standard metrics (Avg. Gap to retrain), with
     95 % intervals over forget sets × seeds and the groups of methods it cannot tell apart.
 
     --out must be new, empty, or hold only the jobs/ of an interrupted bench (which resumes)."""
+    if dataset == bench_tofu.DATASET:
+        return bench_tofu.run(out, quick=quick, dry=dry_run, seeds=seeds, methods=methods, no_tune=no_tune, exact=exact,
+                              engine=engine, address=address, ray_cpus=ray_cpus, max_retries=max_retries,
+                              overwrite=overwrite, quiet=quiet,
+                              unused={"--config": config, "--data-dir": data_dir, "--model": model,
+                                      "--settings": settings, "--forget-sets": forget_sets, "--scale": scale})
+    if exact is not None:
+        raise UserError(f"--exact {exact!r}: only for --dataset {bench_tofu.DATASET}")
     _check_options(engine, address, max_retries, ray_cpus, forget_sets, seeds, scale, dataset, data_dir, config)
+    dev = resolve_device(device)
     cifar = dataset == "cifar10"
     default_sets, default_seeds = (CIFAR_FORGET_SETS, CIFAR_SEEDS) if cifar else (DEFAULT_FORGET_SETS, None)
     if quick:
@@ -127,7 +144,7 @@ def bench(out: Optional[Path] = typer.Option(None, "--out", help="output directo
     eng = make_engine(engine, address=address, num_cpus=ray_cpus, max_retries=max_retries)
     try:
         res = run_bench(cfg, out, settings=chosen, tune=not no_tune, engine=eng, threads=threads,
-                        progress=not quiet, console=console, forget_sets=n_sets)
+                        progress=not quiet, console=console, forget_sets=n_sets, device=dev)
     finally:
         eng.close()
     for s, summ in res["summary"].items():

@@ -173,7 +173,10 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                                                "own training, train(model, (x, y)) -> model; --method retrain runs "
                                                "it on D_r and the cost against retraining times it"),
            profile: Optional[Path] = typer.Option(None, help="with --method auto: the tuned profile `scrubnet "
-                                                  "tune` wrote for this model (JSON)")):
+                                                  "tune` wrote for this model (JSON)"),
+           references: Optional[Path] = typer.Option(None, "--references", help="the reference models `scrubnet "
+                                                     "references` wrote for these weights and data: the "
+                                                     "forgetting verdict's scores are calibrated by them")):
     """Scrub a checkpoint: forget the given sample ids with one method, write the scrubbed checkpoint.
 
     Your own model: --model FILE.py:FACTORY --weights W --data D.npz [--recipe R.toml]; the scrubbed weights
@@ -181,8 +184,14 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
 
     With test data (the split's test set; x_test/y_test in --data) the forgetting verdict is printed: does D_f
     now look like data the model never saw? A forgetting method ending at did_not_forget or moved_wrong_way
-    fails unless --warn-not-forgotten."""
+    fails unless --warn-not-forgotten. --references DIR (written once by `scrubnet references`) calibrates it."""
     own = _own_model_args(checkpoint, model, weights, data, recipe, model_option, force, train=train)
+    if references is not None and not own:
+        raise UserError("--references applies to your own model (--model/--weights/--data); `scrubnet run "
+                        "--references N` trains them for scrubnet's protocol")
+    if references is not None and not (Path(references) / "references.json").is_file():
+        raise UserError(f"--references {references} holds no reference models (no references.json): write them "
+                        "with `scrubnet references`")
     if json_out is not None and not dry_run:
         raise UserError(f"--json {json_out} applies to --dry-run only")
     if out is None and not dry_run:
@@ -203,7 +212,7 @@ def forget(checkpoint: Optional[Path] = typer.Option(None, help="a checkpoint sc
                               data=data, forget_ids=read_forget_ids(forget_ids), method=method, method_options=opts,
                               recipe_path=recipe, out=out, seed=0 if seed is None else seed, force=force,
                               device=resolve_device(device), before_scrub=budget, on_not_forgotten=on_not_forgotten,
-                              train_spec=train, profile=tuned)
+                              train_spec=train, profile=tuned, references=references)
         if meta is not None:
             v = meta.get("forgetting")
             _print_verdict(v, meta.get("warnings", []))

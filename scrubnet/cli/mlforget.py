@@ -6,6 +6,7 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
     scrubnet mlforget finetune --model FILE.py:FACTORY|hf:DIR [--weights W] --data D.npz \
         --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05|auto]
         [--core-ids 0,1,2 [--core-lr 0.01 --core-epochs 40] [--no-core-check]]
+        [--strategy linearised|sharded|auto [--shards 4 --slices 4 --epochs 20 --lr 1e-3 --batch-size 32]]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
     scrubnet mlforget forget-all --checkpoint ml/
@@ -33,7 +34,9 @@ from scrubnet.experiments.checkpoints import ml_data_loader
 from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.data.user import load_user_data
 from scrubnet.methods.mlforget import ml_config_from_options
-from scrubnet.mlforget.finetune import forgettable_finetune
+from scrubnet.mlforget.finetune import state_dict_sha256
+from scrubnet.mlforget.preflight import STRATEGIES, TOLERANCE, fit_engine, preflight
+from scrubnet.mlforget.sharded import AGGREGATES, ENGINE as SHARDED
 from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_inputs, default_weights, finetune_record,
                                       load_base, main_input, parse_user_weights)
 from scrubnet.models.call import call_model
@@ -165,6 +168,19 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                              help="compare the core point with the pretrained point on held-out "
                                              "samples and drop a core that makes the model worse (off: your "
                                              "own validation decides)"),
+             strategy: str = typer.Option("linearised", "--strategy", help="the exact engine: linearised "
+                                          "(closed-form deletion of a linearised fine-tune) | sharded (ordinary "
+                                          "fine-tuning of isolated adapters; a deletion retrains its shard) | auto "
+                                          "(a pre-flight on held-out data chooses, and says why)"),
+             shards: int = typer.Option(4, "--shards", help="sharded: S, isolated adapters"),
+             slices: int = typer.Option(4, "--slices", help="sharded: R, slices (checkpoints) per shard"),
+             epochs: int = typer.Option(20, "--epochs", help="sharded: epochs budget of each shard (and of the "
+                                        "pre-flight's ordinary fine-tuning on half the data)"),
+             lr: float = typer.Option(1e-3, "--lr", help="sharded: Adam learning rate"),
+             batch_size: int = typer.Option(32, "--batch-size", help="sharded: batch size"),
+             aggregate: str = typer.Option("mean", "--aggregate", help="sharded: mean (of probabilities) | vote"),
+             tolerance: float = typer.Option(TOLERANCE, "--tolerance", help="auto: the largest held-out error gap "
+                                             "(linearised − ordinary) that keeps the linearised engine"),
              threads: int = threads_option(THREADS_HELP),
              device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
@@ -174,6 +190,7 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
     require_writable(out)
     mu_value = _check_finetune_options(mu, target_scale, sigma, dtype, core_lr, core_epochs)
+    _check_strategy(strategy, shards, slices, epochs, lr, batch_size, aggregate, tolerance)
     core = None if core_ids is None and core_ids_file is None else \
         read_ids(core_ids, core_ids_file, "--core-ids or --core-ids-file")
     if core is not None and len(set(core)) != len(core):
@@ -187,15 +204,46 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     ud = load_user_data(data)
     x = cast_inputs(ud.x, dtype)
     with torch.no_grad():
-        c = int(call_model(net, x[:1]).shape[1])
+        c = int(call_model(net, x[:1]).shape[-1 if ud.y.dim() == 2 else 1])
     ud.check_labels(c)
     if core is not None and (min(core) < 0 or max(core) >= len(ud.y) or len(set(core)) >= len(ud.y)):
         raise UserError(f"--core-ids must name 1 to {len(ud.y) - 1} distinct samples in [0, {len(ud.y)})")
-    state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=mu_value, target_scale=target_scale,
-                                 sigma=sigma, solver=solver, seed=seed, core_ids=core,
-                                 core_train={"lr": core_lr, "epochs": core_epochs}, check_core=core_check)
+    sharded_opts = {"shards": shards, "slices": slices, "epochs": epochs, "lr": lr, "batch_size": batch_size,
+                    "aggregate": aggregate}
+    engine, decision = strategy, None
+    if strategy == "auto":
+        decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=tolerance, target_scale=target_scale,
+                             solver=solver, seed=seed, budget={"epochs": epochs, "lr": lr,
+                                                                "batch_size": batch_size})
+        engine = decision["engine"]
+        typer.echo(f"strategy auto={engine}: {decision['reason']}")
+    if engine == SHARDED and core is not None:
+        raise UserError("--core-ids belong to the linearised engine; the sharded engine can delete every sample")
+    state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed, sharded=sharded_opts,
+                       linearised={"mu": mu_value, "target_scale": target_scale, "sigma": sigma, "solver": solver,
+                                   "core_ids": core, "core_train": {"lr": core_lr, "epochs": core_epochs},
+                                   "check_core": core_check})
+    if engine == SHARDED:
+        state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
+    state.base_sha256 = state_dict_sha256(net)  # the model file's, also when read through its label words
+    record = finetune_record(base, state, data, out)
+    record["engine"] = engine
+    if "task" in state.train_info:
+        record["task"] = state.train_info["task"]
+    if engine == SHARDED:
+        record["sharded"] = state.model.config.to_dict()
+    if decision is not None:
+        record["preflight"] = decision
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
-             data_fingerprint=ud.fingerprint, extra={"finetune": finetune_record(base, state, data, out)})
+             data_fingerprint=ud.fingerprint, extra={"finetune": record})
+    if engine == SHARDED:
+        info, check = state.train_info, state.train_info["chance_check"]
+        typer.echo(f"wrote {out}: sharded engine, {len(state.user_ids)} user samples (all deletable) in "
+                   f"{shards} shards × {slices} slices (samples per shard {info['samples_per_shard']}), "
+                   f"{state.model.num_linearized} user weights per shard; out-of-shard error {check['error']:.3f} "
+                   f"(chance {check['chance']:.3f}); base model {base['model']} (state_dict sha256 "
+                   f"{state.base_sha256[:12]}, unchanged)")
+        return
     kept = f"{len(state.core_ids)} never deletable (core)" if len(state.core_ids) else "all deletable"
     check = state.train_info.get("core_check")
     if check is not None:
@@ -211,6 +259,24 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     typer.echo(f"wrote {out}: {len(state.user_ids)} user samples ({kept}), {state.model.num_linearized} "
                f"user weights, {state.train_info.get('train_solver', '?')} solver; base model "
                f"{base['model']} (state_dict sha256 {state.base_sha256[:12]}, unchanged)")
+
+
+def _check_strategy(strategy: str, shards: int, slices: int, epochs: int, lr: float, batch_size: int,
+                    aggregate: str, tolerance: float) -> None:
+    """``UserError`` naming a bad engine option before any work."""
+    if strategy not in STRATEGIES:
+        raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if strategy != "linearised" and shards < 2:
+        raise UserError(f"--shards must be ≥ 2 (each shard is checked on the others' samples), got {shards}")
+    for name, v in (("--slices", slices), ("--epochs", epochs), ("--batch-size", batch_size)):
+        if v < 1:
+            raise UserError(f"{name} must be ≥ 1, got {v}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise UserError(f"--lr must be a finite number > 0, got {lr:g}")
+    if aggregate not in AGGREGATES:
+        raise UserError(f"--aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
+    if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise UserError(f"--tolerance must lie in [0, 1), got {tolerance:g}")
 
 
 def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional[Path] = CHECKPOINT_OPT,
@@ -239,6 +305,12 @@ def forget(checkpoint: Optional[Path] = CHECKPOINT_ARG, checkpoint_opt: Optional
         if cert.get("budget_nats") is not None:
             typer.echo(f"certificate: KL(scrubbed ‖ retrained) ≤ {cert['kl_bound_nats']:.3g} nats at σ = "
                        f"{cert['sigma']:g} (‖w − w*‖ ≤ {cert['weight_error_bound']:.3g})")
+        if info.get("engine") == SHARDED:
+            typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
+                       f"sharded engine: retrained shard(s) {info['shards_retrained']} from slice(s) "
+                       f"{info['from_slice']} ({info['sample_passes']} of the training's "
+                       f"{info['full_sample_passes']} sample-passes), {record['seconds']:.2f} s")
+            return
         typer.echo(f"request #{record['id']}: forgot {record['n_ids']} samples, {record['n_remaining']} remain; "
                    f"{info.get('solver')} solver ({info.get('iterations')} iterations), residual "
                    f"{float(info.get('relative_residual') or 0):.2e}, {record['seconds']:.2f} s")

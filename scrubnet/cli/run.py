@@ -17,7 +17,7 @@ from scrubnet.device import resolve_device
 from scrubnet.experiments.checkpoints import TRAIN_OUTPUTS, save_training
 from scrubnet.experiments.config import ExperimentConfig, dump_toml, load_config, read_toml
 from scrubnet.experiments.ml_protocols import rerender as rerender_ml, run_ml_protocol
-from scrubnet.experiments.report import mia_degenerate, report_from_dir, report_warnings
+from scrubnet.experiments.report import group_warnings, mia_degenerate, report_from_dir, report_warnings
 from scrubnet.experiments.runner import get_split, prepare_seed, resolve_methods, run_experiment
 from scrubnet.experiments.sweep import plot_sweep, run_sweep, sweep_figure_path
 from scrubnet.methods.base import available_methods
@@ -114,9 +114,13 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
                                       "machine's core count and is fastest for the small models"),
         quiet: bool = QUIET_OPTION,
         overwrite: bool = typer.Option(False, help="replace the files of an earlier run in --out"),
-        device: str = DEVICE_OPTION):
+        device: str = DEVICE_OPTION,
+        references: int = typer.Option(0, "--references", help="pairs of reference models trained per seed to "
+                                       "calibrate the forgetting verdict (2 = 4 models; 0: none)")):
     """Run the forgetting protocol: methods × seeds → results.json, report.md, figures."""
     dev = resolve_device(device)
+    if references < 0:
+        raise UserError(f"--references must be 0 or more pairs, got {references}")
     cfg = _build_config(config, dataset, data_dir, model, methods, seeds, forget_class, forget_count, forget_ids,
                         retrain_mode)
     if out.exists() and not out.is_dir():
@@ -132,9 +136,9 @@ def run(out: Path = typer.Option(..., "--out", help="output directory (results.j
     # validate everything before any work or output
     resolve_methods(cfg, get_split(cfg))
     _prepare_run_dir(out, overwrite)
-    results = run_experiment(cfg, out, progress=not quiet, console=console, device=dev)
+    results = run_experiment(cfg, out, progress=not quiet, console=console, device=dev, references=references)
     _print_summary(results)
-    for w in report_warnings(results):
+    for w in group_warnings(report_warnings(results)):
         console.print(f"[bold yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, figures in {out}")
 

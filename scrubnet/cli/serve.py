@@ -3,10 +3,11 @@
 against the service's transparency log now).
 
     scrubnet serve CHECKPOINT --tokens tokens.txt --key FILE [--witness FILE | --witness-cmd CMD]
-        [--host 127.0.0.1 --port 8000]          (or the key's PEM in SCRUBNET_RECEIPT_KEY instead of --key)
+        [--witness-init] [--retired-key OLD.pub] [--host 127.0.0.1 --port 8000]
+                                                (or the key's PEM in SCRUBNET_RECEIPT_KEY instead of --key)
     scrubnet receipt verify RECEIPT.json --key KEY.pub [--weights W.safetensors] [--ids IDS --salt S]
         [--previous PREVIOUS_RECEIPT.json]
-    scrubnet receipt audit RECEIPT.json --key KEY.pub --url http://HOST:PORT
+    scrubnet receipt audit RECEIPT.json --key KEY.pub [--retired-key OLD.pub] --url http://HOST:PORT
 
 Bad input gives one line ``error: …`` on stderr and exit code 2; a receipt that does not verify exits 2
 naming every mismatch.
@@ -77,12 +78,20 @@ def _signing_key(checkpoint: Path, key: Optional[Path]):
     return receipts.load_private_key(key), warnings
 
 
-def _witness(path: Optional[Path], command: Optional[str]):
+def _witness(checkpoint: Path, path: Optional[Path], command: Optional[str], init: bool, timeout_s: float):
+    """The witness of the options; a witness file inside the checkpoint or writable by others is refused like
+    the key (:func:`scrubnet.serve.startup.check_witness`)."""
     if path is not None and command is not None:
         raise UserError("give --witness or --witness-cmd, not both")
     if path is None and command is None:
+        if init:
+            raise UserError("--witness-init needs --witness or --witness-cmd")
         return None
-    return tlog.Witness(path=path, command=command)
+    if not timeout_s > 0:
+        raise UserError("--witness-timeout must be > 0 seconds")
+    if path is not None:
+        startup.check_witness(checkpoint, path)
+    return tlog.Witness(path=path, command=command, timeout_s=timeout_s)
 
 
 def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (scrubnet mlforget train)"),
@@ -97,12 +106,25 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
                                                  "latest signed tree head; start-up refuses a checkpoint whose "
                                                  "log does not extend it"),
           witness_cmd: Optional[str] = typer.Option(None, "--witness-cmd", help="command instead of a file: "
-                                                    "'CMD publish' reads a head on stdin, 'CMD latest' prints it"),
+                                                    "'CMD publish' reads the witness document (JSON) on stdin, "
+                                                    "'CMD latest' prints the last one"),
+          witness_init: bool = typer.Option(False, "--witness-init", help="the witness is new and empty: start "
+                                            "with it although the checkpoint's log was published before (once; "
+                                            "logged)"),
+          witness_timeout: float = typer.Option(tlog.WITNESS_TIMEOUT_S, "--witness-timeout", help="seconds a "
+                                                "--witness-cmd may take before the service refuses (fail closed)"),
           max_body: int = typer.Option(1 << 20, help="largest request body accepted, bytes (413 above)"),
           rate: float = typer.Option(2.0, help="POSTs per second one token may sustain (429 above)"),
           burst: int = typer.Option(20, help="POSTs one token may send at once"),
           max_queued: int = typer.Option(16, help="submissions one token may have queued (429 above)"),
           verify_every: float = typer.Option(30.0, help="seconds between verifications of the record while idle"),
+          read_rate: float = typer.Option(20.0, help="GETs per second one token (or, without a token, one client "
+                                          "address) may sustain (429 above)"),
+          read_burst: int = typer.Option(100, help="GETs one token or address may send at once"),
+          max_connections_per_client: int = typer.Option(32, help="connections one client address may hold open "
+                                                         "(more are closed at once; behind a proxy, see the guide)"),
+          idle_timeout: float = typer.Option(5.0, help="seconds a connection may stay without sending a whole "
+                                             "request head (idle keep-alive included) before it is closed"),
           retired_key: Optional[List[Path]] = typer.Option(None, "--retired-key", help="public key (PEM or hex) the "
                                                            "service signed with before a key rotation; repeatable"),
           threads: int = threads_option("torch CPU threads")):
@@ -120,25 +142,32 @@ def serve(checkpoint: Path = typer.Argument(..., help="ML checkpoint directory (
         raise UserError("--max-body must be in 1024..2^30 bytes")
     if not (rate > 0 and burst >= 1 and max_queued >= 1 and verify_every > 0):
         raise UserError("--rate and --verify-every must be > 0, --burst and --max-queued ≥ 1")
+    if not (read_rate > 0 and read_burst >= 1 and max_connections_per_client >= 1 and idle_timeout > 0):
+        raise UserError("--read-rate and --idle-timeout must be > 0, --read-burst and "
+                        "--max-connections-per-client ≥ 1")
     token_table = read_tokens(tokens)
     store.verify(checkpoint)  # a missing or damaged checkpoint is refused before binding
     warnings = startup.check_modes(checkpoint, tokens)  # refused before anything is written
+    startup.check_writable(checkpoint)
+    wit = _witness(checkpoint, witness, witness_cmd, witness_init, witness_timeout)
     private, key_warnings = _signing_key(checkpoint, key)
-    wit = _witness(witness, witness_cmd)
     if wit is None:
         key_warnings.append("no --witness: a restore of the whole checkpoint to an older copy is detected only by "
                             "clients holding later receipts (scrubnet receipt audit)")
     retired = [receipts.load_public_key(k) for k in retired_key or []]
     app = create_app(checkpoint, token_table, private, _cached_loader(), max_body=max_body, witness=wit,
-                     limits=Limits(rate=rate, burst=burst, max_queued=max_queued), verify_every_s=verify_every,
-                     retired_keys=retired)
+                     limits=Limits(rate=rate, burst=burst, max_queued=max_queued, read_rate=read_rate,
+                                   read_burst=read_burst),
+                     verify_every_s=verify_every, retired_keys=retired, witness_init=witness_init)
     for w in warnings + key_warnings + app.state.warnings:
         typer.echo(f"warning: {w}", err=True)
     sock = startup.bind(host, port)  # a busy port: one error line, exit 2, before claiming to serve
     typer.echo(f"serving {checkpoint} on http://{host}:{port} (public key {receipts.public_key_hex(private)}, "
                f"fingerprint {tlog.fingerprint(private)})")
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=5,
-                                  limit_concurrency=256, http=startup.guarded_http(10.0))).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                  timeout_keep_alive=max(1, int(idle_timeout)), limit_concurrency=256,
+                                  http=startup.guarded_http(idle_timeout, max_connections_per_client))
+                   ).run(sockets=[sock])
 
 
 def verify_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),
@@ -186,23 +215,35 @@ def _fetch(url: str):
 def audit_cmd(receipt: Path = typer.Argument(..., help="receipt JSON (the 'receipt' of GET /v1/requests/ID)"),
               key: Path = typer.Option(..., "--key", help="the service's public key (PEM or hex), pinned"),
               url: str = typer.Option(..., "--url", help="the service's address, e.g. http://127.0.0.1:8000"),
+              retired_key: Optional[List[Path]] = typer.Option(None, "--retired-key", help="a public key (PEM or "
+                                                               "hex) the service signed with before a rotation: "
+                                                               "receipts it signed are audited too; repeatable"),
               threads: int = threads_option("torch CPU threads (auditing a receipt needs one)")):
     """Check a receipt against the service's log now: its request is in the head it was signed in, and the
-    current head extends that one (a smaller or different log: the service was rolled back; exit 2)."""
+    current head extends that one (a smaller or different log: the service was rolled back; exit 2). A receipt
+    signed before a key rotation is checked under its --retired-key; the current head may be signed by a
+    retired key only up to the size the current key pinned it to (GET /v1/key's retirement statements)."""
     rec = read_json_file(receipt, "receipt")
     if isinstance(rec, dict) and isinstance(rec.get("receipt"), dict):
         rec = rec["receipt"]
     pub = receipts.load_public_key(key)
-    problems = receipts.verify_receipt(rec, pub)
+    retired = [receipts.load_public_key(k) for k in retired_key or []]
+    signer = next((k for k in retired if isinstance(rec, dict)
+                   and rec.get("public_key") == receipts.public_key_hex(k)), pub)
+    problems = receipts.verify_receipt(rec, signer)
     sth = rec.get("tree_head") if isinstance(rec, dict) else None
     if not problems and isinstance(sth, dict):
         base = url.rstrip("/")
+        pins = {}
+        if retired:
+            served = _fetch(f"{base}/v1/key")
+            pins = tlog.retired_pins(served.get("retired") if isinstance(served, dict) else None, pub)
         current = _fetch(f"{base}/v1/log/head")
         proof = {"proof": []}
         if isinstance(current, dict) and isinstance(current.get("tree_size"), int) \
                 and current["tree_size"] >= sth["tree_size"]:
             proof = _fetch(f"{base}/v1/log/consistency?first={sth['tree_size']}&second={current['tree_size']}")
-        problems = tlog.audit(rec, current, proof.get("proof"), pub)
+        problems = tlog.audit(rec, current, proof.get("proof"), pub, retired, pins)
     elif not problems:
         problems = ["the receipt carries no tree head (format 1): it cannot be audited against the log"]
     if problems:

@@ -1,7 +1,8 @@
 """The user's own data, from the command line: an ``.npz`` file or an image folder.
 
 **.npz** (``numpy.savez``): arrays ``x_train`` (n, ...) and ``y_train`` (n,), optionally ``x_test`` and
-``y_test`` (both or neither). Further model inputs are named arrays ``train_<name>`` (n, ...) — and
+``y_test`` (both or neither). A causal language model's labels may be token labels of the shape of
+``x_train`` (n, T): the answer tokens, −100 where no loss is taken. Further model inputs are named arrays ``train_<name>`` (n, ...) — and
 ``test_<name>`` when there is a test set, for the same names — passed to the model as the keyword argument
 ``<name>`` (e.g. ``x_train`` = token ids, ``train_attention_mask``, ``train_token_type_ids``; the model is
 called as ``model(x, attention_mask=..., token_type_ids=...)``). No other array is accepted. Floating arrays
@@ -54,6 +55,10 @@ class UserData:
         for name, y in (("y_train", self.y), ("y_test", self.y_test)):
             if y is None or len(y) == 0:
                 continue
+            if y.dim() == 2:  # token labels: -100 marks the positions without a loss
+                y = y[y != -100]
+                if len(y) == 0:
+                    raise UserDataError(f"{self.source}: {name} holds no answer token (every label is -100)")
             lo, hi = int(y.min()), int(y.max())
             if lo < 0 or hi >= num_classes:
                 raise UserDataError(f"{self.source}: {name} holds labels in [{lo}, {hi}], the model has "
@@ -90,8 +95,11 @@ def _check_pair(x: np.ndarray, y: np.ndarray, xs: str, ys: str, source: str,
     if x.dtype.kind not in "fiub" or x.ndim < 2:
         raise UserDataError(f"{source}: {xs} must be a numeric array of shape (n, ...), got dtype {x.dtype} "
                             f"and shape {x.shape}")
-    if y.ndim != 1:
-        raise UserDataError(f"{source}: {ys} must have shape (n,), got {y.shape}")
+    if y.ndim == 2 and x.ndim == 2 and y.shape == x.shape:
+        pass  # token labels of a causal LM: the answer tokens, -100 where no loss
+    elif y.ndim != 1:
+        raise UserDataError(f"{source}: {ys} must have shape (n,) (or, token labels of a causal LM, the shape of "
+                            f"{xs}), got {y.shape}")
     if y.dtype.kind not in "iu":
         raise UserDataError(f"{source}: {ys} must hold integer class labels, got dtype {y.dtype} "
                             "(store them with .astype('int64'))")

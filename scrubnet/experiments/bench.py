@@ -43,7 +43,7 @@ from scrubnet._config import tiny_mode
 from scrubnet.audit.engine import LocalEngine
 from scrubnet.atomic_io import atomic_write_json, atomic_write_text
 from scrubnet.experiments.bench_report import plot_bench, render_bench, summarise_setting
-from scrubnet.experiments.bench_stats import best_index, next_trial, on_edge
+from scrubnet.experiments.bench_stats import best_index, choice_tolerance, next_trial, on_edge
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.progress import make_progress
 from scrubnet.experiments.runner import get_split, prepare_seed, scrub_method
@@ -198,16 +198,17 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
 _PREPARED: dict = {}
 
 
-def _prepared(cfg: ExperimentConfig, seed: int):
-    """The seed's original and retrain models (kept for the jobs of the same task: one entry)."""
-    key = (cfg.to_json(), seed)
+def _prepared(cfg: ExperimentConfig, seed: int, device: str | None = None):
+    """The seed's original and retrain models on ``device`` (default CPU; kept for the jobs of the same task:
+    one entry)."""
+    key = (cfg.to_json(), seed, str(device or "cpu"))
     if key not in _PREPARED:
         _PREPARED.clear()
-        _PREPARED[key] = prepare_seed(cfg, seed)
+        _PREPARED[key] = prepare_seed(cfg, seed, device)
     return _PREPARED[key]
 
 
-def run_job(cfg: ExperimentConfig, job: dict) -> dict:
+def run_job(cfg: ExperimentConfig, job: dict, device: str | None = None) -> dict:
     """Run one job and measure it: its scrub's standard metrics, Avg. Gap to the seed's retrain, the scrub's
     wall time (s) and its verdict (``ok``; the reasons of a failure).
 
@@ -217,6 +218,8 @@ def run_job(cfg: ExperimentConfig, job: dict) -> dict:
         The forget set's configuration (:func:`setting_config`).
     job : dict
         ``setting``, ``role`` ("tune" or "eval"), ``forget_set``, ``seed``, ``method``, ``options``.
+    device : str, optional
+        Where the models train and scrub (default CPU).
 
     Returns
     -------
@@ -224,7 +227,7 @@ def run_job(cfg: ExperimentConfig, job: dict) -> dict:
         The job with ``metrics`` (fractions), ``time_s``, ``ok``, ``reasons``. A scrub that raised (e.g. a tuning
         value that makes the weights non-finite) gives ``metrics`` None, ``ok`` False and the error as reason.
     """
-    sr = _prepared(cfg, job["seed"])
+    sr = _prepared(cfg, job["seed"], device)
     try:
         checked, t = scrub_method(job["method"], sr, job["options"])
     except (ValueError, RuntimeError, FloatingPointError) as e:
@@ -244,15 +247,17 @@ def bench_task(shared: dict, payload: dict) -> list[dict]:
     cfg = ExperimentConfig.from_dict(payload["config"])
     out = []
     for key, job in payload["jobs"]:
-        res = run_job(cfg, job)
+        dev = shared.get("device")
+        res = run_job(cfg, job) if dev is None else run_job(cfg, job, dev)
         atomic_write_json(Path(shared["jobs_dir"]) / f"{key}.json", res)
         out.append(res)
     return out
 
 
-def choose(results: list[dict]) -> dict:
-    """The tuned value: the value of the smallest validation Avg. Gap (a run that failed only if every value
-    failed; ties: the first tried).
+def choose(results: list[dict], tol: float = 0.0) -> dict:
+    """The tuned value: the first value tried whose validation Avg. Gap is within ``tol`` of the smallest (a run
+    that failed only if every value failed; ``tol``: :func:`~scrubnet.experiments.bench_stats.choice_tolerance`
+    of the setting, so that gaps one forget sample apart count as a tie, broken by the order tried).
 
     Parameters
     ----------
@@ -263,7 +268,8 @@ def choose(results: list[dict]) -> dict:
     -------
     dict
         ``option``, ``grid`` (the values in the order tried), ``avg_gap`` (one per value, fractions), ``ok`` (per
-        value), ``chosen``, ``trials`` and ``on_edge`` (the choice is the smallest or largest value tried).
+        value), ``chosen``, ``trials``, ``on_edge`` (the choice is the smallest or largest value tried) and
+        ``tolerance``.
     """
     if not results:
         raise ValueError("no tuning result to choose from")
@@ -271,9 +277,9 @@ def choose(results: list[dict]) -> dict:
     gaps = [_gap(r) for r in results]
     ok = [bool(r["ok"]) for r in results]
     grid = [r["options"][option] for r in results]
-    chosen = grid[best_index(gaps, ok)]
+    chosen = grid[best_index(gaps, ok, tol)]
     return {"option": option, "grid": grid, "avg_gap": [None if g == float("inf") else g for g in gaps], "ok": ok,
-            "chosen": chosen, "trials": len(grid), "on_edge": on_edge(grid, chosen)}
+            "chosen": chosen, "trials": len(grid), "on_edge": on_edge(grid, chosen), "tolerance": float(tol)}
 
 
 def _gap(r: dict) -> float:
@@ -352,14 +358,16 @@ def _tune(cfg, settings, grids, run_stage, n_sets) -> dict:
                 vals.append(new)
                 pending[(s, m)] = [new]
     tuning: dict = {s: {} for s in settings}
+    tols = {s: choice_tolerance(len(get_split(setting_config(cfg, s, "validation", 0)).forget_idx))
+            for s in settings}
     for (s, m), rs in results.items():
-        tuning[s][m] = {**choose(rs), "space": grids[m][2]}
+        tuning[s][m] = {**choose(rs, tols[s]), "space": grids[m][2]}
     return tuning
 
 
 def run_bench(cfg: ExperimentConfig, out_dir: str | Path, *, settings: list[str] | None = None, tune: bool = True,
               engine=None, threads: int | None = None, progress: bool = True, console=None,
-              forget_sets: int = DEFAULT_FORGET_SETS) -> dict:
+              forget_sets: int = DEFAULT_FORGET_SETS, device: str | torch.device | None = None) -> dict:
     """Run the bench (module docstring) and write its outputs into ``out_dir``.
 
     Parameters
@@ -380,6 +388,8 @@ def run_bench(cfg: ExperimentConfig, out_dir: str | Path, *, settings: list[str]
         The progress bar and its console.
     forget_sets : int
         Forget sets per setting (default :data:`DEFAULT_FORGET_SETS`; the class setting: at most c − 1).
+    device : str or torch.device, optional
+        Where every task trains and scrubs (default CPU; e.g. "cuda" for the CIFAR-10 protocol).
 
     Returns
     -------
@@ -397,7 +407,7 @@ def run_bench(cfg: ExperimentConfig, out_dir: str | Path, *, settings: list[str]
     grids = tune_grids(methods) if tune else {}
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    shared = {"jobs_dir": str(out / "jobs"), "threads": threads}
+    shared = {"jobs_dir": str(out / "jobs"), "threads": threads, "device": None if device is None else str(device)}
     fp = config_fingerprint(cfg)
     engine = engine or LocalEngine()
     counts = {"run": 0, "reused": 0}

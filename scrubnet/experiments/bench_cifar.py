@@ -1,19 +1,19 @@
 """The field's CIFAR-10 protocol for ``scrubnet bench --dataset cifar10`` and its plan (``--dry-run``).
 
-The field's setting (docs/decisions/bench.md and docs/decisions/field-methods.md): a ResNet-18 (scrubnet's own,
-:class:`~scrubnet.models.zoo.ResNet18`) trained from scratch on 45,000 of CIFAR-10's 50,000 training images (the
-other 5,000 held out), SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 128, 182 epochs, with augmentation;
-forget sets: 10 % random (4,500 images) and one class (4,500 images); the test set's 10,000 images. The field
-methods then run at their released epochs, and each tuned knob gets the bench's trials.
+The field's setting (the OPTML-Group releases' ``main_train.py`` defaults, which the unlearning papers of
+2023–26 train their originals with): a ResNet-18 (scrubnet's own, :class:`~scrubnet.models.zoo.ResNet18`)
+trained from scratch on 45,000 of CIFAR-10's 50,000 training images (the other 5,000 held out), SGD lr 0.1,
+momentum 0.9, weight decay 5e-4 *toward zero* (SGD's own decay, ``decay_toward="zero"``: not the pull toward the
+initial weights of scrubnet's fine-tuning recipe), batch 256, 182 epochs with a step schedule (the rate × 0.1
+after epochs 91 and 136: ``MultiStepLR``), random crop with 4-pixel padding and a horizontal flip
+(``crop_flip``); forget sets: 10 % random (4,500 images) and one class (4,500 images); the test set's 10,000
+images. The field methods then run at their released defaults, and each tuned knob gets the bench's trials.
 
 :func:`apply_cifar_protocol` writes that setting into an experiment configuration, ``scale`` ∈ (0, 1] shrinking
-the images per class, the epochs and the network's width together (a CPU-sized version); :func:`cifar_plan`
-counts what a run trains — without reading any data — and estimates its time from the methods' cost models
-(:func:`scrubnet.cost_guard.estimate`) at :data:`GPU_FLOPS`.
-
-What scrubnet's training loop cannot express of the field's recipe (said in the plan): its augmentation is a
-random shift by up to one pixel plus Gaussian noise (``shift_noise``), not a 4-pixel pad-and-crop with a
-horizontal flip, and its rate is constant (no cosine schedule).
+the images per class, the epochs (the milestones with them) and the network's width together (a CPU-sized
+version); :func:`cifar_plan` counts what a run trains — without reading any data — and estimates its time from
+the methods' cost models (:func:`scrubnet.cost_guard.estimate`) at :data:`GPU_FLOPS`. ``--device cuda`` runs it
+on a GPU.
 """
 from __future__ import annotations
 
@@ -29,13 +29,17 @@ from scrubnet.training.cost import train_cost
 
 #: the field's split of CIFAR-10's 50,000 training images, per class: trained on, held out
 TRAIN_PER_CLASS, HELD_OUT_PER_CLASS, TEST_PER_CLASS = 4_500, 500, 1_000
-#: the field's training recipe
-EPOCHS, LR, MOMENTUM, WEIGHT_DECAY, BATCH = 182, 0.1, 0.9, 5e-4, 128
+#: the field's training recipe (OPTML-Group ``main_train.py``: --epochs 182, --lr 0.1, --momentum 0.9,
+#: --weight_decay 5e-4, --batch_size 256, --decreasing_lr 91,136)
+EPOCHS, LR, MOMENTUM, WEIGHT_DECAY, BATCH = 182, 0.1, 0.9, 5e-4, 256
+MILESTONES, GAMMA = (91, 136), 0.1
+#: the field's augmentation (torchvision RandomCrop(32, padding=4) + RandomHorizontalFlip)
+AUGMENT = "crop_flip"
 #: the settings the field runs on CIFAR-10
 CIFAR_SETTINGS = ("random-10", "class")
 #: forget sets × seeds of a full run (sized for one GPU: each unit trains an original and a retrain)
 CIFAR_FORGET_SETS, CIFAR_SEEDS = 3, 1
-#: the effective training throughput assumed for the estimate (FLOP/s): ResNet-18 on 32×32 images at batch 128
+#: the effective training throughput assumed for the estimate (FLOP/s): ResNet-18 on 32×32 images at batch 256
 #: in TF32 on one H100 runs far below the peak; 1.5e13 gives ≈ 5 s per 45,000-image epoch (an assumption, not a
 #: measurement: no GPU was available to check it)
 GPU_FLOPS = 1.5e13
@@ -47,6 +51,17 @@ def scaled_width(scale: float) -> float:
     if scale >= 1.0:
         return 1.0
     return max(1 / 16, 2.0 ** round(math.log2(scale)))
+
+
+def scaled_milestones(epochs: int) -> list[int]:
+    """The step schedule's milestones for a run of ``epochs`` epochs: 91/182 and 136/182 of it (rounded, at
+    least 1, increasing, below ``epochs``; the field's 91 and 136 at 182 epochs)."""
+    out = []
+    for m in MILESTONES:
+        v = max(1, int(round(m * epochs / EPOCHS)))
+        if v < epochs and (not out or v > out[-1]):
+            out.append(v)
+    return out
 
 
 def apply_cifar_protocol(cfg: ExperimentConfig, scale: float = 1.0) -> ExperimentConfig:
@@ -62,8 +77,8 @@ def apply_cifar_protocol(cfg: ExperimentConfig, scale: float = 1.0) -> Experimen
     Returns
     -------
     ExperimentConfig
-        ``cfg``: ten task classes, no pre-training core, ResNet-18, the field's recipe (BatchNorm trained, the
-        pull toward the initialisation at the field's decay coefficient), ``shift_noise`` augmentation.
+        ``cfg``: ten task classes, no pre-training core, ResNet-18, the field's recipe (BatchNorm trained, SGD's
+        weight decay toward zero, the step schedule, ``crop_flip`` augmentation).
     """
     if not 0.0 < float(scale) <= 1.0:
         raise ValueError(f"scale must be in (0, 1], got {scale!r}")
@@ -77,7 +92,9 @@ def apply_cifar_protocol(cfg: ExperimentConfig, scale: float = 1.0) -> Experimen
     t.lr, t.momentum, t.wd, t.batch_size = LR, MOMENTUM, WEIGHT_DECAY, BATCH
     t.min_epochs = t.max_epochs = epochs
     t.freeze_bn = False
-    t.augment = "shift_noise"
+    t.decay_toward = "zero"
+    t.lr_milestones, t.lr_gamma = scaled_milestones(epochs), GAMMA
+    t.augment = AUGMENT
     return cfg
 
 
@@ -109,7 +126,8 @@ def cifar_plan(methods: list[str], *, scale: float = 1.0, forget_sets: int = CIF
     dict
         ``split`` (train, held out, test, per setting |D_f| and |D_r|), ``epochs``, ``width``, ``units``,
         ``trainings`` (originals and retrains), ``scrubs`` (tuning and evaluation), ``flops``, ``gpu_hours``
-        (at :data:`GPU_FLOPS`) and ``deviations`` (what differs from the field's recipe).
+        (at :data:`GPU_FLOPS`), ``milestones`` and ``deviations`` (what differs from the field's recipe: none
+        at scale 1).
     """
     epochs = max(1, int(round(EPOCHS * scale)))
     n_train = 10 * max(2, int(round(TRAIN_PER_CLASS * scale)))
@@ -138,16 +156,20 @@ def cifar_plan(methods: list[str], *, scale: float = 1.0, forget_sets: int = CIF
                       **{s: {"forget": n_f, "retain": n_train - n_f} for s, n_f in sizes.items()}},
             "epochs": epochs, "width": scaled_width(scale), "units": forget_sets * seeds, "trainings": trainings,
             "scrubs": scrubs, "flops": flops, "gpu_hours": flops / GPU_FLOPS / 3600,
-            "deviations": ["augmentation: a shift by up to 1 pixel + Gaussian noise (shift_noise), not a 4-pixel "
-                           "pad-and-crop with a horizontal flip", "a constant rate, not a cosine schedule"]}
+            "milestones": scaled_milestones(epochs),
+            "deviations": [] if scale >= 1.0 else [f"scaled by {scale:g}: images per class, epochs, milestones "
+                                                   "and width"]}
 
 
 def render_plan(plan: dict, scale: float) -> list[str]:
-    """The lines ``--dry-run`` prints."""
+    """The lines ``--dry-run`` prints: the recipe as the field states it, the split, the work and its estimate."""
     sp = plan["split"]
+    ms = plan["milestones"]
+    sched = (f"step schedule: lr × {GAMMA:g} after epochs {' and '.join(str(m) for m in ms)} of {plan['epochs']}"
+             if ms else f"constant rate over {plan['epochs']} epochs")
     return [f"CIFAR-10, the field's protocol at scale {scale:g}: ResNet-18 (width ×{plan['width']:g}) trained from "
-            f"scratch, SGD lr {LR}, momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}, batch {BATCH}, "
-            f"{plan['epochs']} epochs",
+            f"scratch; SGD lr {LR:g}, momentum {MOMENTUM:g}, weight decay {WEIGHT_DECAY:g} toward zero; batch "
+            f"{BATCH}; {sched}; augmentation: random crop with 4-pixel padding + horizontal flip",
             f"split: {sp['train']:,} training images / {sp['held_out']:,} held out / {sp['test']:,} test",
             f"random-10: |D_f| = {sp['random-10']['forget']:,}, |D_r| = {sp['random-10']['retain']:,}; "
             f"class: |D_f| = {sp['class']['forget']:,}, |D_r| = {sp['class']['retain']:,}",
@@ -155,4 +177,4 @@ def render_plan(plan: dict, scale: float) -> list[str]:
             f"(originals and retrains, validation splits included), {plan['scrubs']} scrubs",
             f"estimated: {plan['flops']:.2e} FLOP ≈ {plan['gpu_hours']:.1f} h on one GPU at an effective "
             f"{GPU_FLOPS:.1e} FLOP/s (an assumption, not a measurement)",
-            "differs from the field's recipe: " + "; ".join(plan["deviations"])]
+            "differs from the field's recipe: " + ("; ".join(plan["deviations"]) or "nothing")]

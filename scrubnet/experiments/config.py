@@ -140,10 +140,14 @@ KEY_DOCS = {
     "train.wd_until": "fine-tuning epoch where the pull stops (unset: never)",
     "train.pretrain_wd_from": "first pre-training epoch with weight decay",
     "train.pretrain_wd_until": "pre-training epoch where weight decay stops (unset: never)",
-    "train.augment": "fine-tuning augmentation: none | shift_noise (random shift + Gaussian noise)",
+    "train.augment": "fine-tuning augmentation: none | shift_noise (random shift + Gaussian noise) | crop_flip "
+                     "(CIFAR's 4-pixel pad-and-crop + horizontal flip)",
+    "train.decay_toward": "target of the fine-tuning decay: init (the pull toward w_0) | zero (SGD weight decay)",
+    "train.lr_milestones": "epochs after which the rate is multiplied by lr_gamma (a step schedule; empty: constant)",
+    "train.lr_gamma": "the step schedule's factor",
     "train.augment_from": "first fine-tuning epoch with augmentation",
     "train.augment_until": "fine-tuning epoch where augmentation stops (unset: never)",
-    "train.pretrain_augment": "pre-training augmentation: none | shift_noise",
+    "train.pretrain_augment": "pre-training augmentation: none | shift_noise | crop_flip",
     "train.pretrain_augment_from": "first pre-training epoch with augmentation",
     "train.pretrain_augment_until": "pre-training epoch where augmentation stops (unset: never)",
 }

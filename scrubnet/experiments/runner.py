@@ -45,6 +45,7 @@ from scrubnet.readouts.activation_info import activation_information_sets
 from scrubnet.readouts.basic import activation_l1, error_and_loss, softmax_entropy
 from scrubnet.readouts.information import weight_information, weight_step_geometry
 from scrubnet.readouts.mia import membership_attack_flagged
+from scrubnet.readouts.references import ReferenceModels, train_references
 from scrubnet.readouts.relearn import relearn_time
 from scrubnet.readouts.standard import StandardMetrics, standard_readouts
 from scrubnet.training import TrainHistory, finetune, finetune_start, pretrain, retrain
@@ -137,19 +138,32 @@ def configured_method(name: str, sr: SeedRun, options: dict | None = None) -> Fo
     return protocol_method(name, **opts)
 
 
+def seed_references(sr: SeedRun, pairs: int) -> ReferenceModels:
+    """The verdict's reference models of the seed's original: 2·``pairs`` models fine-tuned from the same start
+    with the same recipe, each pair on complementary random halves of D (seeded by the run's seed)."""
+    s = sr.split
+
+    def fit(idx, seed):
+        sel = torch.as_tensor(idx, dtype=torch.long, device=s.x.device)
+        return finetune(sr.start, s.x[sel], s.y[sel], sr.config.train, seed)[0].eval()
+    return train_references(fit, len(s.y), pairs=pairs, seed=sr.seed)
+
+
 def scrub_method(name: str, sr: SeedRun, options: dict | None = None, *,
-                 verdict: bool = False) -> tuple[ForgetResult, float]:
+                 verdict: bool = False, references: ReferenceModels | None = None) -> tuple[ForgetResult, float]:
     """Run one method on the seed's original model through :func:`scrubnet.scrub.scrub_and_measure` (the one
     scrub path; its retain-error rule reported in ``checks`` and a failing forgetting verdict in ``warnings``,
     neither failing the run, so the protocol's results record the method's own verdict); returns the result
     and its wall time (s, the checks included, the forgetting verdict not). ``verdict``: also judge D_f
-    against the test set (``result.forgetting``)."""
+    against the test set (``result.forgetting``), calibrated by ``references`` when given."""
     method = configured_method(name, sr, options)
     ctx = copy.copy(sr.ctx)  # methods may add to ctx.cache (shared dict) but not rebind the fields
     t0 = time.perf_counter()
     test = sr.split.test if verdict and len(sr.split.y_test) else None
+    refs = references if test is not None else None
     out = scrub_and_measure(method, sr.original, sr.split.retain, sr.split.forget, ctx, retain_rule="report",
-                            test=test, on_not_forgotten="warn")
+                            test=test, on_not_forgotten="warn", references=refs,
+                            forget_ids=None if refs is None else sr.split.forget_idx.tolist())
     return out, time.perf_counter() - t0 - out.report.get("verdict_seconds", 0.0)
 
 
@@ -277,9 +291,10 @@ def _numeric_info(info: dict) -> dict[str, float]:
 
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True,
-                   console=None, device: torch.device | str | None = None) -> dict:
+                   console=None, device: torch.device | str | None = None, references: int = 0) -> dict:
     """Run methods × seeds on ``device`` (default CPU); when ``out_dir`` is given write results.json,
-    report.md and figures there."""
+    report.md and figures there. ``references``: pairs of reference models trained per seed for the
+    forgetting verdict (0: none; their cost is ``protocol[seed]["references_s"]``, outside every ``time_s``)."""
     device = torch.device(device or "cpu")
 
     split = get_split(cfg)
@@ -303,11 +318,16 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path | None = None, pro
                 **{f"{k}_epochs": v.epochs for k, v in sr.histories.items()},
                 **{f"{k}_zero_error_epoch": v.zero_error_epoch for k, v in sr.histories.items()},
                 **{f"{k}_train_error": v.final_error for k, v in sr.histories.items()}}
+            refs = None
+            if references:
+                bar.update(task, description=f"seed {seed}: {2 * references} reference models")
+                refs = seed_references(sr, references)
+                results["protocol"][str(seed)]["references_s"] = refs.seconds
             bar.advance(task)
             steps: dict[str, nn.Module] = {}
             for m in methods:
                 bar.update(task, description=f"seed {seed}: {m}")
-                checked, t = scrub_method(m, sr, verdict=True)
+                checked, t = scrub_method(m, sr, verdict=True, references=refs)
                 res = checked.scrub
                 readouts = measure(m, res, sr)
                 run = {"seed": seed, "time_s": t, "readouts": readouts,

@@ -30,6 +30,9 @@ from scrubnet.training.guard import guard_after_step, guard_scope
 
 #: optimisers the field's methods are written with
 OPTIMISERS = ("sgd", "adam")
+#: the batch size of the OPTML-Group releases (``--batch_size`` 256: GA, ℓ1-sparse, SalUn, Boundary Shrink) and of
+#: Bad-Teacher's ``blindspot``
+RELEASED_BATCH = 256
 
 
 def make_optimiser(model: nn.Module, kind: str, lr: float, momentum: float = 0.0,
@@ -58,11 +61,12 @@ def check_positive(**values) -> None:
             raise ValueError(f"{k} must be > 0, got {v!r}")
 
 
-def sgd_options(lr: float) -> dict[str, Option]:
-    """The SGD options of the field methods that fine-tune with SGD (``lr``: its default step size)."""
+def sgd_options(lr: float, batch: int | None = RELEASED_BATCH) -> dict[str, Option]:
+    """The SGD options of the field methods that fine-tune with SGD (``lr``: its default step size; ``batch``:
+    its released batch size, None for the recipe's)."""
     return {"epochs": Option(int, ">= 1", default=10), "lr": Option(float, "> 0", default=lr),
             "momentum": Option(float, "[0, 1)", default=0.9), "weight_decay": Option(float, ">= 0", default=5e-4),
-            "batch_size": Option(int | None, ">= 1", default=None)}
+            "batch_size": Option(int | None, ">= 1", default=batch)}
 
 
 class SGDFieldMethod(ForgettingMethod):
@@ -131,13 +135,16 @@ def tensor_batches(x: Tensor, y: Tensor, batch_size: int, g: torch.Generator) ->
         yield x[idx], y[idx]
 
 
-def mixed_batches(retain: DataStream, x_e, y_e: Tensor, batch_size: int, g: torch.Generator, dev: torch.device,
-                  what: str) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+def mixed_batches(retain: DataStream, x_e, y_e: Tensor, batch_size: int, g: torch.Generator | None,
+                  dev: torch.device, what: str, order: Tensor | None = None) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """One pass over D_r ⊔ E (E = (x_e, y_e) in memory) in batches of a seeded permutation of the N_r + N_e
-    positions: ``(x, y, from_e)`` with ``from_e`` (bool, (B,)) marking E's samples. D_r must be indexable."""
+    positions (or of the given ``order`` of them, e.g. ``arange``: D_r then E, unshuffled): ``(x, y, from_e)``
+    with ``from_e`` (bool, (B,)) marking E's samples. D_r must be indexable."""
     retain = by_index(retain, what)
     n_r, n_e = len(retain), len(y_e)
-    order = torch.randperm(n_r + n_e, generator=g, device=g.device).cpu()
+    if order is None:
+        order = torch.randperm(n_r + n_e, generator=g, device=g.device)
+    order = order.cpu()
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         from_e = idx >= n_r
@@ -167,6 +174,27 @@ def by_index(retain: DataStream, what: str) -> DataStream:
         raise ValueError(f"{what} draws batches from D_r and other samples together: give D_r as tensors, an "
                          "indexable Dataset, or a DataLoader over a map-style Dataset")
     return view
+
+
+class SubsetStream(DataStream):
+    """The samples ``idx`` (1-D int64) of an indexable stream, read on demand, in that order."""
+
+    def __init__(self, base: DataStream, idx: Tensor, what: str = "this method"):
+        if not base.indexable:
+            raise ValueError(f"{what} draws a part of D_r: give D_r as tensors or an indexable Dataset, "
+                             "not a DataLoader")
+        self.base, self.idx, self.kind, self.chunk_size, self._len = base, idx, "dataset", base.chunk_size, len(idx)
+
+    def take(self, idx):
+        return self.base.take(self.idx[torch.as_tensor(idx, dtype=torch.long)])
+
+
+def stream_labels(data: DataStream) -> Tensor:
+    """The labels of every sample of an indexable stream, in its order (int64, (N,), on the CPU)."""
+    if data.kind == "tensors":
+        return data.y.cpu()
+    return torch.cat([data.take(torch.arange(i, min(i + data.chunk_size, len(data))))[1].cpu()
+                      for i in range(0, len(data), data.chunk_size)])
 
 
 def kl_to_targets(student_logits: Tensor, target_probs: Tensor, T: float = 1.0) -> Tensor:

@@ -6,10 +6,13 @@ network of the same architecture ("incompetent"). Batches mix a random ``retain_
 D_f; every sample's target is the softmax at temperature T of the competent teacher (a D_r sample) or of the
 incompetent one (a D_f sample), and the student descends the mean KL(target ‖ softmax(student/T)).
 
-The released setting (the SSD repository's ``blindspot``: 1 epoch, Adam lr 1e-4, 30 % of D_r, batch 256) makes
-⌈(0.3·40,500 + 4,500)/256⌉ = :data:`CIFAR_STEPS` optimiser steps on CIFAR-10's random-10 split; on a small data
-set the same batch of 256 would make one step. So the default batch size scales with the data: as many samples
-per batch (at most 256) as make about :data:`CIFAR_STEPS` steps in the epoch (:func:`scaled_batch`).
+The released setting (the SSD repository's ``blindspot``, from vikram2000b/bad-teaching-unlearning): 1 epoch,
+Adam lr 1e-4, 30 % of D_r, batch 256, and the loss ``F.kl_div(log_softmax(s/T), q)`` with torch's default
+reduction "mean": the sum over the batch *and the c classes* divided by B·c (``kl="mean"``, the default; with Adam a
+constant factor changes only the weight of its ε). On CIFAR-10's random-10 split that makes
+⌈(0.3·40,500 + 4,500)/256⌉ = :data:`CIFAR_STEPS` steps; on a small data set a batch of 256 makes one or two.
+scrubnet's former choices are options: ``scale_batch=True`` (as many samples per batch, at most 256, as make about
+:data:`CIFAR_STEPS` steps: :func:`scaled_batch`) and ``kl="batchmean"`` (the KL per sample).
 Defaults and sources: docs/decisions/field-methods.md ("Bad-Teacher").
 """
 from __future__ import annotations
@@ -23,16 +26,16 @@ from torch import Tensor, nn
 
 from scrubnet.data.stream import DataStream
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, forget_in_memory, generator_for,
-                                     guarded_epochs, kl_to_targets, make_optimiser, mixed_batches, step, train_cost,
-                                     train_mode)
+from scrubnet.methods._field import (RELEASED_BATCH, Option, SubsetStream, check_positive, forget_in_memory,
+                                     generator_for, guarded_epochs, kl_to_targets, make_optimiser, mixed_batches, step,
+                                     train_cost, train_mode)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.models.call import call_model
 
 #: optimiser steps of the released setting on CIFAR-10 (random-10: 40,500 retained, 4,500 forgotten)
 CIFAR_STEPS = 66
-#: the released batch size
-RELEASED_BATCH = 256
+#: the KL reductions (torch's names): the release's elementwise mean, or the mean per sample
+KL_REDUCTIONS = ("mean", "batchmean")
 
 
 def scaled_batch(n_mixed: int, steps: int = CIFAR_STEPS, cap: int = RELEASED_BATCH) -> int:
@@ -139,20 +142,7 @@ def retain_subset(retain: DataStream, fraction: float, g: torch.Generator) -> Da
     n = len(retain)
     k = max(1, int(math.ceil(fraction * n)))
     idx = torch.randperm(n, generator=g, device=g.device)[:k].cpu()
-    return _Subset(retain, idx)
-
-
-class _Subset(DataStream):
-    """The samples ``idx`` of an indexable stream (read on demand)."""
-
-    def __init__(self, base: DataStream, idx: Tensor):
-        if not base.indexable:
-            raise ValueError("Bad-Teacher draws a random part of D_r: give D_r as tensors or an indexable Dataset, "
-                             "not a DataLoader")
-        self.base, self.idx, self.kind, self.chunk_size, self._len = base, idx, "dataset", base.chunk_size, len(idx)
-
-    def take(self, idx):
-        return self.base.take(self.idx[torch.as_tensor(idx, dtype=torch.long)])
+    return SubsetStream(retain, idx, "Bad-Teacher")
 
 
 @register("bad-teacher")
@@ -170,7 +160,12 @@ class BadTeacher(ForgettingMethod):
     T : float
         Temperature of the KL (default 1).
     batch_size : int or None
-        Samples per batch (default: :func:`scaled_batch`, about :data:`CIFAR_STEPS` steps an epoch, at most 256).
+        Samples per batch (default 256, the release's; None: :func:`scaled_batch`).
+    scale_batch : bool
+        Ignore ``batch_size`` and take :func:`scaled_batch` (about :data:`CIFAR_STEPS` steps an epoch, at most 256):
+        scrubnet's former default (default False).
+    kl : {"mean", "batchmean"}
+        The KL's reduction: the release's mean over the B·c terms (default) or the mean over the B samples.
 
     Returns
     -------
@@ -185,13 +180,18 @@ class BadTeacher(ForgettingMethod):
     in_default_run = False
     options = {"epochs": Option(int, ">= 1", default=1), "lr": Option(float, "> 0", default=1e-4),
                "retain_fraction": Option(float, "(0, 1]", default=0.3), "T": Option(float, "> 0", default=1.0),
-               "batch_size": Option(int | None, ">= 1", default=None)}
+               "batch_size": Option(int | None, ">= 1", default=RELEASED_BATCH),
+               "scale_batch": Option(bool, None, default=False),
+               "kl": Option(str, None, default="mean", choices=KL_REDUCTIONS)}
 
     def __init__(self, epochs: int = 1, lr: float = 1e-4, retain_fraction: float = 0.3, T: float = 1.0,
-                 batch_size: int | None = None):
+                 batch_size: int | None = RELEASED_BATCH, scale_batch: bool = False, kl: str = "mean"):
         check_positive(epochs=epochs, lr=lr, T=T, batch_size=batch_size)
         if not 0.0 < float(retain_fraction) <= 1.0:
             raise ValueError(f"retain_fraction must be in (0, 1], got {retain_fraction!r}")
+        if kl not in KL_REDUCTIONS:
+            raise ValueError(f"kl must be one of {', '.join(KL_REDUCTIONS)}, got {kl!r}")
+        self.scale_batch, self.kl = bool(scale_batch), kl
         self.epochs, self.lr, self.T = int(epochs), float(lr), float(T)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.retain_fraction = float(retain_fraction)
@@ -207,14 +207,17 @@ class BadTeacher(ForgettingMethod):
         xf, yf = forget_in_memory(forget, dev)
         part = retain_subset(retain, self.retain_fraction, g)
         opt = make_optimiser(student, "adam", self.lr)
-        bs = self.batch_size or scaled_batch(len(part) + len(yf))
+        bs = (scaled_batch(len(part) + len(yf)) if self.scale_batch or self.batch_size is None
+              else self.batch_size)
         steps = [0]
 
         def epoch(_):
             train_mode(student, ctx)
             for xb, _, is_f in mixed_batches(part, xf, yf, bs, g, dev, "Bad-Teacher"):
                 target = bad_teacher_targets(competent, incompetent, xb, is_f, self.T)
-                step(opt, kl_to_targets(call_model(student, xb), target, self.T))
+                loss = kl_to_targets(call_model(student, xb), target, self.T)
+                # the release's reduction "mean" divides the summed KL by B·c, "batchmean" by B
+                step(opt, loss / target.shape[-1] if self.kl == "mean" else loss)
                 steps[0] += 1
 
         failed = guarded_epochs(student, self.epochs, epoch, "Bad-Teacher")
@@ -224,11 +227,12 @@ class BadTeacher(ForgettingMethod):
 
     @classmethod
     def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 1, retain_fraction: float = 0.3,
-             batch_size: int | None = None, **_options):
+             batch_size: int | None = RELEASED_BATCH, scale_batch: bool = False, **_options):
         """Bad-Teacher: ``epochs`` passes over ⌈fraction·N_r⌉ + N_f samples, each with two teacher forwards
         (≈ two thirds of a training step more)."""
         n = int(math.ceil(retain_fraction * n_r)) + n_f
-        est = train_cost(model, x1, n, int(epochs), int(batch_size or scaled_batch(n)))
+        bs = scaled_batch(n) if scale_batch or not batch_size else batch_size
+        est = train_cost(model, x1, n, int(epochs), int(bs))
         est.flops *= 5.0 / 3.0
         est.seconds *= 5.0 / 3.0
         est.passes = float(epochs) * int(math.ceil(retain_fraction * n_r)) / max(n_r, 1)

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, SGDFieldMethod, check_positive, float_inputs, forget_in_memory,
-                                     guarded_epochs, set_sgd, sgd_options, sgd_start, step, tensor_batches,
-                                     train_cost, train_mode)
+from scrubnet.methods._field import (RELEASED_BATCH, Option, SGDFieldMethod, check_positive, float_inputs,
+                                     forget_in_memory, guarded_epochs, set_sgd, sgd_options, sgd_start, step,
+                                     tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -93,7 +93,7 @@ class BoundaryShrink(SGDFieldMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
-        Samples per batch (default: the recipe's).
+        Samples per batch (default 256, the released `--batch_size`; None: the recipe's).
 
     Returns
     -------
@@ -111,7 +111,7 @@ class BoundaryShrink(SGDFieldMethod):
                "relabel": Option(str, None, default="argmax", choices=RELABELS), **sgd_options(lr=0.01)}
 
     def __init__(self, eps: float = 0.1, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 5e-4, batch_size: int | None = None, relabel: str = "argmax"):
+                 weight_decay: float = 5e-4, batch_size: int | None = RELEASED_BATCH, relabel: str = "argmax"):
         check_positive(eps=eps)
         if relabel not in RELABELS:
             raise ValueError(f"relabel must be one of {', '.join(RELABELS)}, got {relabel!r}")
@@ -138,7 +138,8 @@ class BoundaryShrink(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """Boundary Shrink: one FGSM pass over D_f (a forward + input backward, then a forward) and ``epochs``
         passes over D_f; no pass over D_r."""
         est = train_cost(model, x1, max(n_f, 1), int(epochs) + 2, int(batch_size or config.batch_size))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from scrubnet.methods._field import (Option, SGDFieldMethod, forget_in_memory, guarded_epochs, set_sgd, sgd_options,
-                                     sgd_start, step, tensor_batches, train_cost, train_mode)
+from scrubnet.methods._field import (RELEASED_BATCH, Option, SGDFieldMethod, forget_in_memory, guarded_epochs,
+                                     set_sgd, sgd_options, sgd_start, step, tensor_batches, train_cost, train_mode)
 from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models.call import call_model
 
@@ -27,7 +27,7 @@ class GradientAscent(SGDFieldMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 1e-4, 0.9, 5e-4: the released code's).
     batch_size : int or None
-        Forget samples per step (default: the recipe's).
+        Forget samples per step (default 256, the released `--batch_size`; None: the recipe's).
 
     Returns
     -------
@@ -41,7 +41,7 @@ class GradientAscent(SGDFieldMethod):
     options = {**sgd_options(lr=1e-4), "epochs": Option(int, ">= 1", default=5)}
 
     def __init__(self, epochs: int = 5, lr: float = 1e-4, momentum: float = 0.9, weight_decay: float = 5e-4,
-                 batch_size: int | None = None):
+                 batch_size: int | None = RELEASED_BATCH):
         set_sgd(self, epochs, lr, momentum, weight_decay, batch_size)
 
     def scrub(self, model, retain, forget, ctx):
@@ -60,7 +60,8 @@ class GradientAscent(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 5, batch_size: int | None = None, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 5, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """GA: ``epochs`` passes over D_f; no pass over D_r."""
         est = train_cost(model, x1, max(n_f, 1), int(epochs), int(batch_size or config.batch_size))
         est.passes = 0.0

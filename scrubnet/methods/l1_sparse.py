@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, SGDFieldMethod, guarded_epochs, set_sgd, sgd_options, sgd_start, step,
-                                     stream_batches, train_cost, train_mode)
+from scrubnet.methods._field import (RELEASED_BATCH, Option, SGDFieldMethod, guarded_epochs, set_sgd, sgd_options,
+                                     sgd_start, step, stream_batches, train_cost, train_mode)
 from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models.call import call_model
 
@@ -59,7 +59,7 @@ class L1Sparse(SGDFieldMethod):
     lr, momentum, weight_decay : float
         SGD step size, momentum and decay coefficient (defaults 0.01, 0.9, 5e-4).
     batch_size : int or None
-        Retain samples per SGD step (default: the recipe's).
+        Retain samples per SGD step (default 256, the released `--batch_size`; None: the recipe's).
 
     Returns
     -------
@@ -71,7 +71,7 @@ class L1Sparse(SGDFieldMethod):
     options = {"gamma": Option(float, ">= 0", default=5e-5), **sgd_options(lr=0.01)}
 
     def __init__(self, gamma: float = 5e-5, epochs: int = 10, lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 5e-4, batch_size: int | None = None):
+                 weight_decay: float = 5e-4, batch_size: int | None = RELEASED_BATCH):
         if not float(gamma) >= 0:
             raise ValueError(f"gamma must be ≥ 0, got {gamma!r}")
         self.gamma = float(gamma)
@@ -93,7 +93,8 @@ class L1Sparse(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """ℓ1-sparse: ``epochs`` passes over D_r (the penalty is O(p) per step)."""
         return train_cost(model, x1, n_r, int(epochs), int(batch_size or config.batch_size))
 

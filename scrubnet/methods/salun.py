@@ -2,15 +2,19 @@
 Gradient-based Weight Saliency").
 
 1. Saliency: g = ∇_w L(D_f) at the original (mean cross-entropy over D_f, eval mode, one gradient); the mask m
-   marks the ``fraction`` of trainable weights with the largest |g| (exactly round(fraction·p) entries, ranked
-   over all parameters together).
+   marks the ``fraction`` of trainable weights with the largest |g| (exactly ⌊fraction·p⌋ entries, the release's
+   ``int(p·fraction)``, ranked over all parameters together).
 2. Random labels restricted to the mask, as the released loop (OPTML-Group Unlearn-Saliency ``RL``) runs them:
    every epoch, first a pass over D_f whose labels are drawn uniformly over the c classes *afresh for every
    batch*, then a pass over D_r with its own labels; every step masks the loss gradient (g ← m ⊙ ∇L) before the
-   SGD step, whose weight decay acts on every weight (as released). ``masked_decay=True`` is scrubnet's variant:
-   the decay is masked too (g ← m ⊙ (∇L + wd·w)), so no weight outside the mask moves.
+   SGD step. The current release (2026) then puts every weight outside the mask back to its value at the start
+   and zeroes its momentum: nothing outside the mask moves. That is ``masked_decay=True`` (the default), taken
+   here as g ← m ⊙ (∇L + wd·w) with the optimiser carrying no decay: inside the mask m = 1 and the step is the
+   release's; outside it the gradient and the momentum stay 0. ``masked_decay=False`` is the 2024 release (the
+   optimiser's decay on every weight, so weights outside the mask shrink toward 0).
 
-Defaults (lr 0.013: the current README's command) and sources: docs/decisions/field-methods.md ("SalUn").
+Defaults (lr 0.013: the current README's command; batch 256) and sources: docs/decisions/field-methods.md
+("SalUn").
 """
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scrubnet.methods._field import (Option, SGDFieldMethod, forget_in_memory, guarded_epochs, set_sgd, sgd_options,
-                                     sgd_start, step, stream_batches, tensor_batches, train_cost, train_mode)
+from scrubnet.methods._field import (RELEASED_BATCH, Option, SGDFieldMethod, forget_in_memory, guarded_epochs,
+                                     set_sgd, sgd_options, sgd_start, step, stream_batches, tensor_batches,
+                                     train_cost, train_mode)
 from scrubnet.methods.base import ScrubResult, register
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
@@ -64,12 +69,12 @@ def saliency_mask(grads: dict[str, Tensor], fraction: float) -> dict[str, Tensor
     Returns
     -------
     dict of str to Tensor (bool)
-        Masks shaped like each gradient, True on exactly round(fraction·p) entries: those with the largest |g|,
-        ranked over all tensors together (ties broken by position).
+        Masks shaped like each gradient, True on exactly ⌊fraction·p⌋ entries (the release's ``int(p·fraction)``):
+        those with the largest |g|, ranked over all tensors together (ties broken by position).
     """
     names = list(grads)
     flat = torch.cat([grads[k].detach().abs().reshape(-1) for k in names])
-    k = int(round(fraction * flat.numel()))
+    k = int(fraction * flat.numel())
     keep = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
     if k > 0:
         keep[torch.topk(flat, k, sorted=False).indices] = True
@@ -94,9 +99,10 @@ class SalUn(SGDFieldMethod):
     lr, momentum, weight_decay : float
         SGD settings (defaults 0.013, 0.9, 5e-4).
     batch_size : int or None
-        Samples per batch (default: the recipe's).
+        Samples per batch (default 256, the released `--batch_size`; None: the recipe's).
     masked_decay : bool
-        Mask the weight decay too (scrubnet's variant; default False: the released code's decay on every weight).
+        Nothing outside the mask moves, the decay included (default True: the current release, which puts the
+        weights outside the mask back after every step); False: the 2024 release's decay on every weight.
 
     Returns
     -------
@@ -108,10 +114,10 @@ class SalUn(SGDFieldMethod):
     """
 
     options = {"fraction": Option(float, "(0, 1]", default=0.5), **sgd_options(lr=0.013),
-               "masked_decay": Option(bool, None, default=False)}
+               "masked_decay": Option(bool, None, default=True)}
 
     def __init__(self, fraction: float = 0.5, epochs: int = 10, lr: float = 0.013, momentum: float = 0.9,
-                 weight_decay: float = 5e-4, batch_size: int | None = None, masked_decay: bool = False):
+                 weight_decay: float = 5e-4, batch_size: int | None = RELEASED_BATCH, masked_decay: bool = True):
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
         self.fraction, self.masked_decay = float(fraction), bool(masked_decay)
@@ -127,7 +133,7 @@ class SalUn(SGDFieldMethod):
         changed = [0, 0]
 
         @torch.no_grad()
-        def masked():   # g ← m ⊙ ∇L (released), or m ⊙ (∇L + wd·w) (masked_decay)
+        def masked():   # g ← m ⊙ (∇L + wd·w) (masked_decay, the current release), or m ⊙ ∇L (2024)
             for k, p in params.items():
                 gr = p.grad if p.grad is not None else torch.zeros_like(p)
                 p.grad = (gr + decay * p) * mask[k]
@@ -149,7 +155,8 @@ class SalUn(SGDFieldMethod):
         return res.fail(failed) if failed else res
 
     @classmethod
-    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = None, **_options):
+    def cost(cls, model, x1, n_r, n_f, c, config, *, epochs: int = 10, batch_size: int | None = RELEASED_BATCH,
+             **_options):
         """SalUn: one gradient over D_f (a training pass) and ``epochs`` passes over D_r ⊔ D_f."""
         bs = int(batch_size or config.batch_size)
         est = train_cost(model, x1, n_r + n_f, int(epochs), bs)

@@ -4,9 +4,15 @@ Synaptic Dampening"): no training, one multiplicative edit of the weights.
 Importances F_D on D = D_r ⊔ D_f and F_f on D_f, diagonal, eval mode, one of
 
 * ``importance="batch"`` (default, as released: if-loops/selective-synaptic-dampening): the square of each
-  mini-batch's mean loss gradient, averaged over the batches (of ``batch_size``, a seeded permutation of D,
-  resp. of D_f). Batch means cancel on D far more than on D_f, so F_f > α·F_D happens at α = 10 even when
-  N_f/N = 0.1 (the field's random-10 setting);
+  mini-batch's mean loss gradient, averaged over the batches. With ``order="released"`` (default) the batches are
+  the release's unshuffled loaders: D is D_r in the release's order followed by D_f, cut into consecutive batches
+  (the last batch of D_r may hold the first samples of D_f), and D_f alone in its order. The release's D_r is
+  class-sorted in the class setting (its retain set is built class by class) and in ``random_split``'s random
+  order otherwise; so here D_r is stably sorted by label when a whole class is forgotten and put in a seeded
+  random order otherwise. The batch is the release's script default: 64 in the class setting, 128 otherwise.
+  ``order="shuffled"`` is scrubnet's former reading: a seeded permutation of D = D_r ⊔ D_f (and of D_f) in the
+  recipe's batch. Batch means cancel on a shuffled D far more than on a class-sorted one (a batch of one class
+  has a large mean gradient), so the released order gives a larger F_D and selects fewer weights;
 * ``importance="fisher"``: scrubnet's variant, the per-sample Fisher diagonal
   (:func:`~scrubnet.curvature.fisher.fisher_diag`, F_D = (N_r·F_r + N_f·F_f)/N with F_r streamed over D_r).
   Per-sample squares give F_D ≥ (N_f/N)·F_f, so no weight can be selected once N_f/N ≥ 1/α.
@@ -25,14 +31,19 @@ from torch import Tensor, nn
 
 from scrubnet.curvature.fisher import FISHER_KINDS, fisher_diag
 from scrubnet.device import model_device
-from scrubnet.methods._field import (Option, check_positive, fisher_diagonal_cost, forget_in_memory,
-                                     generator_for, mixed_batches, tensor_batches, train_cost)
+from scrubnet.methods._field import (Option, SubsetStream, by_index, check_positive, fisher_diagonal_cost,
+                                     forget_in_memory, generator_for, mixed_batches, stream_labels, tensor_batches,
+                                     train_cost)
 from scrubnet.methods.base import ForgettingMethod, ScrubResult, register
 from scrubnet.methods.fisher import stream_fisher
 from scrubnet.models import eval_mode
 from scrubnet.models.call import call_model
 
 IMPORTANCES = ("batch", "fisher")
+#: the orders the batch importances read the data in (module docstring)
+ORDERS = ("released", "shuffled")
+#: the release's batch (its scripts' ``-b`` defaults): class forgetting, random forgetting
+RELEASED_BATCH_CLASS, RELEASED_BATCH_RANDOM = 64, 128
 
 
 def dampening(f_d: Tensor, f_f: Tensor, selection_threshold: float, dampening_constant: float) -> tuple[Tensor, Tensor]:
@@ -102,9 +113,13 @@ class SSD(ForgettingMethod):
     kind : {"empirical", "true", "mc"}
         Which Fisher diagonal ``importance="fisher"`` uses (default "empirical": squared gradients of the loss
         at the data's labels, as SSD defines importance).
+    order : {"released", "shuffled"}
+        The batches of ``importance="batch"``: the release's unshuffled loaders (default) or seeded permutations
+        (module docstring).
     batch_size : int or None
-        Batch of the importance computation (default: the recipe's for ``importance="batch"``; planned by the
-        Fisher's memory budget for ``importance="fisher"``).
+        Batch of the importance computation (default for ``importance="batch"``: the release's 64 (class) or 128
+        (random) with ``order="released"``, the recipe's with ``"shuffled"``; planned by the Fisher's memory budget
+        for ``importance="fisher"``).
 
     Returns
     -------
@@ -120,10 +135,14 @@ class SSD(ForgettingMethod):
                "dampening_constant": Option(float, "> 0", default=1.0),
                "importance": Option(str, None, default="batch", choices=IMPORTANCES),
                "kind": Option(str, None, default="empirical", choices=FISHER_KINDS),
+               "order": Option(str, None, default="released", choices=ORDERS),
                "batch_size": Option(int | None, ">= 1", default=None)}
 
     def __init__(self, selection_threshold: float = 10.0, dampening_constant: float = 1.0, importance: str = "batch",
-                 kind: str = "empirical", batch_size: int | None = None):
+                 kind: str = "empirical", batch_size: int | None = None, order: str = "released"):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        self.order = order
         check_positive(selection_threshold=selection_threshold, dampening_constant=dampening_constant,
                        batch_size=batch_size)
         if kind not in FISHER_KINDS:
@@ -137,12 +156,27 @@ class SSD(ForgettingMethod):
     def importances(self, model, retain, forget, ctx) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """(F_D, F_f) as {name: tensor} over the trainable parameters."""
         xf, yf = forget_in_memory(forget, model_device(model))
-        if self.importance == "batch":
+        if self.importance == "batch" and self.order == "shuffled":
             bs = int(self.batch_size or ctx.recipe.batch_size)
             g = generator_for(model, ctx, 309)
             f_d = batch_importance(model, ((x, y) for x, y, _ in mixed_batches(retain, xf, yf, bs, g,
                                                                                 model_device(model), "SSD")))
             return f_d, batch_importance(model, tensor_batches(xf, yf, bs, g))
+        if self.importance == "batch":
+            whole_class = ctx.forget_class is not None
+            bs = int(self.batch_size or (RELEASED_BATCH_CLASS if whole_class else RELEASED_BATCH_RANDOM))
+            view = by_index(retain, "SSD")
+            if whole_class:     # the release's class-by-class retain set
+                first = torch.sort(stream_labels(view), stable=True).indices
+            else:               # random_split's random order
+                g = generator_for(model, ctx, 309)
+                first = torch.randperm(len(view), generator=g, device=g.device).cpu()
+            d = SubsetStream(view, first, "SSD")
+            straight = torch.arange(len(d) + len(yf))
+            f_d = batch_importance(model, ((x, y) for x, y, _ in mixed_batches(d, xf, yf, bs, None,
+                                                                                model_device(model), "SSD",
+                                                                                order=straight)))
+            return f_d, batch_importance(model, ((xf[i:i + bs], yf[i:i + bs]) for i in range(0, len(yf), bs)))
         f_r = stream_fisher(model, retain, self.kind, self.batch_size, ctx.cache)
         f_f = fisher_diag(model, xf, yf if self.kind == "empirical" else None, kind=self.kind,
                           batch_size=self.batch_size, seed=ctx.seed)

@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.mlforget.chance import (at_chance, chance_interval, chance_report, held_out_size, held_out_split,
+                                      refusal)
 from scrubnet.mlforget.model import MLConfig, MLState, train_exact_factored
 from scrubnet.mlforget.solve import SolverConfig
 from scrubnet.mlforget.user import find_head
@@ -214,7 +216,7 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
                          user_weights: UserWeights = "head", target_scale: float = 5.0, mu: float = 0.05,
                          sigma: float = 1e-4, solver: str = "auto", config: MLConfig | None = None,
                          core_ids=None, core_train: dict | None = None, check_core: bool = True,
-                         seed: int = 0) -> MLState:
+                         chance_guard: bool = False, seed: int = 0) -> MLState:
     """Fine-tune ``model`` forgettably on (x, y) (module docstring); returns the trained state.
 
     Parameters
@@ -252,6 +254,10 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
         (:func:`compare_points`) and, when the core point is worse, linearise at the pretrained point instead,
         every sample deletable (``state.user_weights["core_dropped"]`` and ``train_info["core_check"]`` say
         so). False: linearise at the core point unchecked.
+    chance_guard : bool
+        With a fixed µ, first fit on the held-out rule's rest and refuse (``ValueError``) when the held-out
+        error lies within the chance interval (:mod:`scrubnet.mlforget.chance`; ``train_info["chance_check"]``
+        records the check). ``mu="auto"`` always refuses at chance. The command line and the trainer set it.
     seed : int
 
     Returns
@@ -275,6 +281,13 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
             search = select_mu(net, names, data_x, y, c, core, **opts)[1]
         refuse_near_chance(search)
         mu = search["chosen"]
+    fixed_check = None
+    if not isinstance(mu, str) and chance_guard:
+        n_val = held_out_size(len(y) - len(core))  # ≥ 200, or half of what there is (no least count here)
+        if n_val < 1:
+            raise ValueError("the chance check holds out half of the deletable samples: give at least 2")
+        fixed_check = select_mu(net, names, data_x, y, c, core, grid=(float(mu),), n_held_out=n_val, **opts)[1]
+        refuse_near_chance(fixed_check, f"mu={float(mu):g}")
     cfg = _solver_config(config, names, isinstance(data_x, ModelInputs), mu=mu, target_scale=target_scale,
                          sigma=sigma, solver=SolverConfig(solver=solver))
     lin = tangent_network(net, names)
@@ -283,7 +296,8 @@ def forgettable_finetune(model: nn.Module, x, y: Tensor | None = None, num_class
     state.space(data_x)
     train_exact_factored(state, data_x, y, torch.Generator().manual_seed(7919 * int(seed) + 11))
     state.train_info["user_weights"] = int(lin.num_linearized)
-    state.train_info.update({k: v for k, v in (("mu_search", search), ("core_check", check)) if v is not None})
+    state.train_info.update({k: v for k, v in (("mu_search", search), ("core_check", check),
+                                               ("chance_check", fixed_check)) if v is not None})
     if state_dict_sha256(model) != sha:  # the copies above must have left it alone
         raise RuntimeError("the pretrained model changed during fine-tuning")
     return state
@@ -320,14 +334,16 @@ MU_TIE = 0.005
 
 def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classes: int, core: Tensor, *,
               target_scale: float = 5.0, solver: str = "auto", seed: int = 0, grid=MU_GRID,
-              held_out: float = 0.1, n_held_out: int | None = None) -> tuple[float, dict]:
+              held_out: float | None = None, n_held_out: int | None = None) -> tuple[float, dict]:
     """µ for ``forgettable_finetune(mu="auto")``: held-out error of the forgettable model over ``grid``.
 
-    A seeded ``held_out`` share of the deletable samples (never core samples) is set aside; the mixed-linear
-    model (the network ``net``, linearised in ``names``) is fitted exactly on the rest for each µ (in the
-    primal, one factor and a solve per µ; otherwise a fit per µ), and the
+    A seeded held-out split of the deletable samples (never core samples;
+    :func:`scrubnet.mlforget.chance.held_out_split`: at least 200, or half of them when fewer, and at least
+    10 %) is set aside; the mixed-linear model (the network ``net``, linearised in ``names``) is fitted exactly
+    on the rest for each µ (in the primal, one factor and a solve per µ; otherwise a fit per µ), and the
     largest µ whose held-out error is within :data:`MU_TIE` of the best is returned — a larger ridge is better
-    conditioned (requests stay exact to more digits) and smaller differences are noise.
+    conditioned (requests stay exact to more digits) and smaller differences are noise. With a one-value
+    ``grid`` this is the held-out check of a fixed µ.
 
     Parameters
     ----------
@@ -343,27 +359,29 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
         As :func:`forgettable_finetune`.
     grid : sequence of float
         The µ values tried.
-    held_out : float
-        Share of the deletable samples held out (at least 20 samples).
+    held_out : float, optional
+        Share of the deletable samples held out instead of the rule above (at least 20 samples).
     n_held_out : int, optional
         The number held out instead (at least 1; :func:`compare_points`).
 
     Returns
     -------
     (µ, {"held_out": n, "errors": {str(µ): error}, "chosen": µ, "best": the least error, "chance": the
-    held-out error of always predicting the fitted samples' most frequent class})
+    chance error 1 − the majority-class rate of the whole training labels, "chance_interval": a majority
+    predictor's 95 % range on n samples, "at_chance": the best error lies within it})
     """
     core_set = set(core.tolist())
-    deletable = torch.tensor([i for i in range(len(y)) if i not in core_set], dtype=torch.long)
-    n_val = int(round(held_out * len(deletable))) if n_held_out is None else int(n_held_out)
-    if n_held_out is not None and not 1 <= n_val < len(deletable):
-        raise ValueError(f"n_held_out must lie in [1, {len(deletable)}), got {n_val}")
-    if n_held_out is None and n_val < 20:
-        raise ValueError(f"mu='auto' holds out {held_out:.0%} of the deletable samples and needs at least 20 "
-                         f"there; {len(deletable)} deletable samples are too few: give mu")
-    g = torch.Generator().manual_seed(7919 * int(seed) + 5)
-    val = deletable[torch.randperm(len(deletable), generator=g)[:n_val]]
-    fit = torch.tensor(sorted(set(range(len(y))) - set(val.tolist())), dtype=torch.long)
+    n_del = len(y) - len(core_set)
+    if n_held_out is not None:
+        n_val = int(n_held_out)
+        if not 1 <= n_val < n_del:
+            raise ValueError(f"n_held_out must lie in [1, {n_del}), got {n_val}")
+    else:
+        n_val = held_out_size(n_del) if held_out is None else int(round(held_out * n_del))
+        if n_val < 20:
+            raise ValueError(f"mu='auto' holds out {n_val} of the {n_del} deletable samples and needs at least 20 "
+                             f"there; {n_del} deletable samples are too few: give mu")
+    fit, val = held_out_split(len(y), seed, core, n_val)
     errors, st, xf = {}, None, x[fit]
     for mu in sorted(grid, reverse=True):
         if st is not None and st.primal is not None:
@@ -381,28 +399,28 @@ def select_mu(net: nn.Module, names: list[str], x: Inputs, y: Tensor, num_classe
         errors[mu] = 1.0 - accuracy(st.model, x[val], y[val])
     best = min(errors.values())
     chosen = max(mu for mu, e in errors.items() if e <= best + MU_TIE)
-    majority = int(torch.bincount(y[fit], minlength=num_classes).argmax())
-    chance = float((y[val] != majority).double().mean())
+    report = chance_report(best, n_val, y, num_classes)
     return chosen, {"held_out": n_val, "errors": {f"{k:g}": v for k, v in errors.items()}, "chosen": chosen,
-                    "best": best, "chance": chance}
+                    "best": best, "chance": report["chance"], "chance_interval": report["chance_interval"],
+                    "majority": report["majority"], "at_chance": report["at_chance"]}
 
 
 def near_chance(best: float, chance: float, n: int) -> bool:
-    """True when a held-out error ``best`` on ``n`` samples is near the ``chance`` error (of the most frequent
-    class): within a tenth of it, or within one binomial standard error of it."""
-    margin = max(0.1 * chance, (chance * (1.0 - chance) / max(n, 1)) ** 0.5)
-    return best >= chance - margin
+    """True when a held-out error ``best`` on ``n`` samples lies within the 95 % range of a majority
+    predictor's error around the ``chance`` error (:func:`scrubnet.mlforget.chance.at_chance`)."""
+    return at_chance(best, chance, n)
 
 
-def refuse_near_chance(search: dict) -> None:
-    """``ValueError`` when a µ search's best held-out error is near chance (:func:`near_chance`): no µ makes
-    the forgettable model better than predicting the most frequent class, and a checkpoint would be useless."""
+def refuse_near_chance(search: dict, what: str = "mu='auto'") -> None:
+    """``ValueError`` when a µ search's (or a fixed µ's) best held-out error is within the chance interval
+    (:mod:`scrubnet.mlforget.chance`): the forgettable model is no better than predicting the majority class
+    and a checkpoint would be useless."""
     if near_chance(search["best"], search["chance"], search["held_out"]):
-        raise ValueError(
-            f"mu='auto': the best held-out error over the µ grid is {search['best']:.3f}, near chance "
-            f"({search['chance']:.3f}, the most frequent class, on {search['held_out']} held-out samples); the "
-            "linearised model learns nothing here: check the labels, the user weights and the point of "
-            "linearisation (a core that damaged the network is dropped only when the pretrained point is better)")
+        report = {"error": search["best"], "held_out": search["held_out"], "chance": search["chance"],
+                  "majority": search.get("majority", "?"),
+                  "chance_interval": list(chance_interval(search["chance"], search["held_out"]))}
+        raise ValueError(refusal(report, f"{what}, the linearised engine near chance") +
+                         "; a core that damaged the network is dropped only when the pretrained point is better")
 
 
 def compare_points(at_core: tuple, at_pretrained: tuple, x: Inputs, y: Tensor, num_classes: int, core: Tensor,

@@ -10,7 +10,14 @@ ML checkpoint (:mod:`scrubnet.mlforget.store`) whose static record has ``arch`` 
   ``state_dict_sha256`` (``state.base_sha256``: the state_dict of the cast model);
 * ``user_weights``: the spec (``state.user_weights``: LoRA config, layer prefixes or head);
 * ``data``: the ``.npz`` file (its array fingerprint is the checkpoint's ``data_fingerprint``);
-* ``absolute``: the same three paths, absolute, as they were when the checkpoint was written.
+* ``absolute``: the same three paths, absolute, as they were when the checkpoint was written;
+* ``engine``: ``"linearised"`` (absent in checkpoints written before the sharded engine: the same) or
+  ``"sharded"`` (:mod:`scrubnet.mlforget.sharded`), then with ``sharded``: its :class:`ShardedConfig`.
+  The layout is the same for both engines; the weights file of a sharded checkpoint holds every shard's
+  user weights after every slice (its ``state_dict``);
+* ``task`` (optional): ``{"kind": "answer-token", "label_tokens": [...]}`` for a causal LM fine-tuned by the
+  linearised engine through the logits of its label words at the answer position
+  (:class:`~scrubnet.mlforget.preflight.AnswerLogits`); the data loader gives that view of the data.
 
 **Paths.** ``model`` (its file or directory), ``weights`` and ``data`` are recorded relative to the checkpoint
 directory, so a checkpoint moved together with its base model and data (a project directory copied elsewhere,
@@ -34,6 +41,8 @@ from torch import Tensor, nn
 
 from scrubnet.data.user import load_user_data
 from scrubnet.mlforget.finetune import UserWeights, state_dict_sha256, tangent_network, user_weight_names
+from scrubnet.mlforget.preflight import AnswerLogits, answer_token_task
+from scrubnet.mlforget.sharded import ENGINE as SHARDED, ShardedConfig, ShardedModel
 from scrubnet.models.linearized import LinearizedModel
 from scrubnet.models.lora import LoRA
 from scrubnet.integrity import file_sha256
@@ -264,7 +273,12 @@ def finetune_record(base: dict, state, data_path: str | Path, out: str | Path) -
                          "data": data_abs}}
 
 
-def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedModel:
+def engine_of(static: dict) -> str:
+    """``"linearised"`` or ``"sharded"``: the engine of a fine-tune checkpoint's static record."""
+    return (static.get("finetune") or {}).get("engine", "linearised")
+
+
+def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedModel | ShardedModel:
     """The linearised network of a fine-tune checkpoint, its user weights at 0: the base model (hashes
     checked), its adapters, the tangent in the user weights. The store loads the stored weights into it.
 
@@ -282,7 +296,14 @@ def rebuild_network(static: dict, root: str | Path | None = None) -> LinearizedM
     """
     ft = static["finetune"]
     base = load_base(located_base(ft, root if root is not None else static.get(ROOT_KEY)))
+    task = ft.get("task")
+    if task is not None and task.get("kind") == "answer-token":  # a causal LM read through its label words
+        base = AnswerLogits(base, task["label_tokens"])
     net, names, _ = user_weight_names(base, user_weights_from_dict(ft["user_weights"]))
+    if engine_of(static) == SHARDED:  # the shards' user weights (all slices) are loaded by the store
+        sm = ShardedModel(net, names, ShardedConfig(**ft["sharded"]), static["user_ids"])
+        sm.spec = ft["user_weights"]
+        return sm
     return tangent_network(net, names)
 
 
@@ -305,7 +326,14 @@ def finetune_data(static: dict) -> tuple:
     if static.get("data_fingerprint") and data.fingerprint != static["data_fingerprint"]:
         raise ValueError(f"the data file {path} differs from the data the checkpoint was trained on "
                          "(fingerprint mismatch)")
-    return cast_inputs(data.x, static["finetune"]["base"].get("dtype", "float64")), data.y
+    x, y = cast_inputs(data.x, static["finetune"]["base"].get("dtype", "float64")), data.y
+    task = ft.get("task")
+    if task is not None and task.get("kind") == "answer-token":  # the linearised engine's view of a causal LM
+        found = answer_token_task(x, y, task["label_tokens"])
+        if found is None:
+            raise ValueError("the data no longer hold one answer token per sample among the recorded label tokens")
+        x, y, _ = found
+    return x, y
 
 
 def cast_inputs(x, dtype: str):

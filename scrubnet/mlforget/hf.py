@@ -36,11 +36,13 @@ import numpy as np
 import torch
 
 from scrubnet.data.user import load_user_data
-from scrubnet.mlforget.finetune import UserWeights, accuracy, forgettable_finetune, split_batch
+from scrubnet.mlforget.finetune import UserWeights, accuracy, split_batch, state_dict_sha256
+from scrubnet.mlforget.preflight import answer_token_task, fit_engine, preflight
+from scrubnet.mlforget.sharded import ENGINE as SHARDED
 from scrubnet.mlforget.store import save_new
 from scrubnet.mlforget.ftstore import (FINETUNE_ARCH, base_record, cast_inputs, finetune_record, load_base,
                                       main_input)
-from scrubnet.models.call import ModelInputs
+from scrubnet.models.call import ModelInputs, call_model
 from scrubnet.models.lora import LoRA
 
 #: the names of the base model's directory and of the data file inside the checkpoint
@@ -73,6 +75,15 @@ class ForgettableArguments:
         Drop a core that makes the model worse on held-out samples.
     seed : int, optional
         Default: ``TrainingArguments.seed``.
+    strategy : str
+        The exact engine: 'linearised', 'sharded' (ordinary fine-tuning of isolated adapters,
+        :mod:`scrubnet.mlforget.sharded`) or 'auto' (a pre-flight on held-out data chooses,
+        :mod:`scrubnet.mlforget.preflight`; ``train()``'s metrics and the checkpoint say why).
+    shards, slices, epochs, lr, batch_size, aggregate : the sharded engine's settings.
+    tolerance : float
+        'auto': the largest held-out error gap (linearised − ordinary) that keeps the linearised engine.
+        Whatever the engine, a model whose held-out error lies within the chance interval is refused
+        (:mod:`scrubnet.mlforget.chance`): ``train()`` raises ``ValueError`` and writes nothing.
     """
 
     mu: object = 1e-3
@@ -86,6 +97,14 @@ class ForgettableArguments:
     core_epochs: int = 40
     check_core: bool = True
     seed: int | None = None
+    strategy: str = "linearised"
+    shards: int = 4
+    slices: int = 4
+    epochs: int = 20
+    lr: float = 1e-3
+    batch_size: int = 32
+    aggregate: str = "mean"
+    tolerance: float = 0.02
 
 
 def base_and_user_weights(model, peft_config=None, user_weights: UserWeights | None = None):
@@ -153,13 +172,36 @@ def fit_checkpoint(out: Path, base_model, spec: UserWeights, batch: dict, fa: Fo
         net = load_base(base)
         ud = load_user_data(stage / DATA_FILE)
         x = cast_inputs(ud.x, fa.dtype)
-        c = int(net.config.num_labels) if hasattr(net, "config") else int(ud.y.max()) + 1
+        if ud.y.dim() == 2:  # a causal LM: token labels, the classes are the vocabulary
+            c = int(net.config.vocab_size) if hasattr(net, "config") else int(ud.y.max()) + 1
+        else:
+            c = int(net.config.num_labels) if hasattr(net, "config") else int(ud.y.max()) + 1
         ud.check_labels(c)
-        state = forgettable_finetune(net, x, ud.y, c, user_weights=spec, mu=fa.mu, target_scale=fa.target_scale,
-                                     sigma=fa.sigma, solver=fa.solver, seed=seed, core_ids=fa.core_ids,
-                                     core_train={"lr": fa.core_lr, "epochs": fa.core_epochs},
-                                     check_core=fa.check_core)
+        engine, decision = fa.strategy, None
+        if engine == "auto":
+            decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=fa.tolerance,
+                                 target_scale=fa.target_scale, solver=fa.solver, seed=seed,
+                                 budget={"epochs": fa.epochs, "lr": fa.lr, "batch_size": fa.batch_size})
+            engine = decision["engine"]
+        state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed,
+                           sharded={"shards": fa.shards, "slices": fa.slices, "epochs": fa.epochs, "lr": fa.lr,
+                                    "batch_size": fa.batch_size, "aggregate": fa.aggregate},
+                           linearised={"mu": fa.mu, "target_scale": fa.target_scale, "sigma": fa.sigma,
+                                       "solver": fa.solver, "core_ids": fa.core_ids,
+                                       "core_train": {"lr": fa.core_lr, "epochs": fa.core_epochs},
+                                       "check_core": fa.check_core})
+        if engine == SHARDED:
+            state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
+        state.base_sha256 = state_dict_sha256(net)  # the saved model's, also when read through its label words
         record = finetune_record(base, state, stage / DATA_FILE, stage)  # relative: base/…, data.npz
+        record["engine"] = engine
+        if "task" in state.train_info:
+            record["task"] = state.train_info["task"]
+        if engine == SHARDED:
+            record["sharded"] = state.model.config.to_dict()
+        if decision is not None:
+            record["preflight"] = decision
+            state.train_info["preflight"] = decision
         root = out.resolve()
         record["absolute"] = {"model": f"hf:{root / BASE_DIR}", "weights": str(root / BASE_DIR / "model.safetensors"),
                               "data": str(root / DATA_FILE)}
@@ -208,13 +250,29 @@ def _trainer_class():
             batch = collate_all(self.train_dataset, self.data_collator, base)
             seed = self.args.seed if fa.seed is None else fa.seed
             state, _, _ = fit_checkpoint(Path(self.args.output_dir), base, spec, batch, fa, seed)
+            self.forgettable_reason = (state.train_info.get("preflight") or {}).get("reason")
             self.forgettable_state = state
             metrics = {"train_samples": int(len(state.user_ids)), "user_weights": int(state.model.num_linearized),
-                       "mu": float(state.config.mu), "core_samples": int(len(state.core_ids))}
+                       "mu": float(state.config.mu), "core_samples": int(len(state.core_ids)),
+                       "engine": getattr(state.model, "engine", "linearised")}
+            if fa.strategy == "auto":
+                metrics["strategy_reason"] = self.forgettable_reason
             if self.eval_dataset is not None:
                 ev = collate_all(self.eval_dataset, self.data_collator, base)
                 xe, ye = split_batch({k: torch.as_tensor(v) for k, v in ev.items()})
-                metrics["eval_accuracy"] = accuracy(state.model, cast_inputs(xe, fa.dtype), ye)
+                xe = cast_inputs(xe, fa.dtype)
+                task = state.train_info.get("task")
+                if ye.dim() == 2 and task is not None:  # the linearised engine's label-word view of a causal LM
+                    found = answer_token_task(xe, ye, task["label_tokens"])
+                    if found is not None:
+                        metrics["eval_accuracy"] = accuracy(state.model, found[0], found[1])
+                elif ye.dim() == 2:  # the sharded engine on a causal LM: every answer token right
+                    with torch.no_grad():
+                        pred = call_model(state.model, xe)[:, :-1].argmax(-1)
+                    lab = ye[:, 1:]
+                    metrics["eval_accuracy"] = float(((pred == lab) | (lab == -100)).all(1).double().mean())
+                else:
+                    metrics["eval_accuracy"] = accuracy(state.model, xe, ye)
             self.log(metrics)
             return TrainOutput(0, 0.0, metrics)
 

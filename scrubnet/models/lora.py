@@ -17,6 +17,10 @@ two trained factors), so the tangent model differs from the adapted network only
 layers after it: not at all when the adapted layer is the last (the head), at second order in B otherwise.
 The update ΔW = s·B A lives in the r-dimensional row space of the random A (LoRA-FA's parameterisation).
 
+GPT-2's ``Conv1D`` (transformers; weight stored (d_in, d_out), y = x W + b) is adapted like an
+``nn.Linear`` (peft does the same with ``fan_in_fan_out``): the adapter's A and B are the same, merging adds
+(s·B A)ᵀ to its weight.
+
 A is drawn like peft's default (``kaiming_uniform_(a=√5)``, the ``nn.Linear`` default) from ``seed``, so
 the same spec on the same model gives the same adapter everywhere.
 """
@@ -98,9 +102,9 @@ class LoRALinear(nn.Module):
         Draws A.
     """
 
-    def __init__(self, base_layer: nn.Linear, rank: int, scale: float, generator: torch.Generator):
+    def __init__(self, base_layer: nn.Module, rank: int, scale: float, generator: torch.Generator):
         super().__init__()
-        d_in, d_out = base_layer.in_features, base_layer.out_features
+        d_in, d_out = _features(base_layer)
         w = base_layer.weight
         self.base_layer = base_layer
         self.lora_A = nn.Linear(d_in, rank, bias=False, dtype=w.dtype, device=w.device)
@@ -115,6 +119,19 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.base_layer(x) + self.scale * self.lora_B(self.lora_A(x))
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2), recognised without importing transformers."""
+    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) is not None \
+        and m.weight.dim() == 2
+
+
+def _features(m: nn.Module) -> tuple[int, int]:
+    """(d_in, d_out) of an ``nn.Linear`` or a ``Conv1D``."""
+    if _is_conv1d(m):
+        return int(m.weight.shape[0]), int(m.weight.shape[1])
+    return m.in_features, m.out_features
 
 
 def _matches(name: str, target: str) -> bool:
@@ -144,9 +161,9 @@ def apply_lora(model: nn.Module, spec: LoRA) -> tuple[nn.Module, list[str]]:
     for t in spec.target_modules:
         if not any(_matches(n, t) for n in targets):
             raise ValueError(f"LoRA target {t!r} matches no module of the model")
-    bad = [n for n in targets if not isinstance(named[n], nn.Linear)]
+    bad = [n for n in targets if not (isinstance(named[n], nn.Linear) or _is_conv1d(named[n]))]
     if bad:
-        raise ValueError(f"LoRA targets must be nn.Linear layers; {bad[:5]} are "
+        raise ValueError(f"LoRA targets must be nn.Linear (or GPT-2 Conv1D) layers; {bad[:5]} are "
                          f"{sorted({type(named[n]).__name__ for n in bad})}")
     g = torch.Generator().manual_seed(int(spec.seed))
     for n in targets:
@@ -183,7 +200,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
     for name, mod in list(out.named_modules()):
         if isinstance(mod, LoRALinear):
             lin = mod.base_layer
-            lin.weight.add_(mod.scale * mod.lora_B.weight @ mod.lora_A.weight)
+            delta = mod.scale * mod.lora_B.weight @ mod.lora_A.weight
+            lin.weight.add_(delta.T if _is_conv1d(lin) else delta)
             parent_name, _, child = name.rpartition(".")
             setattr(out.get_submodule(parent_name) if parent_name else out, child, lin)
     return out

@@ -1,7 +1,8 @@
 """The user's own model, from the command line: a factory (or a HuggingFace directory) and a weights file.
 
 **HuggingFace directory.** ``hf:DIR`` loads ``AutoModelForSequenceClassification.from_pretrained(DIR,
-local_files_only=True)`` (``config.json`` and the weights in DIR; nothing is downloaded; ``--model-option``
+local_files_only=True)`` (``AutoModelForCausalLM`` when its config's ``architectures`` name a causal LM:
+``…ForCausalLM`` or ``…LMHeadModel``) (``config.json`` and the weights in DIR; nothing is downloaded; ``--model-option``
 values are passed to ``from_pretrained``). Its forward takes the token ids positionally and the further
 inputs (``attention_mask``, ``token_type_ids`` …) as keyword arguments, as the ``.npz``'s ``train_<name>``
 arrays give them; its ``ModelOutput``'s ``.logits`` are read. The weights file may be DIR's own
@@ -24,6 +25,7 @@ the first few mismatches named; non-finite tensors are refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib
 import importlib.util
 import sys
@@ -84,13 +86,17 @@ def check_hf_directory(directory: str | Path) -> Path:
 
 
 def load_hf_model(directory: str | Path, options: dict[str, Any] | None = None) -> nn.Module:
-    """``AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True, **options)``,
+    """``AutoModelForSequenceClassification`` (or, for a causal LM's config, ``AutoModelForCausalLM``)
+    ``.from_pretrained(directory, local_files_only=True, **options)``,
     in eval mode; ``UserModelError`` naming the cause (no transformers, no such directory, a bad config)."""
     path = check_hf_directory(directory)
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
-                                                                   **(options or {}))
+        # a causal language model (its config names a ...ForCausalLM / ...LMHeadModel architecture) keeps its LM head
+        archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+        causal = any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs)
+        auto = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+        model = auto.from_pretrained(str(path), local_files_only=True, **(options or {}))
     except Exception as e:  # noqa: BLE001 - transformers raises many types on a bad directory
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserModelError(f"--model hf:{directory}: from_pretrained failed: {type(e).__name__}: {first}") from None
@@ -208,6 +214,17 @@ def load_user_weights(model: nn.Module, state: dict[str, Tensor], source: str) -
     """Load ``state`` into ``model`` after checking names, shapes and finiteness against the model's own
     state_dict; ``source`` names the weights in the messages. Returns the model in eval mode."""
     expected = model.state_dict()
+    state = dict(state)
+    # tied weights (a causal LM's lm_head is its input embedding): save_pretrained stores the tensor once; an
+    # entry sharing its storage with another the file holds is filled from that one
+    by_ptr = {}
+    for k, v in expected.items():
+        by_ptr.setdefault((v.data_ptr(), tuple(v.shape)), []).append(k)
+    for names in by_ptr.values():
+        present = [k for k in names if k in state]
+        for k in names:
+            if k not in state and present and len(names) > 1:
+                state[k] = state[present[0]]
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -14,8 +14,9 @@ membership is ``moved_wrong_way`` at any sample size.
   then decide a request of ten samples.
 * A whole class (every training example of one label in D_f) is judged as a class: the probability the model
   gives the class on its held-out examples against the ≈ 0 of a model that never saw it, and the input model's
-  own head on the scrubbed model's penultimate features as a linear probe — a model that only hides the class
-  reads ``hidden``. No held-out example of the class: ``nothing_to_measure`` with that reason.
+  a linear probe fitted anew on each model's last hidden features — a model that only hides the class (in any
+  re-parametrisation of that layer) reads ``hidden``. No held-out example of the class: ``nothing_to_measure``
+  with that reason.
 
 Rules, thresholds and their measurement: docs/decisions/verdict.md.
 """
@@ -134,7 +135,9 @@ class ForgettingVerdict:
         For ``inconclusive``: forget examples at which the same effect would be decided.
     class_readout : dict or None
         For a class: ``label``, ``n_heldout_class``, ``prob_before``/``prob_after`` (+ ``_ci``), ``recall_before``,
-        ``recall_after`` and ``recall_probe`` (the input model's head on the scrubbed features; None: no head).
+        ``recall_after``, ``recall_probe`` / ``recall_probe_before`` / ``recall_probe_never`` (a linear probe
+        fitted on the scrubbed / input / never-saw-the-class model's features; None: no layer probed) and
+        ``probe_layer``.
     references : dict or None
         The reference models used: ``models`` and their one-off ``seconds``.
     summary : str
@@ -232,6 +235,27 @@ def _closed(reps: dict, key: str, rules: VerdictRules, n: int) -> tuple[dict, di
     return pt, ci
 
 
+def _agreement(sets: tuple, w: np.ndarray, rules: VerdictRules, n: int) -> tuple[dict, dict]:
+    """The loss's and the error's own fraction of their gap closed (``f_loss``, ``f_err``): gap = held-out
+    (label-weighted) mean minus D_f's mean, before and after, paired bootstrap over D_f and held-out data.
+    A statistic whose before gap's interval does not exclude 0 is left out (it has nothing to contradict)."""
+    f_b, f_a, h_b, h_a = sets
+    rng = np.random.default_rng(rules.seed + 3)
+    cf = np.vstack([np.ones((1, len(f_b))), counts(rng, len(f_b), rules.n_boot)])
+    ch = np.vstack([np.ones((1, len(h_b))), counts(rng, len(h_b), rules.n_boot)]) * w[None]
+    pt, ci = {}, {}
+    for key, stat in (("f_loss", lambda p: np.minimum(np.asarray(p.loss, float), 30.0)),
+                      ("f_err", lambda p: (np.asarray(p.margin, float) <= 0).astype(float))):
+        gb = ch @ stat(h_b) / ch.sum(1) - cf @ stat(f_b) / cf.sum(1)
+        ga = ch @ stat(h_a) / ch.sum(1) - cf @ stat(f_a) / cf.sum(1)
+        if interval(gb[1:], rules.level, gb[0], n)[0] <= 0:
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.where(gb > 0, 1.0 - ga / gb, np.nan)
+        pt[key], ci[key] = float(f[0]), interval(f[1:], rules.level, float(f[0]), n)
+    return pt, ci
+
+
 def _class_part(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRules
                 ) -> tuple[dict, dict, int]:
     """The class's held-out readouts: mean probability of the class (p_b, p_a), its change and the fraction
@@ -244,13 +268,16 @@ def _class_part(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRule
     return pt, ci, n
 
 
-def _scores(sets: tuple, raw: str, f_off, h_off) -> tuple:
+def _scores(sets: tuple, raw: str, f_off, h_off, f_scale=None, h_scale=None) -> tuple:
     """Membership scores of (D_f before, D_f after, held-out before, held-out after): the raw statistic, or
-    with reference offsets the logit confidence minus each example's offset."""
+    with reference offsets the logit confidence minus each example's offset (divided by its reference spread
+    when given: online LiRA's per-example variance)."""
     if f_off is None:
         return tuple(p.score(raw) for p in sets)
     offs = (f_off, f_off, np.asarray(h_off, float), np.asarray(h_off, float))
-    out = tuple(p.score("confidence") - o for p, o in zip(sets, offs))
+    sc = (1.0, 1.0, 1.0, 1.0) if f_scale is None else (f_scale, f_scale, np.asarray(h_scale, float),
+                                                        np.asarray(h_scale, float))
+    out = tuple((p.score("confidence") - o) / c for p, o, c in zip(sets, offs, sc))
     if not all(np.isfinite(x).all() for x in out):
         raise ValueError("a calibrated score is not finite: check the reference offsets")
     return out
@@ -266,7 +293,10 @@ def _judge_class(h_b: PerExample, h_a: PerExample, label: int, rules: VerdictRul
     rec = [float(np.mean(h.margin[h.labels == label] > 0)) for h in (h_b, h_a)]
     cls = {"label": label, "n_heldout_class": n_hc, "prob_before": cpt["p_b"], "prob_before_ci": cci["p_b"],
            "prob_after": cpt["p_a"], "prob_after_ci": cci["p_a"], "recall_before": rec[0],
-           "recall_after": rec[1], "recall_probe": None if probe is None else probe["recall_probe"]}
+           "recall_after": rec[1], "recall_probe": None if probe is None else probe["recall_after"],
+           "recall_probe_before": None if probe is None else probe["recall_before"],
+           "recall_probe_never": None if probe is None else probe.get("recall_never"),
+           "probe_layer": None if probe is None else probe.get("layer")}
     return verdict, reason, need, cls
 
 
@@ -299,7 +329,8 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
                      *, statistic: str = "auto", rules: VerdictRules | None = None,
                      forget_offset: np.ndarray | None = None, heldout_offset: np.ndarray | None = None,
                      probe: dict | None = None, references: dict | None = None,
-                     forget_weight: np.ndarray | None = None) -> ForgettingVerdict:
+                     forget_weight: np.ndarray | None = None, forget_scale: np.ndarray | None = None,
+                     heldout_scale: np.ndarray | None = None) -> ForgettingVerdict:
     """The verdict from per-example statistics (no model needed).
 
     Parameters
@@ -320,21 +351,26 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
         Per-example reference offsets (mean logit confidence under the reference models that never trained on
         the example); given, the score is the logit confidence minus the offset (``"calibrated"``).
     probe : dict, optional
-        For a whole class: ``recall_probe`` and ``recall_before`` from
-        :func:`~scrubnet.readouts.verdict_class.class_probe`.
+        For a whole class: the fitted probe's ``recall_before``, ``recall_after``, ``recall_never`` and
+        ``chance`` from :func:`~scrubnet.readouts.verdict_class.class_probe` (None: no layer could be probed,
+        and a class that would pass reads ``inconclusive``).
     references : dict, optional
         What the reference models cost (recorded in the verdict).
     forget_weight : ndarray, optional
         Weights of D_f's examples in the gap (e.g. how far the reference models that trained on each example
         score it above those that did not: the examples where memorisation shows).
+    forget_scale, heldout_scale : ndarray, optional
+        Per-example spreads of the references' confidence (:meth:`ReferenceModels.scales`): the calibrated
+        score is then divided by them (a z-score per example).
 
     Returns
     -------
     ForgettingVerdict
     """
     rules = rules or VerdictRules()
-    if (forget_offset is None) != (heldout_offset is None):
-        raise ValueError("give the reference offsets of both D_f and the held-out data, or neither")
+    if (forget_offset is None) != (heldout_offset is None) or (forget_scale is None) != (heldout_scale is None) \
+            or (forget_scale is not None and forget_offset is None):
+        raise ValueError("give the reference offsets (and scales) of both D_f and the held-out data, or neither")
     raw, stat_aucs, w_r = _raw_statistic((forget_before, forget_after, heldout_before, heldout_after,
                                           retain_before), statistic)
     label = _class_label(forget_before, retain_before)
@@ -346,7 +382,8 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     calibrated = forget_offset is not None
     stat = "calibrated" if calibrated else raw
     scores = _scores((forget_before.subset(keep), forget_after.subset(keep), heldout_before, heldout_after),
-                     raw, None if forget_offset is None else np.asarray(forget_offset, float)[keep], heldout_offset)
+                     raw, None if forget_offset is None else np.asarray(forget_offset, float)[keep], heldout_offset,
+                     None if forget_scale is None else np.asarray(forget_scale, float)[keep], heldout_scale)
     w_f = _label_weights(forget_before.labels[keep], heldout_before.labels)
     n_f = int(keep.sum())
     pt, ci = _gap_part(scores, w_f, rules, n_f, None if forget_weight is None else
@@ -355,7 +392,9 @@ def judge_forgetting(forget_before: PerExample, forget_after: PerExample, heldou
     ci["r"] = interval(boot_r, rules.level)
     cls = None
     if label is None:
-        verdict, reason, need = decide_samples(ci, pt, rules, n_f, calibrated)
+        apt, aci = _agreement((forget_before.subset(keep), forget_after.subset(keep), heldout_before,
+                               heldout_after), w_f, rules, n_f)
+        verdict, reason, need = decide_samples({**ci, **aci}, {**pt, **apt}, rules, n_f, calibrated)
     else:
         verdict, reason, need, cls = _judge_class(heldout_before, heldout_after, label, rules, probe, pt, ci)
     out = ForgettingVerdict(
@@ -461,7 +500,9 @@ def verdict_lines(v: dict) -> list[str]:
                    f"{cls['prob_after']:.2f} {_ci(cls['prob_after_ci'])}; recall {cls['recall_before']:.2f} -> "
                    f"{cls['recall_after']:.2f}")
         if cls.get("recall_probe") is not None:
-            out.append(f"  probe (input model's head on the scrubbed features): recall {cls['recall_probe']:.2f}")
+            out.append(f"  probe fitted on the features: recall {cls['recall_probe_before']:.2f} -> "
+                       f"{cls['recall_probe']:.2f}" + ("" if cls.get("recall_probe_never") is None else
+                                                       f" (never saw it: {cls['recall_probe_never']:.2f})"))
     if v.get("auc_before") is not None and v.get("n_forget"):
         out.append(f"  D_f vs held-out AUC ({v['statistic']}): {v['auc_before']:.2f} -> {v['auc_after']:.2f} "
                    f"{_ci(v['auc_after_ci'])}")
@@ -472,7 +513,7 @@ def verdict_lines(v: dict) -> list[str]:
     out.append(f"  n_forget {v['n_forget']}, n_heldout {v['n_heldout']} (effective {v['n_heldout_effective']:.0f})")
     if v.get("samples_needed"):
         out.append(f"  about {v['samples_needed']} forget examples would decide it"
-                   + ("" if v.get("references") else " (or reference models: scrubnet.readouts.references)"))
+                   + ("" if v.get("references") else " (or reference models: `scrubnet references`)"))
     if v.get("references"):
         out.append(f"  reference models: {v['references']['models']}, trained once in "
                    f"{v['references']['seconds']:.1f} s")
@@ -492,7 +533,8 @@ def _summary(v: ForgettingVerdict) -> str:
 
 def forgetting_verdict(model_before: nn.Module, model_after: nn.Module, forget, retain, heldout, *,
                        statistic: str = "auto", rules: VerdictRules | None = None, max_retain: int | None = 10000,
-                       references=None, forget_ids=None) -> ForgettingVerdict:
+                       references=None, forget_ids=None, probe_layer: str | None = None,
+                       never_saw: nn.Module | None = None) -> ForgettingVerdict:
     """Did the scrub make D_f look like data the model never saw? No retrained model needed.
 
     Parameters
@@ -512,6 +554,12 @@ def forgetting_verdict(model_before: nn.Module, model_after: nn.Module, forget, 
         example's score is calibrated by its mean under the references that never trained on it.
     forget_ids : sequence of int, optional
         D_f's positions in the training data the references were split from (required with ``references``).
+    probe_layer : str, optional
+        For a whole class: the dotted name of the module whose output the class probe reads (default: the
+        input of the head, found by hooks).
+    never_saw : nn.Module, optional
+        For a whole class: a model that never saw the class (e.g. trained on D_r); the probe's recall on it is
+        the floor of "forgotten" (default: chance).
 
     Returns
     -------
@@ -533,6 +581,7 @@ def forgetting_verdict(model_before: nn.Module, model_after: nn.Module, forget, 
         info = references.info()
     label, probe = _class_label(f_b, r_b), None
     if label is not None and (h_b.labels == label).any():
-        probe = class_probe(model_before, model_after, heldout, label)
+        probe = class_probe(model_before, model_after, heldout, label, retain, never_saw=never_saw,
+                            layer=probe_layer, seed=rules.seed)
     return judge_forgetting(f_b, f_a, h_b, h_a, r_b, r_a, statistic=statistic, rules=rules, forget_offset=f_off,
                             heldout_offset=h_off, probe=probe, references=info)

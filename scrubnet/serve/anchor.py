@@ -115,7 +115,7 @@ def _stated(r: dict, row: dict) -> list[str]:
     return named
 
 
-def _receipt_problems(subs: list[dict], reqs: dict, keys: list, hashes: list[bytes]) -> list[str]:
+def _receipt_problems(subs: list[dict], reqs: dict, keys: list, hashes: list[bytes], pins: dict) -> list[str]:
     """Every disagreement between the stored receipts and the record (the field named)."""
     problems, prev_sha = [], None
     for s in sorted(subs, key=lambda s: s["receipt"].get("request_id") or 0):
@@ -131,6 +131,7 @@ def _receipt_problems(subs: list[dict], reqs: dict, keys: list, hashes: list[byt
                 problems.append(f"submission {s['id']}: field {field!r} disagrees with its signed receipt")
         problems += [f"request #{rid}: field {f!r} disagrees with its {what}" for f in _stated(r, row)]
         if "tree_head" in r:
+            problems += tlog.pin_problems(r["tree_head"], pins, f"{what}: its tree head")
             problems += _tree_problems(r["tree_head"], hashes, what)
         if r.get("record_hash") != row["hash"]:
             problems.append(f"request #{rid}: its record-chain link is not the one its {what} names "
@@ -145,7 +146,7 @@ def _receipt_problems(subs: list[dict], reqs: dict, keys: list, hashes: list[byt
     return problems
 
 
-def _logged_problems(head: dict | None, subs: list[dict], keys: list, hashes: list[bytes]) -> list[str]:
+def _logged_problems(head: dict | None, subs: list[dict], keys: list, hashes: list[bytes], pins: dict) -> list[str]:
     """The head against the tree heads the receipts handed out prove: it must exist and be as large."""
     sizes = [s["receipt"]["tree_head"].get("tree_size") for s in subs
              if isinstance(s["receipt"].get("tree_head"), dict)]
@@ -159,6 +160,7 @@ def _logged_problems(head: dict | None, subs: list[dict], keys: list, hashes: li
     if head.get("format") != HEAD_FORMAT or not isinstance(sth, dict):
         return [f"signed head: holds no tree head, though receipts prove one of {largest} requests was written"]
     problems = tlog.tree_head_problems(sth, _pick(keys, head.get("public_key")), "signed head: its tree head")
+    problems += tlog.pin_problems(sth, pins, "signed head: its tree head")
     if not problems and sth["tree_size"] < largest:
         problems.append(f"signed head: its tree head holds {sth['tree_size']} requests, fewer than the {largest} of "
                         "a receipt handed out (the head file was rolled back)")
@@ -201,7 +203,17 @@ def _head_problems(head: dict, key, rec: dict, subs: list[dict]) -> list[str]:
     return problems
 
 
-def verify(path: str | Path, public_key=None, retired=()) -> dict:
+def pins_of(head: dict | None, public_key, pins: dict | None = None) -> dict:
+    """The retired keys' pins: ``pins`` given, with those of the retirement statements the signed ``head``
+    keeps (``retired_keys``) that ``public_key`` signed; the smaller size where both pin a key."""
+    out = dict(pins or {})
+    if public_key is not None:
+        for fp, size in tlog.retired_pins((head or {}).get("retired_keys"), public_key).items():
+            out[fp] = min(size, out.get(fp, size))
+    return out
+
+
+def verify(path: str | Path, public_key=None, retired=(), pins: dict | None = None) -> dict:
     """Verify the checkpoint's record against the chain and against what was signed outside the database.
 
     Parameters
@@ -213,7 +225,11 @@ def verify(path: str | Path, public_key=None, retired=()) -> dict:
         attacker who can replace files, not only the database, can re-sign with a key of their own).
     retired : sequence of Ed25519PublicKey
         Keys the service signed with before a rotation: receipts, heads and tree heads they signed are
-        accepted too (the service signs everything new with ``public_key``).
+        accepted too (the service signs everything new with ``public_key``), up to their pin.
+    pins : dict or None
+        ``{retired key fingerprint: last tree size it signed}`` known to the caller (the running service's);
+        with the pins of the retirement statements the head keeps (:func:`pins_of`). A tree head a retired
+        key signed past its pin is a problem.
 
     Returns
     -------
@@ -236,8 +252,9 @@ def verify(path: str | Path, public_key=None, retired=()) -> dict:
     elif key is not None:
         reqs = {r["id"]: r for r in rec["requests"]}
         keys = [key, *retired]
-        problems += _receipt_problems(subs, reqs, keys, hashes)
-        problems += _logged_problems(head, subs, keys, hashes)
+        pinned = pins_of(head, key, pins) if retired else {}
+        problems += _receipt_problems(subs, reqs, keys, hashes, pinned)
+        problems += _logged_problems(head, subs, keys, hashes, pinned)
         if head is not None:
             problems += _head_problems(head, _pick(keys, head.get("public_key")), rec, subs)
     through = max((e.get("id", -1) for e in (head or {}).get("requests", [])), default=-1)
@@ -254,10 +271,11 @@ def record_leaves(rec: dict) -> list[bytes]:
     return [merkle.leaf_hash(tlog.leaf(r["id"], r["hash"])) for r in sorted(rec["requests"], key=lambda r: r["id"])]
 
 
-def sign_head(path: str | Path, key, rec: dict, tree_head: dict) -> bool:
+def sign_head(path: str | Path, key, rec: dict, tree_head: dict, retired_keys=()) -> bool:
     """Write ``CHECKPOINT/record-head.json`` signed by ``key`` over ``rec`` (a valid :func:`verify` result
-    of this checkpoint), the receipts stored now and ``tree_head`` (the latest signed tree head); atomic.
-    Returns whether the file changed."""
+    of this checkpoint), the receipts stored now, ``tree_head`` (the latest signed tree head) and the
+    retirement statements ``retired_keys`` (:func:`scrubnet.serve.tlog.retire_statement`; the field is left
+    out when there are none); atomic. Returns whether the file changed."""
     path = Path(path)
     shas = {}
     for s in store.submissions(path, status="applied", limit=1 << 62):
@@ -267,6 +285,8 @@ def sign_head(path: str | Path, key, rec: dict, tree_head: dict) -> bool:
                for r in rec["requests"]]
     body = {"format": HEAD_FORMAT, "state_hash": rec["head"], "static_digests": rec["static_digests"],
             "requests": entries, "tree_head": tree_head, "public_key": receipts.public_key_hex(key)}
+    if retired_keys:
+        body["retired_keys"] = list(retired_keys)
     head = {**body, "signature": key.sign(canonical(body)).hex()}
     try:
         if read_head(path) == head:
@@ -280,7 +300,8 @@ def sign_head(path: str | Path, key, rec: dict, tree_head: dict) -> bool:
 FINGERPRINT_ENV = "SCRUBNET_RECEIPT_FINGERPRINT"
 
 
-def verify_pinned(path: str | Path, public_key=None, fingerprint: str | None = None, retired=()) -> dict:
+def verify_pinned(path: str | Path, public_key=None, fingerprint: str | None = None, retired=(),
+                  pins: dict | None = None) -> dict:
     """:func:`verify` against a pinned key: ``public_key``, or the key the record names if its fingerprint is
     ``fingerprint``. A signed record checked against neither is not valid (a key the data names proves
     nothing: whoever rewrote the data can re-sign it with a key of their own).
@@ -301,7 +322,7 @@ def verify_pinned(path: str | Path, public_key=None, fingerprint: str | None = N
     dict
         :func:`verify`'s result; ``key_pinned`` says whether a pin was checked.
     """
-    rec = verify(path, public_key, retired)
+    rec = verify(path, public_key, retired, pins)
     if public_key is not None or rec["key_fingerprint"] is None:
         return rec
     problems = list(rec["problems"])

@@ -46,12 +46,13 @@ from pathlib import Path
 from scrubnet.mlforget import store
 from scrubnet.serve import anchor, receipts, tlog
 from scrubnet.serve.auth import ROLES, Token, authorised, read_tokens, resolve_token
-from scrubnet.serve.http import HTTPError, Service
+from scrubnet.serve.http import HTTPError, SecurityHeaders, Service
 from scrubnet.serve.limits import Limits
 from scrubnet.serve.worker import Worker, issue_receipts
 
 try:  # optional dependency: pip install "scrubnet[serve]"
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route
 except ImportError:  # pragma: no cover - exercised only without the extra
     Starlette = None
@@ -104,9 +105,57 @@ def id_secret(key) -> bytes:
     return hashlib.sha256(b"scrubnet-submission-id/1\x00" + raw).digest()
 
 
+def _retirements(path: Path, key, retired_keys, head: dict | None, witnessed: dict | None,
+                 witness_statements: list) -> list[dict]:
+    """The retirement statements of ``retired_keys``: those already signed by ``key`` (in the signed head or
+    the witness), and for a key retired now a new one pinning it to the largest tree head it signed (the
+    head's or the witness's). Recorded at the rotation, kept in the head and the witness from then on."""
+    known = [st for st in [*((head or {}).get("retired_keys") or []), *witness_statements]
+             if tlog.retired_pins([st], key.public_key())]
+    pinned = tlog.retired_pins(known, key.public_key())
+    out = list({st["retired_key_fingerprint"]: st for st in known}.values())
+    for old in retired_keys:
+        fp = tlog.fingerprint(old)
+        if fp in pinned:
+            continue
+        sizes = [sth["tree_size"] for sth in ((head or {}).get("tree_head"), witnessed)
+                 if isinstance(sth, dict) and sth.get("key_fingerprint") == fp
+                 and isinstance(sth.get("tree_size"), int)]
+        out.append(tlog.retire_statement(key, old, max(sizes, default=0)))
+    return out
+
+
+def _witness_start(path: Path, witness, check: dict, key, retired_keys, head: dict | None, init: bool):
+    """The witness's state at start (fail closed): ``(statements, witnessed head, warnings)``;
+    ``StoreError`` (one line) when it cannot be read, holds nothing although the checkpoint's signed head
+    shows its log was published (unless ``init``, a new witness), holds something although ``init``, or
+    holds a head the log does not extend."""
+    try:
+        state, witnessed, statements = witness.read()
+    except ValueError as e:
+        raise store.StoreError(f"{path}: refusing to serve it: {e}") from None
+    sth = (head or {}).get("tree_head")
+    warnings = []
+    if witnessed is None:
+        if init:
+            warnings.append(f"--witness-init: the {witness} held no tree head ({state}); it is initialised with "
+                            f"this checkpoint's log ({len(check['leaf_hashes'])} entries): do this once, for a "
+                            "new witness")
+        elif isinstance(sth, dict):
+            raise store.StoreError(
+                f"{path}: refusing to serve it: its {witness} holds no tree head ({state}), though the checkpoint's "
+                f"signed head shows its log was published (a tree head of {sth.get('tree_size')} requests, signed "
+                f"{sth.get('timestamp')}): a restored checkpoint against a lost witness; for a genuinely new "
+                "witness start once with --witness-init")
+    elif init:
+        raise store.StoreError(f"{path}: refusing --witness-init: the {witness} already holds a tree head of "
+                               f"{witnessed.get('tree_size')} requests (initialise only a new, empty witness)")
+    return statements, witnessed, warnings
+
+
 def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loader, *, max_body: int = MAX_BODY,
                max_ids: int = MAX_IDS, start_worker: bool = True, witness=None, limits=None,
-               verify_every_s: float = 30.0, retired_keys=()):
+               verify_every_s: float = 30.0, retired_keys=(), witness_init: bool = False):
     """The Starlette application serving ``checkpoint``; its worker starts with the application.
 
     Parameters
@@ -130,13 +179,19 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
         Start the worker thread with the application.
     witness : scrubnet.serve.tlog.Witness or None
         Where the signed tree heads are published; the checkpoint's log must extend the head it holds, else
-        ``StoreError`` (a restored older copy of the checkpoint).
+        ``StoreError`` (a restored older copy of the checkpoint). A witness holding no head (deleted, empty,
+        null, a command printing nothing) is refused when the checkpoint's signed head shows that its log was
+        published; a witness that cannot be read (a failing or hanging command) is refused.
     limits : scrubnet.serve.limits.Limits or None
         Per-tenant rate limits and queue quotas (None: the defaults).
     verify_every_s : float
         While idle, the worker verifies the record this often.
     retired_keys : sequence of Ed25519PublicKey
-        Keys the service signed with before a rotation (their signatures stay valid; new ones use ``key``).
+        Keys the service signed with before a rotation (their signatures stay valid up to the tree size each
+        had signed when retired, recorded in a statement ``key`` signs; new ones use ``key``).
+    witness_init : bool
+        The witness is new: it may hold nothing whatever the checkpoint's head shows (it must hold nothing);
+        it is given the checkpoint's head at once (a warning line says so).
 
     Returns
     -------
@@ -148,26 +203,44 @@ def create_app(checkpoint: str | Path, tokens: dict[str, Token], key, data_loade
     if Starlette is None:
         raise ValueError('scrubnet serve needs the serve extra: pip install "scrubnet[serve]"')
     path = Path(checkpoint)
-    check = anchor.verify(path, key.public_key(), retired_keys)  # read-only; an old format: StoreError
+    head = anchor.read_head(path)
+    pins = tlog.retired_pins((head or {}).get("retired_keys"), key.public_key())
+    check = anchor.verify(path, key.public_key(), retired_keys, pins)  # read-only; an old format: StoreError
     if not check["valid"]:
         raise store.StoreError(f"{path}: the record does not verify, refusing to serve it: "
                                + "; ".join(check["problems"]))
+    warnings, statements, witnessed = [], [], None
     if witness is not None:
-        try:
-            problems = tlog.witness_problems(witness.latest(), check["leaf_hashes"], key.public_key(),
-                                             retired_keys)
-        except ValueError as e:
-            problems = [str(e)]
+        w_statements, witnessed, warnings = _witness_start(path, witness, check, key, retired_keys, head,
+                                                           witness_init)
+        statements = _retirements(path, key, retired_keys, head, witnessed, w_statements)
+        pins = tlog.retired_pins(statements, key.public_key())
+        problems = tlog.witness_problems(witnessed, check["leaf_hashes"], key.public_key(), retired_keys, pins)
         if problems:
             raise store.StoreError(f"{path}: refusing to serve it against its {witness}: " + "; ".join(problems))
+    elif retired_keys:
+        statements = _retirements(path, key, retired_keys, head, None, [])
+    sizes = [sth["tree_size"] for sth in ((head or {}).get("tree_head"), witnessed)
+             if isinstance(sth, dict) and isinstance(sth.get("tree_size"), int)]
+    if witness is not None and witness_init and isinstance((head or {}).get("tree_head"), dict):
+        try:  # the new witness holds the checkpoint's head from now on
+            witness.publish(head["tree_head"], statements)
+        except ValueError as e:
+            raise store.StoreError(f"{path}: refusing to serve it: {e}") from None
+    log_size = max(sizes, default=0)
+    links = {r["id"]: r["hash"] for r in check["requests"]}
     worker = Worker(path, key, data_loader, witness=witness, verify_every_s=verify_every_s,
-                    retired=retired_keys)
+                    retired=retired_keys, statements=statements, log_size=log_size,
+                    published=witnessed is not None or (witness_init and bool(sizes)),
+                    signed_link=(log_size - 1, links[log_size - 1]) if log_size - 1 in links else None)
     service = Service(path=path, tokens=tokens, worker=worker, public_hex=receipts.public_key_hex(key),
                       public_pem=receipts.public_pem(key).decode(), max_body=max_body, max_ids=max_ids,
                       public_key=key.public_key(), limits=limits or Limits(), id_secret=id_secret(key))
-    app = Starlette(routes=_routes(), lifespan=_lifespan)
+    app = Starlette(routes=_routes(), lifespan=_lifespan, middleware=[Middleware(SecurityHeaders)])
     late = [i for i in check["unanchored"] if i > check["anchored_through"] >= 0]
-    app.state.warnings = [f"requests {', '.join(f'#{i}' for i in late)} were committed outside the service since "
-                          "its last signed head; the worker signs the record with them now"] if late else []
+    if late:
+        warnings.append(f"requests {', '.join(f'#{i}' for i in late)} were committed outside the service since its "
+                        "last signed head; the worker signs the record with them now")
+    app.state.warnings = warnings
     app.state.service, app.state.worker, app.state.start_worker = service, worker, start_worker
     return app

@@ -127,14 +127,20 @@ def resolve_token(headers, tokens: dict[str, Token], role: str | None) -> Token:
 
 def authorised(role: str | None):
     """Decorator making ``handler(request, service, token)`` a Starlette endpoint ``endpoint(request)``
-    that first resolves the token (:func:`resolve_token` with ``role``; None: any known token) and answers
-    any :class:`HTTPError` of the token or of the handler as JSON."""
+    that first resolves the token (:func:`resolve_token` with ``role``; None: any known token), takes a GET
+    from the tenant's read bucket (429 with ``Retry-After`` when empty) and answers any :class:`HTTPError` of
+    the token or of the handler as JSON."""
     def wrap(handler):
         @functools.wraps(handler)
         async def endpoint(request):
             service = request.app.state.service
             try:
                 token = resolve_token(request.headers, service.tokens, role)
+                if request.method == "GET" and service.limits is not None:
+                    wait = service.limits.admit_read(token.name)
+                    if wait is not None:
+                        raise HTTPError(429, "too many reads from this token; retry later",
+                                        service.limits.retry_after(wait))
                 return await handler(request, service, token)
             except HTTPError as e:
                 return e.response()

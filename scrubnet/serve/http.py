@@ -25,15 +25,64 @@ class HTTPError(Exception):
         return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
 
 
+async def guard(service: "Service") -> None:
+    """503 once the worker halted, or when the checkpoint's log became smaller than what the service signed
+    (an older copy restored under it: the worker halts): nothing is queued on, or served from, such a
+    checkpoint (:meth:`scrubnet.serve.worker.Worker.guard`)."""
+    from starlette.concurrency import run_in_threadpool
+    try:
+        await run_in_threadpool(service.worker.guard)
+    except RuntimeError as e:
+        raise HTTPError(503, f"the service stopped: its record does not verify ({e}); see GET /v1/log") from None
+
+
+def admit_public(request) -> None:
+    """Take a GET of a public route (no token) from the client address's read bucket; 429 when empty."""
+    service = request.app.state.service
+    if service.limits is None:
+        return
+    addr = request.client.host if request.client is not None else "?"
+    wait = service.limits.admit_read("addr:" + addr)
+    if wait is not None:
+        raise HTTPError(429, "too many reads from this address; retry later", service.limits.retry_after(wait))
+
+
 def answer_errors(handler):
-    """A public endpoint (no token) whose :class:`HTTPError` is answered as JSON."""
+    """A public endpoint (no token), read-limited per client address, whose :class:`HTTPError` is answered as
+    JSON."""
     @functools.wraps(handler)
     async def endpoint(request):
         try:
+            admit_public(request)
             return await handler(request)
         except HTTPError as e:
             return e.response()
     return endpoint
+
+
+#: headers on every answer: no sniffing, no framing, no referrer, no caching of tokens' answers
+SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"), (b"cache-control", b"no-store"),
+                    (b"cross-origin-opener-policy", b"same-origin"), (b"cross-origin-resource-policy", b"same-origin"))
+
+
+class SecurityHeaders:
+    """ASGI middleware adding :data:`SECURITY_HEADERS` to every HTTP answer (a route's own value wins)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k, v) for k, v in SECURITY_HEADERS if k not in have)]}
+            await send(message)
+        await self.app(scope, receive, send_with_headers)
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,12 @@ def verdict_of(request: dict) -> dict:
 
     def num(v):
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-    if request.get("kind") == "forget_all":
+    if solver.get("engine") == "sharded":  # isolation: the touched shards retrained without the ids
+        basis = ("forget_all: every shard back at the pretrained point" if request.get("kind") == "forget_all" else
+                 "sharded isolation: the shards holding the ids (shards_retrained) were retrained without them from "
+                 "their last slice checkpoint before the earliest one (from_slice); the model equals a sharded "
+                 "fine-tune of the remaining data with the same seeds")
+    elif request.get("kind") == "forget_all":
         basis = "forget_all: the user weights are set to 0, the model is the core model (never trained on user data)"
     else:
         basis = ("ML-Forgetting's closed-form deletion: the user weights are those of training without the ids, "

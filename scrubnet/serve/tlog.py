@@ -8,10 +8,18 @@ receipt checks that the log it sees now extends the one its receipt was signed i
 * **Signed tree head** (STH): ``{"format": TREE_HEAD_FORMAT, "tree_size", "root_hash" (hex), "timestamp"
   (UTC), "key_fingerprint" (sha256 of the raw Ed25519 public key)}`` and ``signature`` (Ed25519 over the
   canonical JSON of the other fields).
-* **Witness**: a file (``--witness PATH``) or a command (``--witness-cmd CMD``: ``CMD publish`` reads an STH
-  on stdin, ``CMD latest`` prints the last one or nothing) that keeps the latest head the service published.
-  At start-up the service refuses a checkpoint whose log is smaller than, or not an extension of, the
-  witnessed head (:func:`witness_problems`): a restored older copy of the whole checkpoint.
+* **Witness**: a file (``--witness PATH``) or a command (``--witness-cmd CMD``: ``CMD publish`` reads a
+  witness document on stdin, ``CMD latest`` prints the last one or nothing) that keeps the latest head the
+  service published, and the retirement statements of its rotated keys: ``{"format": WITNESS_FORMAT,
+  "tree_head": STH, "retired": [statement, ...]}`` (a bare STH, as published by earlier versions, is read
+  too). At start-up the service refuses a checkpoint whose log is smaller than, or not an extension of, the
+  witnessed head (:func:`witness_problems`): a restored older copy of the whole checkpoint. A witness that
+  holds nothing (deleted, empty, ``"tree_head": null``, a command printing nothing) is :attr:`Witness.EMPTY`:
+  the service refuses it when the checkpoint shows its log was published before (fail closed).
+* **Retired keys** (:func:`retire_statement`): at a rotation the new key signs ``{"format": RETIRED_FORMAT,
+  "retired_key_fingerprint", "last_tree_size", "timestamp", "key_fingerprint"}``: the retired key signed no
+  tree head larger than ``last_tree_size``. A tree head signed by a retired key past its pin is refused
+  (:func:`pin_problems`) everywhere a retired key is accepted.
 * **Client check** (:func:`audit`): the receipt's leaf is in the receipt's head (inclusion proof), both heads
   are signed by the pinned key, and the current head extends the receipt's (consistency proof); a current
   head smaller than the receipt's is a rollback.
@@ -21,7 +29,9 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 
@@ -32,6 +42,9 @@ from scrubnet.serve.canonical import canonical
 LEAF_FORMAT = "scrubnet-log-leaf/1"
 TREE_HEAD_FORMAT = "scrubnet-tree-head/1"
 WITNESS_FORMAT = "scrubnet-witness/1"
+RETIRED_FORMAT = "scrubnet-key-retired/1"
+#: seconds a witness command may take to answer before the service gives up on it (fail closed)
+WITNESS_TIMEOUT_S = 10.0
 STH_FIELDS = ("format", "tree_size", "root_hash", "timestamp", "key_fingerprint", "signature")
 
 
@@ -134,7 +147,55 @@ def consistency_problems(old: dict, new: dict, proof) -> list[str]:
     return []
 
 
-def audit(receipt: dict, current: dict, proof, public_key) -> list[str]:
+def signer_of(sth, public_key, retired=()):
+    """The key of ``public_key`` and ``retired`` whose fingerprint ``sth`` names (``public_key`` when none does,
+    so that its check names the other key)."""
+    fp = sth.get("key_fingerprint") if isinstance(sth, dict) else None
+    return next((k for k in retired if fingerprint(k) == fp), public_key)
+
+
+def retire_statement(key, retired_public, last_tree_size: int, timestamp: str | None = None) -> dict:
+    """The statement, signed by the new private ``key``, that ``retired_public`` signed no tree head larger than
+    ``last_tree_size`` (recorded at the rotation; kept in the signed head, the witness and ``GET /v1/key``)."""
+    body = {"format": RETIRED_FORMAT, "retired_key_fingerprint": fingerprint(retired_public),
+            "last_tree_size": int(last_tree_size), "timestamp": timestamp or _utc(),
+            "key_fingerprint": fingerprint(key)}
+    return {**body, "signature": key.sign(canonical(body)).hex()}
+
+
+def retired_pins(statements, public_key) -> dict[str, int]:
+    """``{retired key fingerprint: last tree size}`` from the statements signed by ``public_key`` (others are
+    ignored: a statement proves something only under the pinned current key); the smallest size when a key is
+    pinned twice."""
+    from cryptography.exceptions import InvalidSignature
+    pins: dict[str, int] = {}
+    for st in statements or ():
+        if not isinstance(st, dict) or st.get("format") != RETIRED_FORMAT or \
+                st.get("key_fingerprint") != fingerprint(public_key):
+            continue
+        body = {k: v for k, v in st.items() if k != "signature"}
+        try:
+            public_key.verify(bytes.fromhex(st.get("signature", "")), canonical(body))
+        except (InvalidSignature, ValueError, TypeError):
+            continue
+        size, fp = st.get("last_tree_size"), st.get("retired_key_fingerprint")
+        if isinstance(size, int) and not isinstance(size, bool) and isinstance(fp, str):
+            pins[fp] = min(size, pins.get(fp, size))
+    return pins
+
+
+def pin_problems(sth, pins: dict | None, what: str = "tree head") -> list[str]:
+    """Why ``sth`` is a head a retired key signed after its retirement: its size is past the key's pin."""
+    if not pins or not isinstance(sth, dict):
+        return []
+    pin, size = pins.get(sth.get("key_fingerprint")), sth.get("tree_size")
+    if isinstance(pin, int) and isinstance(size, int) and size > pin:
+        return [f"{what}: signed by a retired key (fingerprint {str(sth['key_fingerprint'])[:16]}…) for {size} "
+                f"requests, past the {pin} it had signed when it was retired: a retired key signs nothing new"]
+    return []
+
+
+def audit(receipt: dict, current: dict, proof, public_key, retired=(), pins: dict | None = None) -> list[str]:
     """The client's check of a receipt against the log as it stands now.
 
     Parameters
@@ -147,6 +208,11 @@ def audit(receipt: dict, current: dict, proof, public_key) -> list[str]:
         The consistency proof from the receipt's head to ``current`` (``GET /v1/log/consistency``).
     public_key : Ed25519PublicKey
         The pinned key of the service.
+    retired : sequence of Ed25519PublicKey
+        Keys the service signed with before a rotation: the receipt and its head may be signed by one of them.
+    pins : dict or None
+        ``{retired fingerprint: last tree size}`` (:func:`retired_pins` of the statements ``GET /v1/key``
+        serves): the current head may be signed by a retired key only up to its pin, never without one.
 
     Returns
     -------
@@ -154,8 +220,14 @@ def audit(receipt: dict, current: dict, proof, public_key) -> list[str]:
         Every problem, named; empty when the receipt's request is in a log the current head extends.
     """
     sth = receipt.get("tree_head") if isinstance(receipt, dict) else None
-    problems = tree_head_problems(sth, public_key, "the receipt's tree head")
-    problems += tree_head_problems(current, public_key, "the current tree head")
+    problems = tree_head_problems(sth, signer_of(sth, public_key, retired), "the receipt's tree head")
+    signer = signer_of(current, public_key, retired)
+    problems += tree_head_problems(current, signer, "the current tree head")
+    if not problems and signer is not public_key:
+        if (pins or {}).get(current.get("key_fingerprint")) is None:
+            problems.append("the current tree head: signed by a retired key the service's current key has not "
+                            "pinned (no retirement statement): a retired key signs nothing new")
+        problems += pin_problems(current, pins, "the current tree head")
     if problems:
         return problems
     problems += inclusion_problems(receipt.get("leaf_index"), receipt.get("record_hash"), sth,
@@ -169,34 +241,51 @@ class Witness:
     Parameters
     ----------
     path : str or Path or None
-        A file holding the latest published head (written atomically).
+        A file holding the witness document (written atomically).
     command : str or None
-        A command line: ``CMD publish`` gets the head's canonical JSON on stdin; ``CMD latest`` prints the last
-        head published (or nothing). Exactly one of ``path`` and ``command``.
+        A command line: ``CMD publish`` gets the witness document's canonical JSON on stdin; ``CMD latest``
+        prints the last one published (or nothing). Exactly one of ``path`` and ``command``.
+    timeout_s : float
+        Seconds the command may take; past them (or on a non-zero exit) ``ValueError``, one line.
     """
 
-    def __init__(self, path: str | Path | None = None, command: str | None = None):
+    #: what :meth:`read` returns for a witness that holds no head, by cause
+    EMPTY = ("missing", "empty", "null")
+
+    def __init__(self, path: str | Path | None = None, command: str | None = None,
+                 timeout_s: float = WITNESS_TIMEOUT_S):
         if (path is None) == (command is None):
             raise ValueError("a witness is a path or a command")
         self.path, self.command = (Path(path) if path is not None else None), command
+        self.timeout_s = float(timeout_s)
 
     def __str__(self) -> str:
         return f"witness {self.path}" if self.path is not None else f"witness command {self.command!r}"
 
     def _run(self, action: str, data: bytes = b"") -> bytes:
+        try:  # its own session: a timeout kills the command and whatever it started
+            p = subprocess.Popen(shlex.split(self.command) + [action], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            raise ValueError(f"{self} {action}: {e.strerror or e}") from None
         try:
-            p = subprocess.run(shlex.split(self.command) + [action], input=data, capture_output=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ValueError(f"{self} {action}: {e}") from None
+            out, err = p.communicate(data, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(p)
+            raise ValueError(f"{self} {action}: no answer within {self.timeout_s:g} s") from None
         if p.returncode != 0:
-            raise ValueError(f"{self} {action} exited {p.returncode}: {p.stderr.decode(errors='replace')[-300:]}")
-        return p.stdout
+            tail = " ".join(err.decode(errors="replace").split())[-300:]
+            raise ValueError(f"{self} {action} exited {p.returncode}" + (f": {tail}" if tail else ""))
+        return out
 
-    def latest(self) -> dict | None:
-        """The last head published (None: none yet); ``ValueError`` when the witness cannot be read."""
+    def read(self) -> tuple[str, dict | None, list]:
+        """``(state, head, statements)``: state ``"head"`` with the last head published, or one of
+        :attr:`EMPTY` (``missing``: no file; ``empty``: no bytes, or a command printing nothing; ``null``: a
+        document whose head is null) with None; ``statements`` the retirement statements it keeps.
+        ``ValueError`` when the witness cannot be read or holds something else than a witness document."""
         if self.path is not None:
             if not self.path.exists():
-                return None
+                return "missing", None, []
             try:
                 raw = self.path.read_bytes()
             except OSError as e:
@@ -204,34 +293,59 @@ class Witness:
         else:
             raw = self._run("latest")
         if not raw.strip():
-            return None
+            return "empty", None, []
         try:
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(f"{self} holds no readable tree head") from None
-        return obj.get("tree_head") if isinstance(obj, dict) and obj.get("format") == WITNESS_FORMAT else obj
+        if obj is None:
+            return "null", None, []
+        if isinstance(obj, dict) and obj.get("format") == WITNESS_FORMAT:
+            retired = obj.get("retired") if isinstance(obj.get("retired"), list) else []
+            if obj.get("tree_head") is None:
+                return "null", None, retired
+            return "head", obj["tree_head"], retired
+        return "head", obj, []
 
-    def publish(self, sth: dict) -> None:
-        """Hand ``sth`` to the witness (a file: replaced atomically)."""
+    def latest(self) -> dict | None:
+        """The last head published (None: none yet); ``ValueError`` when the witness cannot be read."""
+        return self.read()[1]
+
+    def publish(self, sth: dict, retired=()) -> None:
+        """Hand ``sth`` (and the retirement statements ``retired``) to the witness (a file: replaced
+        atomically)."""
+        doc = canonical({"format": WITNESS_FORMAT, "tree_head": sth, "retired": list(retired)})
         if self.path is not None:
-            atomic_write_bytes(self.path, canonical({"format": WITNESS_FORMAT, "tree_head": sth}) + b"\n")
+            atomic_write_bytes(self.path, doc + b"\n")
         else:
-            self._run("publish", canonical(sth))
+            self._run("publish", doc)
 
 
-def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key, retired=()) -> list[str]:
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        p.kill()
+    p.wait()
+
+
+def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key, retired=(),
+                     pins: dict | None = None) -> list[str]:
     """Why the checkpoint's log (leaf ``hashes``) does not extend the witnessed head (empty: it does).
 
     Parameters
     ----------
     witnessed : dict or None
-        The witness's latest head (None: nothing witnessed yet).
+        The witness's latest head (None: nothing witnessed yet; whether that is allowed is the caller's
+        decision, see :attr:`Witness.EMPTY`).
     hashes : list of bytes
         The checkpoint's leaf hashes now.
     public_key : Ed25519PublicKey
         The service's key.
     retired : sequence of Ed25519PublicKey
-        Keys retired by a rotation: a head they signed is accepted too.
+        Keys retired by a rotation: a head they signed is accepted too, up to their pin.
+    pins : dict or None
+        ``{retired fingerprint: last tree size}`` (:func:`retired_pins`).
 
     Returns
     -------
@@ -240,9 +354,8 @@ def witness_problems(witnessed: dict | None, hashes: list[bytes], public_key, re
     """
     if witnessed is None:
         return []
-    fp = witnessed.get("key_fingerprint") if isinstance(witnessed, dict) else None
-    signer = next((k for k in retired if fingerprint(k) == fp), public_key)
-    problems = tree_head_problems(witnessed, signer, "the witnessed tree head")
+    problems = tree_head_problems(witnessed, signer_of(witnessed, public_key, retired), "the witnessed tree head")
+    problems += pin_problems(witnessed, pins, "the witnessed tree head")
     if problems:
         return problems
     m = witnessed["tree_size"]

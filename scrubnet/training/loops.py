@@ -29,7 +29,7 @@ by permutation or drawn with replacement, and a stopping rule checked before eve
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
@@ -45,6 +45,9 @@ from scrubnet.models import freeze_batchnorm, replace_head
 from scrubnet.models.loss import LossSpec
 from scrubnet.training.guard import guard_after_step, guard_scope
 
+
+#: the targets of the fine-tuning decay (:class:`TrainConfig` ``decay_toward``)
+DECAY_TARGETS = ("init", "zero")
 
 #: how the gold standard is retrained without D_f by default (the authors' code; see :func:`retrain`)
 DEFAULT_RETRAIN_MODE = "replace"
@@ -81,11 +84,21 @@ class TrainConfig:
     pretrain_augment: str = "none"         # pre-training augmentation: none | shift_noise
     pretrain_augment_from: int = 0
     pretrain_augment_until: int | None = None
+    # the fine-tuning decay's target: "init" (the pull (wd/2)‖w − w_0‖², the papers' protocol) or "zero" (SGD's
+    # ordinary weight decay wd·w, as the field trains ResNet-18 on CIFAR-10 from scratch)
+    decay_toward: str = "init"
+    # a step schedule: the rate is multiplied by lr_gamma after each of these epochs (empty: constant)
+    lr_milestones: list[int] = field(default_factory=list)
+    lr_gamma: float = 0.1
 
     def __post_init__(self):
         for kind in (self.augment, self.pretrain_augment):
             if kind not in AUGMENTATIONS:
                 raise ValueError(f"unknown augmentation {kind!r}; choose one of {', '.join(AUGMENTATIONS)}")
+        if self.decay_toward not in DECAY_TARGETS:
+            raise ValueError(f"decay_toward must be one of {', '.join(DECAY_TARGETS)}, got {self.decay_toward!r}")
+        if list(self.lr_milestones) != sorted(set(self.lr_milestones)) or any(m < 1 for m in self.lr_milestones):
+            raise ValueError(f"lr_milestones must be increasing epochs ≥ 1, got {self.lr_milestones!r}")
         for name in ("wd", "pretrain_wd", "augment", "pretrain_augment"):
             check_window(getattr(self, f"{name}_from"), getattr(self, f"{name}_until"), name)
 
@@ -107,7 +120,8 @@ class TrainConfig:
 
 
 #: allowed ranges of the :class:`TrainConfig` values
-TRAIN_RANGES = {"lr": "> 0", "momentum": "[0, 1)", "wd": ">= 0", "batch_size": ">= 1", "extra_epochs": ">= 0",
+TRAIN_RANGES = {"lr_gamma": "> 0",
+                "lr": "> 0", "momentum": "[0, 1)", "wd": ">= 0", "batch_size": ">= 1", "extra_epochs": ">= 0",
                 "min_epochs": ">= 0", "max_epochs": ">= 1", "pretrain_epochs": ">= 0", "pretrain_lr": "> 0",
                 "pretrain_momentum": "[0, 1)", "pretrain_wd": ">= 0", "pretrain_batch_size": ">= 1",
                 "wd_from": ">= 0", "wd_until": ">= 1", "pretrain_wd_from": ">= 0", "pretrain_wd_until": ">= 1",
@@ -192,15 +206,22 @@ def batch_loss(logits: Tensor, y: Tensor, loss_fn: str | LossSpec = "ce", ascent
     return torch.where(ascent, -capped, ce).mean()
 
 
+def step_rate(lr: float, epoch: int, milestones=(), gamma: float = 0.1, lr_decay: float = 1.0) -> float:
+    """The step size of epoch ``epoch`` (0-based): lr·lr_decay^epoch·gamma^k, k the number of milestones ≤ epoch
+    (``torch.optim.lr_scheduler.MultiStepLR`` stepped once per epoch: milestone m starts the lower rate at
+    epoch m)."""
+    return lr * lr_decay ** epoch * gamma ** sum(1 for m in milestones if m <= epoch)
+
+
 def _schedule_epoch(opt: torch.optim.Optimizer, epoch: int, lr: float, lr_decay: float, weight_decay: float,
-                    weight_decay_epochs: EpochWindow | None) -> None:
-    """Set epoch ``epoch``'s step size (lr·lr_decay^epoch) and ordinary decay (0 outside its window)."""
+                    weight_decay_epochs: EpochWindow | None, milestones=(), gamma: float = 0.1) -> None:
+    """Set epoch ``epoch``'s step size (:func:`step_rate`) and ordinary decay (0 outside its window)."""
     if weight_decay_epochs is not None:
         for group in opt.param_groups:
             group["weight_decay"] = weight_decay if in_window(epoch, weight_decay_epochs) else 0.0
-    if lr_decay != 1.0:
+    if lr_decay != 1.0 or milestones:
         for group in opt.param_groups:
-            group["lr"] = lr * lr_decay ** epoch
+            group["lr"] = step_rate(lr, epoch, milestones, gamma, lr_decay)
 
 
 def _epoch_order(n: int, samples_per_epoch: int | None, generator: torch.Generator, device, data_device
@@ -221,7 +242,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
              weight_decay_epochs: EpochWindow | None = None, augment: Callable[[Tensor], Tensor] | None = None,
              augment_epochs: EpochWindow | None = None, lr_decay: float = 1.0,
              on_epoch: Callable[[int], None] | None = None, on_step: Callable[[int], None] | None = None,
-             make_opt: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> tuple[int, bool]:
+             make_opt: Callable[[nn.Module], torch.optim.Optimizer] | None = None, lr_milestones=(),
+             lr_gamma: float = 0.1) -> tuple[int, bool]:
     """The package's one SGD loop; trains ``model`` in place on (x, y) and leaves it in eval mode.
 
     Per batch B the loss is
@@ -245,7 +267,8 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
       in epochs a ≤ e < b (b None: to the end); outside, its coefficient is 0 for the whole epoch.
     * ``augment``: x ↦ x' applied to every batch of the epochs in ``augment_epochs`` (None: all epochs); it
       draws from its own generator, so the batch order does not depend on it.
-    * ``lr_decay``: epoch e runs at η_e = lr·lr_decay^e (exponential decay per epoch; 1 = constant).
+    * ``lr_decay``: epoch e runs at η_e = lr·lr_decay^e (exponential decay per epoch; 1 = constant);
+      ``lr_milestones``: η_e is further multiplied by ``lr_gamma`` once per milestone m ≤ e (a step schedule).
 
     Monitors: ``on_epoch(e)`` is called at the same points as ``stop`` (before epoch e, and once after the last
     epoch), before ``stop``; ``on_step(s)`` after every optimiser step s = 1, 2, … (the model is in train mode
@@ -273,7 +296,7 @@ def sgd_loop(model: nn.Module, x: Tensor, y: Tensor, *, lr: float, momentum: flo
                 break
             if epoch >= max_epochs:
                 break
-            _schedule_epoch(opt, epoch, lr, lr_decay, weight_decay, weight_decay_epochs)
+            _schedule_epoch(opt, epoch, lr, lr_decay, weight_decay, weight_decay_epochs, lr_milestones, lr_gamma)
             wd_now = wd if in_window(epoch, wd_epochs) else 0.0
             augment_now = augment if augment is not None and in_window(epoch, augment_epochs) else None
             _set_mode(model, freeze_bn)
@@ -350,11 +373,16 @@ def finetune(start: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, seed: int
         return zero_at is not None and epoch >= zero_at + cfg.extra_epochs
 
     sched = cfg.schedule("finetune")
+    # decay_toward "zero": SGD's own weight decay (toward 0) in the pull's window, and no pull
+    toward_zero = cfg.decay_toward == "zero"
     epoch, _ = sgd_loop(model, x, y, lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-                        max_epochs=cfg.max_epochs, generator=g, w0=w0, wd=cfg.wd, freeze_bn=cfg.freeze_bn,
+                        max_epochs=cfg.max_epochs, generator=g, w0=None if toward_zero else w0,
+                        wd=0.0 if toward_zero else cfg.wd, weight_decay=cfg.wd if toward_zero else 0.0,
+                        weight_decay_epochs=sched["wd_epochs"] if toward_zero else None, freeze_bn=cfg.freeze_bn,
                         stop=stop, wd_epochs=sched["wd_epochs"],
                         augment=make_augment(cfg.augment, 10_007 * seed + 4, model_device(model)),
-                        augment_epochs=sched["augment_epochs"])
+                        augment_epochs=sched["augment_epochs"], lr_milestones=tuple(cfg.lr_milestones),
+                        lr_gamma=cfg.lr_gamma)
     with torch.no_grad():
         logits = predict_logits(model, x)
         final_loss = float(F.cross_entropy(logits, y))

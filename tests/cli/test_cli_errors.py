@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import scrubnet.checkpoint
 from scrubnet.cli import app
 from scrubnet.models.user import build_user_model
+from tests.hang_guard import HANG_GUARD_S
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,10 +97,10 @@ def test_the_console_script_prints_no_traceback_unless_asked(files, tmp_path):
     args = [sys.executable, "-m", "scrubnet.cli", *_forget_args(files, tmp_path / "x.safetensors", crash=True)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("SCRUBNET_DEBUG", None)
-    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=HANG_GUARD_S)
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr and _error_lines(p.stderr) == ["error: RuntimeError: kaboom inside the forward"]
-    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**env, "SCRUBNET_DEBUG": "1"}, timeout=300)
+    p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**env, "SCRUBNET_DEBUG": "1"}, timeout=HANG_GUARD_S)
     assert p.returncode != 0 and "Traceback" in p.stderr and "kaboom inside the forward" in p.stderr
 
 

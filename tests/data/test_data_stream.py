@@ -15,6 +15,7 @@ from scrubnet.data.stream import BatchKeys, DataStream, as_stream
 from scrubnet.methods.fisher import stream_fisher
 from scrubnet.curvature.fisher import fisher_diag
 from scrubnet.readouts.basic import error_and_loss, stream_error_and_loss
+from tests.hang_guard import HANG_GUARD_S
 
 
 class DictSet(Dataset):
@@ -113,7 +114,7 @@ LAZY = textwrap.dedent('''
 
 
 def test_a_50k_lazy_dataset_is_scrubbed_and_evaluated_in_a_few_chunks_of_memory():
-    out = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr[-2000:]
     growth_mb, err_ft, err_fi = (float(v) for v in out.stdout.split())
     # one chunk = 1024 × 3 KB = 3 MB; materialising D_r would take 150 MB (300 MB with the concatenation)

@@ -8,6 +8,10 @@ from scrubnet.experiments import bench as B
 import scrubnet.cli.bench as CB
 
 runner = CliRunner()
+#: the field's CIFAR-10 training recipe as the dry run must state it
+RECIPE = ("ResNet-18 (width ×1) trained from scratch; SGD lr 0.1, momentum 0.9, weight decay 0.0005 toward zero; "
+          "batch 256; step schedule: lr × 0.1 after epochs 91 and 136 of 182; augmentation: random crop with "
+          "4-pixel padding + horizontal flip")
 
 
 @pytest.fixture
@@ -54,6 +58,8 @@ def test_cifar10_dry_run_prints_the_fields_protocol_without_data(no_work):
         assert want in out, want
     hours = float(out.split("FLOP ≈ ")[1].split(" h")[0])
     assert 1 < hours < 100
+    # the field's recipe, stated as it runs (the console may wrap the line)
+    assert RECIPE in " ".join(out.split()) and "differs from the field's recipe: nothing" in out
     # a CPU-sized version: sizes and epochs scale, and the estimate with them
     r = runner.invoke(app, ["bench", "--dataset", "cifar10", "--scale", "0.02", "--dry-run"], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output

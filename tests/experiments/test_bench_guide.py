@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "guides" / "bench.json"
 #: the methods re-run on one unit: fast ones, of every kind (no-op anchor, a one-shot edit, SGD, Adam, relabelling)
 REPRODUCE = ("original", "ssd", "ga", "neggrad-plus", "salun", "boundary-shrink", "unsir")
-#: metrics are fractions of at most 500 samples; the same code on another CPU may round differently
+#: how far a re-run cell may sit outside the committed cells' range: one sample of the smallest metric set (the
+#: class setting's 100 forget samples) plus rounding; the range itself carries the machine's noise (see below)
 TOLERANCE = 0.02
-
 
 def _script():
     spec = importlib.util.spec_from_file_location("bench_guide", ROOT / "scripts" / "bench_guide.py")
@@ -42,16 +42,45 @@ def test_the_guides_results_section_is_rendered_from_the_committed_bench_json():
 
 
 def test_one_unit_of_the_committed_bench_reproduces(monkeypatch):
+    """Re-run the class setting's first unit and compare at the level that is portable across CPUs.
+
+    Why not cell for cell: the bench trains (pre-training, fine-tuning, retraining, then the scrub's own SGD/Adam
+    steps), and training amplifies a CPU's last-bit differences (another vector unit, another summation order in
+    the BLAS) into different models: the same job on the same unit, same pinned torch, moved by up to 26 points
+    of UA between two machines (GA, class, unit 0). What a machine cannot move is what the bench claims: each
+    method's cells across units and seeds, summarised by their interval. So, on any machine:
+
+    1. each re-run cell lies within the committed cells' range for its (setting, method), widened by
+       ``TOLERANCE`` — a code change that moves a method (another default, a broken update) lands outside it;
+    2. put in place of the committed cell, it keeps the setting's mean inside the committed 95 % interval widened
+       by ``TOLERANCE`` — the table's claim survives the re-run;
+    3. ``ok`` (the method's verdict on its own run) is the same;
+    4. the same job run twice on this machine gives the same metrics to the last bit (the bench is
+       deterministic; only the machine differs between the committed run and this one).
+    docs/decisions/bench.md ("Reproducing the committed bench") records this decision.
+    """
     monkeypatch.delenv("SCRUBNET_TINY", raising=False)
     results = json.loads(RESULTS.read_text())
     cfg = ExperimentConfig.from_dict(results["config"])
-    runs = [r for r in results["runs"] if r["setting"] == "class" and r["forget_set"] == 0
-            and r["seed"] == results["seeds"][0] and r["method"] in REPRODUCE]
+    unit = {"forget_set": 0, "seed": results["seeds"][0]}
+    cells = [r for r in results["runs"] if r["setting"] == "class" and r["role"] == "eval"
+             and r["method"] in REPRODUCE and r["metrics"] is not None]
+    runs = [r for r in cells if r["forget_set"] == unit["forget_set"] and r["seed"] == unit["seed"]]
     assert {r["method"] for r in runs} == set(REPRODUCE)
+    rows = {row["method"]: row for row in results["summary"]["class"]["rows"]}
     scfg = B.setting_config(cfg, "class", "test", 0)
     for r in runs:
         job = {k: r[k] for k in ("setting", "role", "forget_set", "seed", "method", "options")}
         again = B.run_job(scfg, job)
         assert again["ok"] == r["ok"], r["method"]
+        same = [c for c in cells if c["method"] == r["method"]]
         for k in ("ua", "ra", "ta", "mia_efficacy", "avg_gap"):
-            assert again["metrics"][k] == pytest.approx(r["metrics"][k], abs=TOLERANCE), (r["method"], k)
+            values = [c["metrics"][k] for c in same]
+            got = again["metrics"][k]
+            assert min(values) - TOLERANCE <= got <= max(values) + TOLERANCE, (r["method"], k, got, values)
+            summ = rows[r["method"]][k]
+            n = summ["n"]
+            moved = summ["mean"] + (got - r["metrics"][k]) / n
+            assert summ["lo"] - TOLERANCE <= moved <= summ["hi"] + TOLERANCE, (r["method"], k, moved, summ)
+        if r["method"] == "ga":  # the most sensitive update (ascent): deterministic on one machine
+            assert B.run_job(scfg, job)["metrics"] == again["metrics"]

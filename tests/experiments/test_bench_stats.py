@@ -60,3 +60,62 @@ def test_the_table_shows_intervals_ties_and_the_paired_difference():
            "vs_best": {**interval([0.01, 0.03]), "distinguishable": False}}
     line = bench_table_rows([row])[2]
     assert "| x (field) | 2 |" in line and "15.0 ± " in line and "+2.0 [" in line and "lr=0.01" in line
+
+
+def _holm_by_hand(ps: dict, level=0.05) -> dict:
+    """Holm written from its definition: reject H_(i) iff p_(j)·(m − j + 1) ≤ level for every j ≤ i."""
+    names = sorted(ps, key=lambda k: (ps[k], k))
+    m, out, adj = len(names), {}, 0.0
+    for j, k in enumerate(names):
+        adj = max(adj, min(1.0, ps[k] * (m - j)))      # the step-down adjusted p-value
+        out[k] = adj <= level
+    return out
+
+
+def test_tie_groups_use_holm_against_the_leader_and_never_invert_the_ranking():
+    from scrubnet.experiments.bench_stats import holm, paired_p
+    rng = np.random.default_rng(3)
+    units = [(f, s) for f in range(5) for s in range(3)]
+    base = {u: float(rng.uniform(0.05, 0.3)) for u in units}
+    noisy = lambda shift, sd: {u: v + shift + sd * rng.standard_normal() for u, v in base.items()}  # noqa: E731
+    gaps = {"a": dict(base), "b": noisy(0.003, 0.02), "c": noisy(0.01, 0.002), "d": noisy(0.02, 0.08),
+            "e": noisy(0.2, 0.01)}
+    gaps["f"] = {u: v + 0.002 * (-1) ** i for i, (u, v) in enumerate(gaps["e"].items())}    # e up to noise
+    order = sorted(gaps, key=lambda m: (np.mean(list(gaps[m].values())), m))
+    # the paired t-test's p-value is scipy's
+    for m in "bcde":
+        want = stats.ttest_rel(list(gaps[m].values()), list(gaps["a"].values())).pvalue
+        assert paired_p(gaps[m], gaps["a"]) == pytest.approx(want, rel=1e-9)
+    ps = {m: paired_p(gaps[m], gaps["a"]) for m in order[1:]}
+    assert holm(ps) == _holm_by_hand(ps)
+    groups = tie_groups(order, gaps)
+    assert [m for g in groups for m in g] == order            # contiguous: no method ranks after a worse one
+    first = groups[0]
+    rej = holm(ps)
+    # group 1: the leader and the methods up to the first that Holm tells apart from it
+    k = next((i for i, m in enumerate(order[1:]) if rej[m]), len(order) - 1)
+    assert first == order[:k + 1]
+    assert "c" not in first and {"e", "f"}.isdisjoint(first)   # c: tiny but steady shift; e, f: far worse
+    assert any({"e", "f"} <= set(g) for g in groups)        # e and f cannot be told apart
+    # c (a small steady shift) is told apart from a; b is not once the 5 comparisons are accounted for (alone, its
+    # p < 0.05 would have called it different); b ranks below c, so it goes with c, not above it
+    assert not rej["b"] and paired_p(gaps["b"], gaps["a"]) < 0.05 and rej["c"]
+    assert groups[:2] == [["a"], ["c", "b", "d"]]
+    # one p-value at 0.03 among three: unadjusted it is "distinguishable", Holm (0.05/3) keeps it
+    assert holm({"x": 0.03, "y": 0.5, "z": 0.9}) == {"x": False, "y": False, "z": False}
+    assert holm({"x": 0.01, "y": 0.02, "z": 0.9}) == {"x": True, "y": True, "z": False}
+
+
+def test_the_tuning_choice_treats_gaps_within_one_forget_sample_as_a_tie():
+    from scrubnet.experiments.bench import choose
+    from scrubnet.experiments.bench_stats import best_index, choice_tolerance
+    assert choice_tolerance(50) == 0.005 and choice_tolerance(5) == 0.05
+    gaps, ok = [0.1010, 0.1006, 0.2], [True] * 3
+    assert best_index(gaps, ok) == 1                       # strict: the last digits decide
+    assert best_index(gaps, ok, 0.005) == 0                # within one sample: the first tried
+    # noise below the tolerance on either value cannot flip the choice
+    for e1, e2 in ((0.0015, -0.0015), (-0.0015, 0.0015)):
+        assert best_index([gaps[0] + e1, gaps[1] + e2, 0.2], ok, 0.005) == 0
+    assert best_index([0.1, 0.09, 0.05], [True, True, False], 0.005) == 1   # a failed run is never chosen
+    res = [{"options": {"lr": v}, "metrics": {"avg_gap": g}, "ok": True} for v, g in ((0.1, 0.103), (0.3, 0.1))]
+    assert choose(res, 0.005)["chosen"] == 0.1 and choose(res)["chosen"] == 0.3

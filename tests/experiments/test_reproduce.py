@@ -28,6 +28,7 @@ import torch
 
 from scrubnet.experiments.config import ExperimentConfig
 from scrubnet.experiments.runner import run_experiment
+from tests.hang_guard import HANG_GUARD_S
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "default_seed0.json"
 METHODS = ["original", "retrain", "finetune", "neggrad", "fisher"]
@@ -92,7 +93,7 @@ def readouts_in_pinned_child() -> dict:
            "PYTHONWARNINGS": "ignore"}
     env.pop("SCRUBNET_TINY", None)
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--print"], env=env, capture_output=True,
-                       text=True, timeout=1800)
+                       text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 

@@ -18,6 +18,7 @@ from scrubnet.training.cost import BudgetExceeded, check_budget, forward_flops
 from scrubnet.models import build_model
 from tests.conftest import protocol_ctx
 from tests.cli.test_cli import train_tiny_checkpoint
+from tests.hang_guard import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -51,7 +52,7 @@ def test_fisher_estimate_within_2x_of_measured_memory(n, width):
     """Memory only: the time estimate is checked against measured CPU time in ``benchmarks/cost_check.py``
     (a time ratio on a shared machine is a benchmark's figure, not a test's)."""
     out = subprocess.run([sys.executable, "-c", MEASURE, str(n), str(width)], capture_output=True, text=True,
-                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     torch.set_num_threads(1)

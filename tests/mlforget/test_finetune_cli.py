@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from scrubnet.cli import app
 from scrubnet.mlforget import store
 from scrubnet.mlforget.ftstore import finetune_data, located_base
-from tests.hf_models import tiny_bert, token_batch
+from tests.hf_models import probe_labels, tiny_bert, token_batch
 
 pytest.importorskip("transformers")
 
@@ -29,8 +29,10 @@ def cli(*args):
 def project(tmp_path_factory):
     """A project directory: the base model (hf directory) and the data, side by side."""
     tmp = tmp_path_factory.mktemp("proj")
-    tiny_bert(num_labels=3, seed=0).save_pretrained(tmp / "bert")
+    bert = tiny_bert(num_labels=3, seed=0)
+    bert.save_pretrained(tmp / "bert")
     b = token_batch(N, length=8, seed=1)
+    b["labels"] = probe_labels(bert, b)  # a task the features carry: the commands refuse a model at chance
     np.savez(tmp / "d.npz", x_train=b["input_ids"].numpy(), train_attention_mask=b["attention_mask"].numpy(),
              y_train=b["labels"].numpy())
     return tmp

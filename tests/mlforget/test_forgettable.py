@@ -329,9 +329,10 @@ def test_core_point_lora_merges_and_adds_a_fresh_adapter():
 
 
 def test_mu_auto_picks_the_largest_mu_within_a_tie_of_the_best_held_out_error():
-    """mu='auto': each µ of the grid is fitted on 90 % of the deletable samples and scored on the rest (never a
-    core sample); the held-out errors are re-computed here by hand, the choice follows the rule, and the final
+    """mu='auto': each µ of the grid is fitted on the deletable samples but a held-out split (≥ 200 or half of
+    them, at least 10 %) and scored on that split (never a core sample); the held-out errors are re-computed here by hand, the choice follows the rule, and the final
     model equals fine-tuning with that µ given."""
+    from scrubnet.mlforget.chance import held_out_size
     from scrubnet.mlforget.finetune import MU_GRID, MU_TIE
     net = pretrained_cnn()
     g = torch.Generator().manual_seed(2)
@@ -342,7 +343,7 @@ def test_mu_auto_picks_the_largest_mu_within_a_tie_of_the_best_held_out_error():
                                  core_train={"epochs": 2})
     found = state.train_info["mu_search"]
     errors = {float(k): v for k, v in found["errors"].items()}
-    assert set(errors) == set(MU_GRID) and found["held_out"] == round(0.1 * (n - 5))
+    assert set(errors) == set(MU_GRID) and found["held_out"] == held_out_size(n - 5) == 117
     best = min(errors.values())
     assert found["chosen"] == max(m for m, e in errors.items() if e <= best + MU_TIE) == state.config.mu
     given = forgettable_finetune(net, x, y, user_weights=["fc"], mu=found["chosen"], core_ids=[0, 1, 2, 3, 4],
@@ -357,6 +358,6 @@ def test_mu_auto_picks_the_largest_mu_within_a_tie_of_the_best_held_out_error():
                                 core_ids=[0, 1, 2, 3, 4], core_train={"epochs": 2})
     assert accuracy(part.model, x[val], y[val]) == pytest.approx(1 - errors[mu], abs=1e-12)
     with pytest.raises(ValueError, match="too few"):
-        forgettable_finetune(net, x[:100], y[:100], user_weights=["fc"], mu="auto")
+        forgettable_finetune(net, x[:30], y[:30], user_weights=["fc"], mu="auto")  # 15 held out
     with pytest.raises(ValueError, match="'auto'"):
         forgettable_finetune(net, x, y, user_weights=["fc"], mu="best")

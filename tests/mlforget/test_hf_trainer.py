@@ -80,7 +80,9 @@ def test_peft_model_is_the_same_fine_tune(tmp_path):
     from tests.hf_models import tiny_bert
     model = tiny_bert(num_labels=3, seed=2)
     ids = torch.randint(1, 50, (30, 8), generator=torch.Generator().manual_seed(4))
-    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(8, dtype=torch.long), "label": int(ids[i, 1] % 3)}
+    from tests.hf_models import probe_labels
+    labels = probe_labels(model, {"input_ids": ids})  # a task its features carry: no checkpoint at chance
+    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(8, dtype=torch.long), "label": int(labels[i])}
             for i in range(30)]
     cfg = peft.LoraConfig(r=2, lora_alpha=2, target_modules=["query"], modules_to_save=["classifier"])
     wrapped = peft.get_peft_model(copy.deepcopy(model), copy.deepcopy(cfg))

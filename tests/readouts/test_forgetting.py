@@ -137,22 +137,29 @@ def klass(world):
     x, y = world["x"], world["y"]
     out = y == 2
     gold = _train(_mlp(60), x[~out], y[~out])
+    never = _train(_mlp(61), x[~out], y[~out])  # another model that never saw the class: the probe's floor
     hide = copy.deepcopy(world["original"])
     with torch.no_grad():
         hide[-1].weight[2] = 0.0
         hide[-1].bias[2] = -20.0
-    return dict(forget=(x[out], y[out]), retain=(x[~out], y[~out]), gold=gold, hide=hide)
+    return dict(forget=(x[out], y[out]), retain=(x[~out], y[~out]), gold=gold, hide=hide, never=never)
 
 
 def test_a_class_reads_forgot_hidden_or_did_not_forget_as_a_class(world, klass):
     args = (klass["forget"], klass["retain"], world["held"])
-    gold = forgetting_verdict(world["original"], klass["gold"], *args)
+    gold = forgetting_verdict(world["original"], klass["gold"], *args, never_saw=klass["never"])
     assert gold.request == "class" and gold.verdict == "forgot", gold.summary
     c = gold.class_readout
     assert c["label"] == 2 and c["prob_before"] > 0.3 and c["prob_after_ci"][1] < 0.05 and c["recall_after"] == 0
+    # these Gaussian classes: a network that never saw class 2 still separates it linearly (the other classes'
+    # features do), so without a never-saw model the probe cannot tell the gold from a hider: undecided
+    alone = forgetting_verdict(world["original"], klass["gold"], *args)
+    assert alone.verdict in ("forgot", "inconclusive") and "probe" in alone.reason, alone.summary
     hidden = forgetting_verdict(world["original"], klass["hide"], *args)
     assert hidden.verdict == "hidden" and hidden.failed, hidden.summary
-    assert hidden.class_readout["recall_probe"] == hidden.class_readout["recall_before"] > 0.3
+    c = hidden.class_readout  # the same features: the fitted probe reads the same recall
+    assert c["recall_probe"] == c["recall_probe_before"] > 0.5
+    assert forgetting_verdict(world["original"], klass["hide"], *args, never_saw=klass["never"]).verdict == "hidden"
     same = forgetting_verdict(world["original"], world["original"], *args)
     assert same.verdict == "did_not_forget", same.summary
 
@@ -263,10 +270,11 @@ def test_unseen_examples_have_a_gap_of_zero_and_the_interval_covers_it():
 
 @pytest.mark.parametrize("closed, verdict", [
     (0.0, "did_not_forget"), (0.04, "did_not_forget"), (0.25, "partly"), (0.5, "partly"), (0.6, "partly"),
-    (0.9, "forgot"), (1.0, "forgot"), (-0.5, "moved_wrong_way")])
+    (0.9, "partly"), (0.97, "forgot"), (1.0, "forgot"), (-0.5, "moved_wrong_way")])
 def test_partial_scrubs_of_known_size(closed, verdict):
     """D_f's scores shifted back toward the held-out data's by a known fraction of the distance: the verdict
-    and the fraction closed (with its interval) follow it; a near no-op (4 %) is did_not_forget, not partly."""
+    and the fraction closed (with its interval) follow it; a near no-op (4 %) is did_not_forget, not partly;
+    0.9 closed with an interval excluding full forgetting ([0.83, 0.96] at 300 samples) is partly."""
     rng = np.random.default_rng(3)
     f, h, r = rng.normal(1.5, 1.0, 300), rng.normal(size=2000), rng.normal(1.5, 1.0, 300)
     v = _judge(f, f - 1.5 * closed, h, r)
@@ -297,9 +305,11 @@ def test_nothing_to_measure_when_retain_or_forget_does_not_look_like_training_da
     assert v.verdict == "nothing_to_measure" and abs(v.gap_before) < 0.25, v.summary
     v = _judge(g - 3, g - 3, h, rng.normal(2.0, 1.0, 300))  # e.g. mislabelled D_f against ordinary held-out data
     assert v.verdict == "nothing_to_measure" and "atypical" in v.summary, v.summary
-    # too few examples to tell whether D_f looked like training data: says how many would
+    # D_f's gap not established: nothing_to_measure with the measured gap, and how many examples of an effect
+    # that size would establish it (more than were given)
     w = _judge(g[:8] + 0.3, g[:8] + 0.3, h, rng.normal(2.0, 1.0, 300))
-    assert w.verdict == "inconclusive" and w.gap_before_ci[0] < 0 < w.gap_before and w.samples_needed > 8, w.summary
+    assert w.verdict == "nothing_to_measure" and w.gap_before_ci[0] < 0 < w.gap_before, w.summary
+    assert f"{w.gap_before:.2f} z" in w.reason and w.samples_needed > 8, w.summary
     # ... but pushing such a D_f toward training-like is a move the wrong way
     assert _judge(g, g + 3, h, rng.normal(2.0, 1.0, 300)).verdict == "moved_wrong_way"
 
@@ -397,3 +407,166 @@ def test_reference_offsets_average_the_models_that_never_trained_on_each_example
         ReferenceModels(models, np.ones((4, 30), bool))
     with pytest.raises(ValueError, match="ids"):
         refs.offsets((x, y), None, inside=True)
+
+
+# --- hiders: the class probe is fitted on the features, so no re-parametrisation defeats it -------------------
+
+class _LogitWrapper(nn.Module):
+    """The model with one logit lowered after its head: no linear layer's output is the logits."""
+
+    def __init__(self, model, label):
+        super().__init__()
+        self.model, self.label = model, label
+
+    def forward(self, x):
+        out = self.model(x).clone()
+        out[:, self.label] -= 30.0
+        return out
+
+
+class _NoLinear(nn.Module):
+    """Logits from a bare matrix product: no layer the probe can find by hooks."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.body, self.w, self.b = model[:-1], nn.Parameter(model[-1].weight.T.clone()), model[-1].bias
+
+    def forward(self, x):
+        return self.body(x) @ self.w + self.b
+
+
+def _hide(model, label=2):
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        m[-1].weight[label] = 0.0
+        m[-1].bias[label] = m[-1].bias.min() - 20.0
+    return m
+
+
+def test_hiders_in_any_parametrisation_never_read_forgot(world, klass):
+    """The project's hider after a function-preserving permutation of the penultimate units, a wrapper lowering
+    the class's logit, and the head re-fitted on D_r's features: the outputs drop the class, the features keep
+    it, and the probe fitted on them reads what it reads on the input model — ``hidden``, never ``forgot``."""
+    orig, args = world["original"], (klass["forget"], klass["retain"], world["held"])
+    perm = copy.deepcopy(orig)
+    p = torch.randperm(64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        perm[2].weight.copy_(perm[2].weight[p])
+        perm[2].bias.copy_(perm[2].bias[p])
+        perm[4].weight.copy_(perm[4].weight[:, p])
+        assert (perm(world["held"][0]) - orig(world["held"][0])).abs().max() < 1e-4  # the same function
+    refit = copy.deepcopy(orig)
+    torch.manual_seed(3)
+    refit[-1].reset_parameters()
+    opt = torch.optim.Adam(refit[-1].parameters(), lr=1e-2)
+    for _ in range(200):  # only the head learns, on D_r (class 2 never a target)
+        opt.zero_grad()
+        F.cross_entropy(refit(klass["retain"][0]), klass["retain"][1]).backward()
+        opt.step()
+    plain = forgetting_verdict(orig, _hide(orig), *args).class_readout
+    for name, m in (("permuted", _hide(perm)), ("wrapper", _LogitWrapper(orig, 2)), ("refit", refit)):
+        v = forgetting_verdict(orig, m, *args)
+        assert v.class_readout["prob_after"] < 0.1, (name, v.summary)  # the outputs no longer give the class
+        assert v.verdict == "hidden" and v.failed, (name, v.summary)
+        assert v.class_readout["recall_probe"] == pytest.approx(plain["recall_probe"], abs=0.02), name
+        v = forgetting_verdict(orig, m, *args, never_saw=klass["never"])
+        assert v.verdict == "hidden", (name, v.summary)
+
+
+def test_a_class_without_a_layer_to_probe_is_undecided_never_forgot(world, klass):
+    """Logits from a bare matrix product (no linear layer to hook): the gold's outputs drop the class, but
+    whether its features did cannot be checked — inconclusive with the reason; naming a layer probes it."""
+    args = (klass["forget"], klass["retain"], world["held"])
+    gold = _NoLinear(klass["gold"])
+    v = forgetting_verdict(world["original"], gold, *args)
+    assert v.verdict == "inconclusive" and "no layer" in v.reason and "probe_layer" in v.reason, v.summary
+    assert v.class_readout["recall_probe"] is None
+    named = forgetting_verdict(world["original"], gold, *args, probe_layer="body.3")
+    assert named.verdict != "inconclusive" or "no layer" not in named.reason, named.summary
+    assert named.class_readout["recall_probe"] is not None
+    with pytest.raises(ValueError, match="no module named"):
+        forgetting_verdict(world["original"], gold, *args, probe_layer="nowhere")
+
+
+# --- every verdict consistent with every measured signal ------------------------------------------------------
+
+def test_a_no_op_on_a_memorised_forget_set_reads_did_not_forget_at_100_samples():
+    """D_f set apart from held-out data by a gap of ≈ 0.45 z (established at 100 samples, below the 0.6 z
+    equivalence floor that used to make a no-op unfailable): the identity fails; a gold passes."""
+    rng = np.random.default_rng(11)
+    h, r = rng.normal(size=2000), rng.normal(1.0, 1.0, 500)
+    f = rng.normal(0.45, 1.0, 100)
+    v = _judge(f, f, h, r)
+    assert 0 < v.gap_before_ci[0] and v.gap_before < 0.6, v.summary
+    assert v.verdict == "did_not_forget" and v.failed and v.fraction_closed_ci == (0.0, 0.0), v.summary
+    gold = _judge(f, rng.normal(size=100), h, r)
+    assert not gold.failed, gold.summary
+
+
+def test_an_unmemorised_forget_set_says_nothing_to_measure_with_its_gap_and_counts_never_below_given():
+    rng = np.random.default_rng(12)
+    h, r = rng.normal(size=2000), rng.normal(1.0, 1.0, 500)
+    for n in (10, 100, 3000):
+        f = rng.normal(0.05, 1.0, n)
+        v = _judge(f, f, h, r)
+        assert v.verdict in ("nothing_to_measure", "did_not_forget"), v.summary
+        if v.verdict == "nothing_to_measure":
+            assert "too few" not in v.reason and f"{v.gap_before:.2f} z" in v.reason, v.summary
+        assert v.samples_needed is None or v.samples_needed > n, v.summary
+
+
+def test_a_negligible_move_toward_membership_is_not_moved_wrong_way():
+    """3000 forget examples moved up by 0.03 z: significant, negligible — not a failure by itself."""
+    rng = np.random.default_rng(13)
+    h, r = rng.normal(size=2000), rng.normal(2.0, 1.0, 500)
+    f = rng.normal(1.5, 1.0, 3000)
+    small = _judge(f, f + 0.03, h, r)
+    assert small.gap_after_ci[0] > small.gap_before - 0.2 and small.verdict != "moved_wrong_way", small.summary
+    assert _judge(f, f + 0.6, h, r).verdict == "moved_wrong_way"
+
+
+def test_forgot_needs_the_loss_and_the_error_to_agree_with_the_ranks():
+    """The margin's ranks of D_f moved to held-out data's, but its loss and error stayed at training level: the
+    rank test alone would say forgot; the verdict says partly and why."""
+    rng = np.random.default_rng(14)
+    h_m, r_m, f_m = rng.normal(0, 1, 1000), rng.normal(2, 1, 500), rng.normal(2, 1, 200)
+    h_l, r_l = rng.exponential(1.0, 1000), rng.exponential(0.1, 500)
+    f_l = rng.exponential(0.1, 200)
+    z = lambda n: np.zeros(n, int)  # noqa: E731
+    pe = lambda loss, margin: PerExample(loss=loss, margin=margin, labels=z(len(loss)))  # noqa: E731
+    args = (pe(h_l, h_m), pe(h_l, h_m), pe(r_l, r_m))
+    ranks_only = judge_forgetting(pe(f_l, f_m), pe(f_l, rng.normal(0, 1, 200)), *args, statistic="margin")
+    assert ranks_only.verdict == "partly" and "mean loss closed only" in ranks_only.reason, ranks_only.summary
+    both = judge_forgetting(pe(f_l, f_m), pe(rng.exponential(1.0, 200), rng.normal(0, 1, 200)), *args,
+                            statistic="margin")
+    assert both.verdict == "forgot", both.summary
+
+
+def test_retain_bootstrap_cache_returns_what_the_computation_gives():
+    from scrubnet.readouts import verdict_rules as vr
+    rng = np.random.default_rng(15)
+    r, h, w = rng.normal(1, 1, 300), rng.normal(size=200), rng.uniform(0.5, 1.5, 200)
+    rules = VerdictRules(n_boot=200)
+    first = vr.retain_boot(r, h, w, rules)
+    assert np.array_equal(first, vr._retain_boot(r, h, w, rules))
+    assert vr.retain_boot(r, h, w, rules) is first  # the same input model: kept
+    assert not np.array_equal(vr.retain_boot(r + 0.5, h, w, rules), first)  # another model: computed anew
+
+
+def test_per_example_spreads_shrink_toward_the_pooled_variance():
+    """out_scale against the formula written out per example: ((k−1)s² + ν σ²) / ((k−1) + ν)."""
+    from scrubnet.readouts.references import out_scale
+    rng = np.random.default_rng(16)
+    phi = rng.normal(size=(8, 30)) * rng.uniform(0.5, 2.0, 30)
+    out = rng.random((8, 30)) < 0.6
+    out[:3] = True  # at least three OUT values per example
+    mu, sd, pooled = out_scale(phi, out, prior=4.0)
+    s2 = []
+    for i in range(30):
+        v = phi[out[:, i], i]
+        assert mu[i] == pytest.approx(v.mean())
+        s2.append(v.var(ddof=1))
+    assert pooled == pytest.approx(np.mean(s2))
+    for i in range(30):
+        k = out[:, i].sum()
+        assert sd[i] ** 2 == pytest.approx(((k - 1) * s2[i] + 4.0 * pooled) / (k - 1 + 4.0))

@@ -32,6 +32,7 @@ from scrubnet.serve import receipts  # noqa: E402
 from scrubnet.serve.app import create_app  # noqa: E402
 from scrubnet.serve.auth import Token, resolve_token  # noqa: E402
 from scrubnet.serve.http import HTTPError  # noqa: E402
+from tests.hang_guard import HANG_GUARD_S  # noqa: E402
 
 DATA = '{"num_samples": 1000, "n_train_per_class": 20, "n_test_per_class": 10, "forget_count": 2}'
 TRAIN = '{"pretrain_epochs": 2, "max_epochs": 5}'
@@ -74,8 +75,30 @@ def free_port():
         return s.getsockname()[1]
 
 
+#: a guard against a hang only, never a measure of speed (the suite's one guard, tests/hang_guard.py): every wait
+#: below polls for an event — an answer, a row, a head — and only gives up after this long
+HANG_S = float(HANG_GUARD_S)
+#: every server a test started and has not stopped (tests/serve/conftest.py stops any left at the session's end)
+LIVE: set = set()
+
+
+def until(condition, what: str, every: float = 0.1):
+    """Poll ``condition()`` until it is truthy and return its value; ``AssertionError`` naming ``what`` after
+    :data:`HANG_S` (a hang, not slowness)."""
+    end = time.monotonic() + HANG_S
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not after {HANG_S:g} s (a hang)")
+        time.sleep(every)
+
+
 class Server:
-    """``scrubnet serve`` in a subprocess on 127.0.0.1."""
+    """``scrubnet serve`` in a subprocess on 127.0.0.1, in a process group of its own (stopped as a group, so a
+    witness command it started goes too); its output goes to a file (a pipe nobody reads could fill and block
+    it). A server that fails to start is stopped before the error is raised."""
 
     def __init__(self, ckpt, tmp, extra=(), env=None):
         self.ckpt, self.port = Path(ckpt), free_port()
@@ -86,19 +109,31 @@ class Server:
         self.key = Path(tmp) / "signing-key.pem"
         self.pub = self.key.with_suffix(".pub")
         key_args = () if "--key" in extra else ("--key", str(self.key))
-        self.proc = subprocess.Popen([sys.executable, "-m", "scrubnet.cli", "serve", str(ckpt), "--tokens",
-                                      str(self.tokens), "--port", str(self.port), *key_args, *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or ENV)
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited: {self.proc.stdout.read()}")
-            try:
-                self.call("GET", "/v1/key")
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError("the server did not answer within 120 s")
+        self.log = Path(tmp) / f"server-{self.port}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "scrubnet.cli", "serve", str(ckpt), "--tokens",
+                                          str(self.tokens), "--port", str(self.port), *key_args, *extra],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env or ENV,
+                                         start_new_session=True)
+        LIVE.add(self)
+        try:
+            until(self._answers, "the server answering GET /v1/key", every=0.2)
+        except BaseException:
+            self.stop(kill=True)
+            raise
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the server exited: {self.output_text()}")
+        try:
+            self.call("GET", "/v1/key")
+            return True
+        except OSError:
+            return False
+
+    def output_text(self) -> str:
+        """What the server printed so far (stdout and stderr)."""
+        return self.log.read_text(errors="replace")
 
     def call(self, method, url, body=None, token=None, key=None, raw=None):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -108,7 +143,7 @@ class Server:
         if key:
             req.add_header("Idempotency-Key", key)
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=HANG_S) as r:
                 payload = r.read()
                 status = r.status
         except urllib.error.HTTPError as e:
@@ -118,20 +153,34 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return status, payload
 
-    def wait(self, sid, token=SUBMIT, timeout=120):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+    def wait(self, sid, token=SUBMIT):
+        """The submission once it is no longer queued (and, applied, has its receipt)."""
+        def done():
             code, out = self.call("GET", f"/v1/requests/{sid}", token=token)
             assert code == 200, out
-            if out["status"] != "queued" and (out["status"] != "applied" or out["receipt"]):
-                return out
-            time.sleep(0.1)
-        raise AssertionError(f"request {sid} still queued after {timeout} s")
+            return out if out["status"] != "queued" and (out["status"] != "applied" or out["receipt"]) else None
+        return until(done, f"request {sid} applied or refused")
 
     def stop(self, kill=False):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        """SIGTERM (SIGKILL with ``kill``) to the server's process group, then reap it; SIGKILL when SIGTERM is
+        not enough (a guard against a hang)."""
+        try:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                try:
+                    self.proc.wait(timeout=HANG_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait()
+            try:  # whatever the server started in its group (a witness command) goes with it
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        finally:
+            LIVE.discard(self)
 
 
 @pytest.fixture(scope="module")
@@ -297,27 +346,23 @@ def test_a_duplicate_queued_request_is_refused_with_its_reason(base_ckpt, tmp_pa
     assert [r["kind"] for r in store.requests(ck)] == ["train", "forget"]
 
 
-def test_restart_resumes_queued_requests(base_ckpt, tmp_path):
+def test_restart_resumes_queued_requests(base_ckpt, tmp_path, servers):
     ck = tmp_path / "ck"
     shutil.copytree(base_ckpt, ck)
     # the worker stops right after committing the first request, before signing its receipt
-    srv = Server(ck, tmp_path, env={**ENV, store.PAUSE_ENV: "after_commit"})
+    srv = servers(ck, tmp_path, env={**ENV, store.PAUSE_ENV: "after_commit"})
     id_sets = [deletable(ck, 1, skip=k) for k in range(3)]
     subs = [srv.call("POST", "/v1/requests", {"ids": s}, token=SUBMIT, key=f"q{k}")[1]
             for k, s in enumerate(id_sets)]
     assert all(s["status"] == "queued" for s in subs)
-    end = time.monotonic() + 60
-    while row(ck, subs[0])["status"] != "applied" and time.monotonic() < end:
-        time.sleep(0.1)
+    until(lambda: row(ck, subs[0])["status"] == "applied", "the first request committed")
     assert [row(ck, s)["status"] for s in subs] == ["applied", "queued", "queued"]
     assert row(ck, subs[0])["receipt"] is None
     assert all(re.fullmatch("s[0-9a-f]{24}", s["id"]) for s in subs)  # opaque: no counter of anyone's requests
     srv.stop(kill=True)
-    srv = Server(ck, tmp_path)
-    try:
-        done = [srv.wait(s["id"]) for s in subs]
-    finally:
-        srv.stop()
+    srv = servers(ck, tmp_path)
+    done = [srv.wait(s["id"]) for s in subs]
+    srv.stop()
     assert [d["status"] for d in done] == ["applied"] * 3
     assert [d["request_id"] for d in done] == [1, 2, 3]
     rec = store.verify(ck)
@@ -345,7 +390,7 @@ def test_operator_page_in_a_headless_browser(server, tmp_path):
     url = f"http://127.0.0.1:{server.port}/operator#token={READ}"
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000"]
-    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=HANG_S).stdout
     assert 'data-loaded="yes"' in dom, dom[-2000:]
     model = server.call("GET", "/v1/model", token=READ)[1]
     assert f'<code id="model-sha">{model["sha256"]}</code>' in dom
@@ -356,11 +401,11 @@ def test_operator_page_in_a_headless_browser(server, tmp_path):
     assert f'href="/v1/requests/{sub["id"]}"' in dom
     shot = tmp_path / "operator.png"
     subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,800", url], capture_output=True,
-                   timeout=120)
+                   timeout=HANG_S)
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a wrong token: the page says so
     dom = subprocess.run(flags + ["--dump-dom", f"http://127.0.0.1:{server.port}/operator#token=wrong"],
-                         capture_output=True, text=True, timeout=120).stdout
+                         capture_output=True, text=True, timeout=HANG_S).stdout
     assert "error: unknown bearer token" in dom
 
 

@@ -94,8 +94,10 @@ def test_guard_puts_back_halves_and_stops_a_wrecking_run(trained):
     model, items = trained
     retain, forget, _ = _loaders(items, 0)
     ctx = ForgetContext.from_recipe(model, RECIPE, num_classes=C, seed=0)
-    # NegGrad+ as released (β 0.95, plain SGD) at a rate far too high, with momentum and β 0.5 to make sure it wrecks
-    method = get_method("neggrad-plus", lr=3.0, epochs=3, beta=0.5, momentum=0.9)
+    # NegGrad+ at a rate far too high, with momentum, β 0.5, the recipe's batch for both sets and no proximal term
+    # (the former defaults: many small steps, nothing pulling back) to make sure it wrecks
+    method = get_method("neggrad-plus", lr=3.0, epochs=3, beta=0.5, momentum=0.9, init_decay=0.0, batch_size=None,
+                        forget_batch=None, forget_order="reshuffle", mode="train")
     err_in, _ = stream_error_and_loss(model, as_stream(retain))
     wrecked = method(model, as_stream(retain), as_stream(forget), ctx).model   # without the guard
     assert stream_error_and_loss(wrecked, as_stream(retain))[0] - err_in > 0.05

@@ -51,6 +51,7 @@ from scrubnet.mlforget.store.blobs import (_check_finite_model, _read_factor, _r
 from scrubnet.mlforget.store.chain import _seal_request, _seal_state
 from scrubnet.mlforget.store.db import _empty_model, _load_state, _open, _write_transaction
 from scrubnet.mlforget.ftstore import with_root
+from scrubnet.mlforget.sharded import ENGINE as SHARDED
 from scrubnet.mlforget.store.schema import (FACTOR, PRIMAL_FORMAT, REQUEST_COLUMNS, WEIGHTS, StoreError,
                                             _insert_request, _now, _pause, _read_state, _row_to_request, _sha)
 
@@ -171,6 +172,8 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
 
     def compute(state, st, prepared):
         ids_t = check_forget_ids(state, ids)
+        if getattr(state.model, "engine", None) == SHARDED:
+            return _sharded_compute(state, ids_t, prepared[0], sig)
         (x, y), (factor, factor_status, key, factor_problem), (primal, primal_status, pkey) = prepared
         if primal is not None:
             if pkey == factor_key(state.model, static, primal.ids, PRIMAL_FORMAT):
@@ -208,10 +211,25 @@ def forget(path: str | Path, ids, *, sigma: float | None = None, x_all=None, y_a
             rewritten = True
         extra = {"factor_file_problem": factor_problem, "factor_file_rewritten": rewritten} if factor_problem else {}
         return {"ids": ids, "n_ids": len(ids), "n_remaining": int(len(state.deletable_ids())), "sigma": sig,
-                "solver": {**out.info.as_dict(), "factor_file": factor_status, "primal_file": primal_status,
+                "solver": {"engine": "linearised", **out.info.as_dict(), "factor_file": factor_status, "primal_file": primal_status,
                            **extra}}
 
     return _apply(path, "forget", key, compute, prepare, on_commit, on_duplicate)
+
+
+def _sharded_compute(state, ids_t, data, sigma: float) -> dict:
+    """A request to a sharded checkpoint (:mod:`scrubnet.mlforget.sharded`): the touched shards retrained
+    from their slice checkpoints; the solver record names the engine, the shards and slices retrained and the
+    cost (sample-passes of this request and of the whole training)."""
+    if sigma:
+        raise StoreError(f"the sharded engine deletes by retraining and adds no noise: sigma must be 0, got {sigma:g}")
+    x, y = data
+    if not inputs_finite(x):
+        raise StoreError("the data D contain non-finite values (NaN or inf); nothing was changed")
+    info = state.model.forget(ids_t.tolist(), x, y)
+    state.forgotten_ids = state.model.forgotten.clone()
+    return {"ids": ids_t.tolist(), "n_ids": int(len(ids_t)), "n_remaining": int(len(state.deletable_ids())),
+            "sigma": 0.0, "solver": info}
 
 
 def forget_everything(path: str | Path, on_commit=None, on_duplicate=None) -> tuple[dict, bool]:
@@ -222,10 +240,14 @@ def forget_everything(path: str | Path, on_commit=None, on_duplicate=None) -> tu
 
     def compute(state, st, _):
         n = int(len(state.deletable_ids()))
-        forget_all(state)
+        if getattr(state.model, "engine", None) == SHARDED:
+            state.model.reset()  # every shard back at the pretrained point
+        else:
+            forget_all(state)
         state.forgotten_ids = state.user_ids[~torch.isin(state.user_ids, state.core_ids)]
+        engine = SHARDED if getattr(state.model, "engine", None) == SHARDED else "linearised"
         return {"ids": [], "n_ids": n, "n_remaining": 0, "sigma": 0.0,
-                "solver": {"solver": "zero", "iterations": 0, "user_weights_dropped": True}}
+                "solver": {"engine": engine, "solver": "zero", "iterations": 0, "user_weights_dropped": True}}
 
     return _apply(path, "forget_all", key, compute, None, on_commit, on_duplicate)
 

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from scrubnet.mlforget.ftstore import is_finetune, rebuild_network
+from scrubnet.mlforget.sharded import ENGINE as SHARDED
 from scrubnet.mlforget.model import MLConfig, MLState
 from scrubnet.mlforget.store.blobs import _check_finite_model, _weights_path
 from scrubnet.mlforget.store.chain import _seal_all
@@ -193,4 +194,6 @@ def _load_state(path: Path, static: dict, st: dict, model: LinearizedModel | Non
     if is_finetune(static):
         state.base_sha256 = static["finetune"]["base"]["state_dict_sha256"]
         state.user_weights = static["finetune"]["user_weights"]
+        if getattr(model, "engine", None) == SHARDED:  # the engine keeps its own copy of the bookkeeping
+            model.forgotten = state.forgotten_ids.clone()
     return state

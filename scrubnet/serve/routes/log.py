@@ -18,7 +18,8 @@ def log_info(service: Service) -> dict:
     worker's last error (and whether it halted on a record that does not verify) and the latest 500
     submissions (without their ids, salts or idempotency keys); ``sigma_applied`` is the σ of the committed
     request (from its receipt), else the one asked (null: the checkpoint's default)."""
-    rec = anchor.verify(service.path, service.public_key, getattr(service.worker, "retired", ()))
+    rec = anchor.verify(service.path, service.public_key, getattr(service.worker, "retired", ()),
+                        getattr(service.worker, "pins", None))
     subs = store.submissions(service.path, limit=500)
     return {"model": model_info(service), "chain": {"valid": rec["valid"], "problems": rec["problems"],
                                                     "requests": len(rec["requests"])},

@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse, Response
 
 from scrubnet.mlforget import store
 from scrubnet.serve.auth import Token, authorised
-from scrubnet.serve.http import Service
+from scrubnet.serve.http import Service, guard
 
 
 def model_info(service: Service) -> dict:
@@ -20,13 +20,15 @@ def model_info(service: Service) -> dict:
 
 @authorised("read")
 async def get_model(request, service: Service, token: Token):
-    """:func:`model_info` as JSON."""
+    """:func:`model_info` as JSON (503 once the service halted: a checkpoint restored under it is not served)."""
+    await guard(service)
     return JSONResponse(await run_in_threadpool(model_info, service))
 
 
 @authorised("read")
 async def get_weights(request, service: Service, token: Token):
-    """The committed weights file; header ``X-Weights-Sha256`` names its sha256."""
+    """The committed weights file; header ``X-Weights-Sha256`` names its sha256 (503 once the service halted)."""
+    await guard(service)
     _, meta = await run_in_threadpool(store.load, service.path)
     data = (service.path / store.WEIGHTS / f"{meta['weights_sha256']}.safetensors").read_bytes()
     return Response(data, media_type="application/octet-stream",

@@ -18,7 +18,7 @@ from scrubnet.data.ids import IdsFormatError, parse_sample_ids
 from scrubnet.mlforget import store
 from scrubnet.serve import receipts
 from scrubnet.serve.auth import Token, authorised
-from scrubnet.serve.http import HTTPError, Service
+from scrubnet.serve.http import HTTPError, Service, guard
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:~-]{1,200}$")
 #: deepest JSON nesting a body may have (a valid body needs 2: the object and its ids list)
@@ -164,10 +164,10 @@ def _full(e: Exception) -> bool:
 
 
 async def _admit(request, service: Service, token: Token) -> bytes:
-    """The checks before a POST is parsed: the worker not halted (503), the tenant's rate (429), the body read
-    within the time limit (408)."""
-    if service.worker.halted is not None:
-        raise HTTPError(503, "the service stopped applying requests: its record does not verify (GET /v1/log)")
+    """The checks before a POST is parsed: the worker not halted and the checkpoint not rolled back under it
+    (503, :func:`scrubnet.serve.http.guard`), the tenant's rate (429), the body read within the time limit
+    (408)."""
+    await guard(service)
     wait = service.limits.admit(token.name)
     if wait is not None:
         raise HTTPError(429, "too many requests from this token; retry later", service.limits.retry_after(wait))

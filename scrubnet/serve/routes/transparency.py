@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 
 from scrubnet.mlforget import store
 from scrubnet.serve import anchor, merkle, tlog
-from scrubnet.serve.http import HTTPError, Service, answer_errors
+from scrubnet.serve.http import HTTPError, Service, answer_errors, guard
 
 #: an ASCII count of at most 18 digits (a Unicode digit, a sign or a huge number is refused with 422)
 COUNT = re.compile(r"^[0-9]{1,18}$")
@@ -44,15 +44,18 @@ def consistency(service: Service, first: int, second: int | None) -> dict:
 
 @answer_errors
 async def get_head(request):
-    """The latest signed tree head (public)."""
+    """The latest signed tree head (public; 503 once the service halted: a head shrunk by a restore is not
+    served)."""
     service = request.app.state.service
+    await guard(service)
     return JSONResponse(await run_in_threadpool(latest_head, service))
 
 
 @answer_errors
 async def get_consistency(request):
-    """The consistency proof between two sizes of the log (public)."""
+    """The consistency proof between two sizes of the log (public; 503 once the service halted)."""
     service = request.app.state.service
+    await guard(service)
     q = request.query_params
     first = parse_count(q.get("first"), "first")
     second = parse_count(q.get("second"), "second") if "second" in q else None
