@@ -159,12 +159,17 @@ class AttnNet(nn.Module):
 
 
 class TiedNet(nn.Module):
-    """Tied weights: the decoder of a tiny autoencoder is the encoder's transpose, the classifier reads the code."""
+    """Tied weights: the decoder of a tiny autoencoder is the encoder's transpose, and the classifier's weight is
+    the class-prototype embedding's (one tensor under two names in the state dict, as a HuggingFace language
+    model ties its input embedding to its output projection: safetensors refuses to save such a state as it is)."""
 
     def __init__(self, hidden: int = 24):
         super().__init__()
         self.enc = nn.Linear(64, hidden)
+        self.protos = nn.Embedding(C, hidden)
+        nn.init.normal_(self.protos.weight, std=hidden ** -0.5)
         self.head = nn.Linear(hidden, C)
+        self.head.weight = self.protos.weight                # tied: two names, one tensor
 
     def forward(self, x):
         code = torch.tanh(self.enc(x.flatten(1)))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 from scrubnet.cost_guard import priced_scrub
@@ -29,7 +30,8 @@ from scrubnet.models import find_classifier
 from scrubnet.readouts.references import ReferenceModels, load_references
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import ON_NOT_FORGOTTEN, RETAIN_ERROR_TOLERANCE, ForgetResult, ScrubFailed
-from scrubnet.tuning.profile import TunedProfile, note_auto, resolve_profile
+from scrubnet.tuning.profile import TunedProfile, resolve_profile
+from scrubnet.tuning.request import after_request
 
 ON_FAILURE = ("raise", "return")
 
@@ -117,14 +119,27 @@ def forget(model: nn.Module, retain, forget, method: str = "finetune", recipe: T
     retain_s, forget_s = as_stream(retain, keys, chunk_size), as_stream(forget, keys, chunk_size)
     test_s = None if test is None else as_stream(test, keys, chunk_size)
     refs = _references(references, forget_ids, model, len(forget_s))
-    out = priced_scrub(scrubber, method_options, model, retain_s, forget_s, ctx, test_s, max_cost_vs_retrain,
-                       retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
-                       on_not_forgotten=on_not_forgotten, references=refs,
-                       forget_ids=None if refs is None else [int(i) for i in forget_ids])
-    note_auto(out, auto, len(forget_s))
+    measure = dict(retain_error_tolerance=retain_error_tolerance, reference=reference, readouts=readouts,
+                   on_not_forgotten=on_not_forgotten, references=refs,
+                   forget_ids=None if refs is None else [int(i) for i in forget_ids])
+
+    def run(name: str, options: dict):
+        # the global generator (a model's dropout draws from it) fixed by the seed and restored after: the same
+        # request gives the same result whatever ran before it (the retraining's price probe, a request before)
+        with torch.random.fork_rng(devices=_cuda_devices(model)):
+            torch.manual_seed(int(seed))
+            return priced_scrub(get_method(name, **options), options, model, retain_s, forget_s, ctx, test_s,
+                                max_cost_vs_retrain, **measure)
+    out = after_request(run(method, method_options), run, model, retain, forget, test_s, ctx, auto,
+                        tolerance=retain_error_tolerance, keys=keys, max_cost_vs_retrain=max_cost_vs_retrain)
     if not out.ok and on_failure == "raise":
         raise ScrubFailed(out)
     return out.model, out
+
+
+def _cuda_devices(model: nn.Module) -> list:
+    """The CUDA devices of ``model``'s parameters (their generators are forked with the CPU's)."""
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
 
 def _references(references: Any, forget_ids: Any, model: nn.Module, n_forget: int) -> ReferenceModels | None:

@@ -42,10 +42,22 @@ def state_sha256(data: bytes) -> str:
 
 
 def weights_sha256(model_or_state) -> str:
-    """sha256 of the safetensors serialisation of a model's state (or a state dict)."""
+    """sha256 of the safetensors serialisation of a model's state (or a state dict).
+
+    Tied weights (two names for one tensor, e.g. a language model's input embedding and output projection)
+    are hashed under each name: safetensors refuses tensors that share memory, so a tensor whose storage was
+    seen under an earlier name is copied first (the bytes, hence the hash, are those of an untied state with
+    the same values)."""
 
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
-    return state_sha256(save({k: v.detach().contiguous().cpu() for k, v in state.items()}))
+    seen: set[tuple[str, int]] = set()
+    out = {}
+    for k, v in state.items():
+        t = v.detach().contiguous().cpu()
+        where = (str(t.device), t.untyped_storage().data_ptr())
+        out[k] = t.clone() if where in seen else t
+        seen.add(where)
+    return state_sha256(save(out))
 
 
 def non_finite_tensors(state: dict[str, torch.Tensor]) -> list[str]:

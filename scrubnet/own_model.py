@@ -29,7 +29,7 @@ from scrubnet.readouts.basic import activation_l1, error_and_loss
 from scrubnet.readouts.references import load_references, train_references
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.recipe.retrain import retrain_like_user
-from scrubnet.tuning.profile import TunedProfile, note_auto, resolve_profile
+from scrubnet.tuning.profile import TunedProfile, resolve_profile
 
 
 class OwnModelError(ValueError):
@@ -150,17 +150,20 @@ def forget_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path,
         if before_scrub(model, retain, forget_set, ctx):
             return None
     test = None if ud.x_test is None else (ud.x_test.to(device), ud.y_test.to(device))
-    try:
-        scrubbed, result = scrub_model(model, retain, forget_set, method=method, recipe=recipe, seed=seed,
-                                       on_failure="return", num_classes=c, forget_class=whole_class(ud.y, idx),
-                                       force=force, test=test, on_not_forgotten=on_not_forgotten, train=train,
+    try:   # with a profile the request runs as "auto": its self-check may take the profile's next step
+        scrubbed, result = scrub_model(model, retain, forget_set, method=method if profile is None else "auto",
+                                       recipe=recipe, seed=seed, on_failure="return", num_classes=c,
+                                       forget_class=whole_class(ud.y, idx), force=force, test=test,
+                                       on_not_forgotten=on_not_forgotten, train=train, profile=profile,
                                        references=refs if test is not None else None,
                                        forget_ids=idx.tolist() if refs is not None and test is not None else None,
                                        **method_options)
     except RecipeMismatch as e:  # the recipe check: name the CLI's flag, not the Python argument
         raise OwnModelError(str(e).replace("pass force=True", "pass --force")) from None
-    if profile is not None:
-        note_auto(result, profile, len(idx))
+    check = result.checks.get("self_check", {})
+    if profile is not None and check.get("result", 0) > 0:     # the self-check's next step is what ran
+        final = check["attempts"][check["result"]]
+        method, method_options = final["method"], dict(final["options"])
     if not result.ok:
         raise OwnModelError(f"method {method!r} failed: {'; '.join(result.reasons) or 'no reason given'} "
                             f"(nothing written to {out})")

@@ -353,15 +353,21 @@ def _subset(data: Any, m: int) -> Any:
 
 
 def measure_retraining(model: nn.Module, retain: Any, *, train: TrainFn | Any = None, recipe=None, seed: int = 0,
-                       start: nn.Module | None = None, probe_samples: int = 256, probe_steps: int = 3
-                       ) -> CostEstimate:
+                       start: nn.Module | None = None, probe_samples: int = 256, probe_steps: int = 3,
+                       clock: Callable[[], float] | None = None) -> CostEstimate:
     """The retraining :func:`retrain_like_user` would run, priced by timing it on this machine.
 
     With the user's ``train``: it runs on the first m and 2m samples of D_r (m = ``probe_samples``, at most
     half of D_r); its time is affine in the samples, so T(n) = T(m) + (T(2m) − T(m))·(n − m)/m (the slope at
-    least 0, and T(n) at least the proportional T(m)·n/m when the two probes disagree). With the recipe: one
-    batch of ``batch_size`` samples trained after a warm-up step for at least ``probe_steps`` steps and
-    :data:`PROBE_MIN_SECONDS`, the median step time times the training's steps (epochs × steps per epoch).
+    least 0, and T(n) at least the proportional T(m)·n/m when the two probes disagree); a probe faster than
+    :data:`USER_PROBE_MIN_SECONDS` is run again (at most :data:`USER_PROBE_MAX_REPEATS` times) and its total
+    time divided by the runs. With the recipe: one batch of ``batch_size`` samples trained after a warm-up step
+    for at least ``probe_steps`` steps and :data:`PROBE_MIN_SECONDS`, the total time of the timed steps over
+    their count (the step time) times the training's steps (epochs × steps per epoch).
+
+    Never zero: a clock that ticks coarser than a step reads 0 for most steps, so the price is a total over a
+    minimum duration, never a median of per-step deltas; a probe the clock never saw tick is priced at one
+    tick of the clock (its resolution) over the steps or runs timed — an upper bound of what it took.
 
     Parameters
     ----------
@@ -373,6 +379,9 @@ def measure_retraining(model: nn.Module, retain: Any, *, train: TrainFn | Any = 
         As :func:`retrain_like_user`.
     probe_samples, probe_steps : int
         The probe's sizes.
+    clock : callable, optional
+        The clock read (default: process CPU time; synchronised wall time on a GPU); its ``resolution``
+        attribute, when it has one, is its tick (default: the process clock's).
 
     Returns
     -------
@@ -383,18 +392,26 @@ def measure_retraining(model: nn.Module, retain: Any, *, train: TrainFn | Any = 
     stream = as_stream(retain)
     n = len(stream)
     start = initial_model(model, seed) if start is None else start
-    clock, t_all = _clock(model_device(model)), time.process_time()
+    clock = clock or _clock(model_device(model))
+    tick = _tick(clock)
+    t_all = time.process_time()
     if train is not None:
         data = _user_data(retain)
         m = max(1, min(int(probe_samples), n // 2))
-        times = []
+        times, runs = [], []
         for size in (m, 2 * m):
-            t0 = clock()
-            run_user_training(train, start, _subset(data, size), seed)
-            times.append(clock() - t0)
+            part, total, k = _subset(data, size), 0.0, 0
+            while k < USER_PROBE_MAX_REPEATS and (k == 0 or total < USER_PROBE_MIN_SECONDS):
+                t0 = clock()
+                run_user_training(train, start, part, seed)
+                total += clock() - t0
+                k += 1
+            times.append(max(total, 0.0) / k if total > 0 else tick / k)   # never seen to tick: ≤ one tick
+            runs.append(k)
         slope = max(times[1] - times[0], 0.0) / m
         seconds = max(times[0] + slope * (n - m), times[0] * n / m if slope == 0.0 else 0.0)
-        details = {"probe": f"the user's training on {m} and {2 * m} samples", "probe_times": str(times)}
+        details = {"probe": f"the user's training on {m} and {2 * m} samples", "probe_times": str(times),
+                   "probe_runs": str(runs)}
         passes = float("nan")
     else:
         if recipe is None:
@@ -407,9 +424,21 @@ def measure_retraining(model: nn.Module, retain: Any, *, train: TrainFn | Any = 
 
 
 #: the recipe's step is timed until at least this many steps and this much time (and at most
-#: :data:`PROBE_MAX_STEPS` steps): a median of more steps keeps a loaded machine's noise out of the reference
+#: :data:`PROBE_MAX_STEPS` steps): a total over a minimum duration is priced even where the clock ticks coarser
+#: than a step (a median of per-step deltas read 0 there, and a request then cost "1.7e12 retrainings")
 PROBE_MIN_SECONDS = 0.1
-PROBE_MAX_STEPS = 30
+PROBE_MAX_STEPS = 1000
+#: the user's training on a probe is run again until its runs took this long (at most this many runs)
+USER_PROBE_MIN_SECONDS = 0.05
+USER_PROBE_MAX_REPEATS = 8
+
+
+def _tick(clock: Callable[[], float]) -> float:
+    """The clock's resolution (seconds): its ``resolution`` attribute, else the process clock's."""
+    res = getattr(clock, "resolution", None)
+    if res is None:
+        res = time.get_clock_info("process_time").resolution
+    return max(float(res), 1e-9)
 
 
 class _Enough(Exception):
@@ -436,10 +465,13 @@ def _time_recipe_steps(start: nn.Module, stream: DataStream, recipe, seed: int, 
                           epochs=PROBE_MAX_STEPS + 1, on_step=monitor)
     except _Enough:
         pass
-    times = sorted(b - a for a, b in zip(stamps[1:], stamps[2:]))
-    per_step = times[(len(times) - 1) // 2]
+    timed = max(len(stamps) - 2, 1)
+    spent = stamps[-1] - stamps[1] if len(stamps) > 2 else 0.0
+    # a total over the timed steps (never a median of per-step deltas: 0 where the clock ticks coarser than a
+    # step); a probe the clock never saw tick took at most one tick
+    per_step = (spent if spent > 0 else _tick(clock)) / timed
     total = int(recipe.epochs) * steps_per_epoch(stream, recipe.batch_size)
-    return per_step * total, {"probe": f"{len(times)} timed steps on a batch of {len(batch[1])}",
+    return per_step * total, {"probe": f"{timed} timed steps on a batch of {len(batch[1])}",
                               "step_seconds": per_step, "optimiser_steps": float(total)}
 
 

@@ -40,8 +40,9 @@ def load_train_function(spec: str):
 
 def tune_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, forget_ids: list[int],
              train_spec: str, recipe_path: Path | None, out: Path, init: Path | None = None, seed: int = 0,
-             budget: int = 4, methods: tuple[str, ...] = DEFAULT_CANDIDATES, tolerance: float = 0.05,
-             device: torch.device = torch.device("cpu")) -> TunedProfile:
+             budget: int = 1, methods: tuple[str, ...] = DEFAULT_CANDIDATES, tolerance: float = 0.05,
+             device: torch.device = torch.device("cpu"), draws: int = 3, engine=None, progress=None
+             ) -> TunedProfile:
     """Tune on the user's model files and write the profile to ``out`` (module docstring).
 
     Parameters
@@ -59,7 +60,7 @@ def tune_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, f
         Where the profile goes.
     init : Path, optional
         Weights the user's training starts from (default: a fresh model from the factory).
-    seed, budget, methods, tolerance
+    seed, budget, methods, tolerance, draws, engine, progress
         As :func:`scrubnet.tuning.tune.tune`.
     device : torch.device
 
@@ -82,6 +83,6 @@ def tune_own(*, spec: str, options: dict[str, Any], weights: Path, data: Path, f
     retain, forget_set = (ud.x[keep].to(device), ud.y[keep].to(device)), (ud.x[idx].to(device), ud.y[idx].to(device))
     prof = tune(model, retain, forget_set, train=train, test=(ud.x_test.to(device), ud.y_test.to(device)),
                 recipe=recipe, init=start, forget_class=whole_class(ud.y, idx), seed=seed, methods=methods,
-                budget=budget, tolerance=tolerance)
+                budget=budget, tolerance=tolerance, draws=draws, engine=engine, progress=progress)
     prof.save(out)
     return prof

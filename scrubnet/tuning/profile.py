@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scrubnet.atomic_io import atomic_write_json
 from scrubnet.checkpoint import weights_sha256
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+#: versions this scrubnet reads (a version-1 profile: one validation draw, no FLOP counts)
+READS_VERSIONS = (1, 2)
 
 #: the default candidates: the fine-tuning methods, whose rate and length scale to any model and which run
 #: under the retain guard; a method's grid is its rate × length (:func:`candidate_grid`). SSD is not among them
@@ -97,6 +100,13 @@ class Trial:
         The scrub's own verdict (the retain rule, the method's checks).
     note : str
         Why it failed, or empty.
+    within : bool
+        Within tolerance of the retraining on this draw.
+    draw : int
+        The validation draw it ran on (0-based).
+    work : float
+        Its FLOP count over the retraining's (the cost model's; nan without one): the choice's cost, the same on
+        every run and engine.
 
     Returns
     -------
@@ -112,6 +122,8 @@ class Trial:
     ok: bool
     note: str = ""
     within: bool = False
+    draw: int = 0
+    work: float = math.nan
 
 
 @dataclass
@@ -164,19 +176,22 @@ class TunedProfile:
         """The profile as JSON-ready data (infinite distances as null)."""
         d = asdict(self)
         for t in d["trials"]:
-            t["distance"] = None if not math.isfinite(t["distance"]) else t["distance"]
+            for k in ("distance", "closure", "work"):
+                t[k] = None if not math.isfinite(t[k]) else t[k]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TunedProfile":
         """The inverse of :meth:`to_dict`; ``ValueError`` for another version or missing fields."""
-        if d.get("version") != PROFILE_VERSION:
-            raise ValueError(f"a tuned profile of version {d.get('version')!r}; this scrubnet reads version "
-                             f"{PROFILE_VERSION}")
+        if d.get("version") not in READS_VERSIONS:
+            raise ValueError(f"a tuned profile of version {d.get('version')!r}; this scrubnet reads versions "
+                             f"{', '.join(map(str, READS_VERSIONS))}")
         try:
-            trials = [Trial(**dict(t, distance=math.inf if t["distance"] is None else t["distance"]))
+            trials = [Trial(**dict(t, distance=math.inf if t["distance"] is None else t["distance"],
+                                   closure=-math.inf if t["closure"] is None else t["closure"],
+                                   work=math.nan if t.get("work") is None else t["work"]))
                       for t in d["trials"]]
-            return cls(**{**d, "trials": trials})
+            return cls(**{**d, "trials": trials, "version": PROFILE_VERSION})
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a tuned profile: {e}") from None
 
@@ -196,18 +211,30 @@ class TunedProfile:
     def summary(self) -> list[str]:
         """What was tried and why one was chosen, one line each (the CLI prints them)."""
         v = self.validation
-        kind = "random" if v["class"] is None else f"class {v['class']}"
-        lines = [f"validation forget set: {v['n']} samples ({kind}); retrained once without it in "
-                 f"{v['retrain_seconds']:.3g} CPU-s",
+        kind = "random" if v["class"] is None else "classes " + ", ".join(
+            str(d["class"]) for d in v.get("draws", [v]))
+        k = len(v.get("draws", [v]))
+        lines = [f"validation forget sets: {k} draw(s) of {v['n']} samples ({kind}); retrained "
+                 f"{v.get('retrainings', 1)}× without them, {v['retrain_seconds']:.3g} CPU-s each",
                  f"within tolerance = closes ≥ {100 * self.min_closure:g} % of the forget-loss gap and keeps retain "
-                 f"and test error within {100 * MARGIN * self.tolerance:g} points of the retraining"]
-        for t in sorted(self.trials, key=lambda t: (t.method, t.distance)):
+                 f"and test error within {100 * MARGIN * self.tolerance:g} points of the retraining, on every draw",
+                 "closes = 1 − |L_f(run) − L_f(retraining)| / |L_f(original) − L_f(retraining)| on a draw: 100 % "
+                 "lands on the retraining's forget loss, 0 % did not move it; below 0 the run moved it the wrong "
+                 "way or overshot the retraining by more than the whole gap (−100 %: as far past as the original "
+                 "was short)"]
+        for t in sorted(self.trials, key=lambda t: (t.method, repr(sorted(t.options.items())), t.draw)):
             opts = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.options.items())
             state = "error: " + t.note if t.note and not t.metrics else ("within" if t.within else
                                                                         ("not ok" if not t.ok else "outside"))
-            lines.append(f"  {t.method:<13} {opts:<40} distance {t.distance:.3f} closes {100 * t.closure:5.0f} % "
-                         f"cost {t.seconds / max(v['retrain_seconds'], 1e-9):.2f}× retrain  {state}")
-        lines.append(f"chosen: {self.chosen['method']} — {self.chosen['why']}")
+            cost = (f"{t.work:.2f}× retrain (FLOPs), " if math.isfinite(t.work) else "") + \
+                f"{t.seconds / max(v['retrain_seconds'], 1e-9):.2f}× measured"
+            lines.append(f"  {t.method:<13} {opts:<36} draw {t.draw + 1} distance {t.distance:.3f} closes "
+                         f"{100 * t.closure:5.0f} % cost {cost}  {state}")
+        c = self.chosen
+        spread = (f" (expected closure on its worst draw {100 * c['closure_worst']:.0f} %, median "
+                  f"{100 * c['closure_median']:.0f} %, range {100 * c['closure_min']:.0f}–{100 * c['closure_max']:.0f} "
+                  f"% over {c['draws']} draws)") if "closure_worst" in c else ""
+        lines.append(f"chosen: {c['method']} — {c['why']}{spread}")
         return lines
 
 
@@ -315,3 +342,87 @@ def note_auto(out, prof: TunedProfile | None, n_forget: int) -> None:
     if not n_v / 2 <= n_forget <= 2 * n_v:
         out.warnings.append(f"auto: the profile was tuned on validation forget sets of {n_v} samples, this request "
                             f"forgets {n_forget}: tune on forget sets like this one")
+
+
+def _cost(trials: list[Trial], retrain_seconds: float) -> float:
+    """A candidate's cost in retrainings: its FLOP count's (the same on every run), else its measured seconds."""
+    if all(math.isfinite(t.work) for t in trials):
+        return max(t.work for t in trials)
+    return max(t.seconds for t in trials) / max(retrain_seconds, 1e-9)
+
+
+def _spread(trials: list[Trial]) -> dict:
+    cl = sorted(t.closure for t in trials)
+    return {"closure_worst": cl[0], "closure_median": cl[(len(cl) - 1) // 2], "closure_min": cl[0],
+            "closure_max": cl[-1], "draws": len(cl)}
+
+
+def choose_across(per_cand: dict[int, list[Trial]], grid: list[tuple[str, dict]], n_draws: int,
+                  retrain_seconds: float, golds: list[dict], tolerance: float = 0.05) -> dict:
+    """The request's method over several validation draws: of the candidates that ran on every draw, the cheapest
+    (:func:`_cost`) within tolerance on each draw — its worst draw decides; else the one unbroken on every draw
+    whose worst closure is highest; else the closest (smallest mean distance) of any that ran. The choice's
+    closure over its draws (worst, median, range) is kept with it, and ``next``: the other finalists in order of
+    preference, then the chosen method run twice as long — the steps a request's self-check takes when it falls
+    short of the promise.
+
+    Parameters
+    ----------
+    per_cand : dict
+        Candidate index → its trials (one per draw it ran on).
+    grid : list of (method, options)
+        The candidates.
+    n_draws : int
+        Draws in the plan.
+    retrain_seconds : float
+        One measured retraining.
+    golds : list of dict
+        The retraining's readouts on each draw.
+    tolerance : float
+        Retain and test error tolerance of :func:`unbroken`.
+
+    Returns
+    -------
+    dict
+        ``method``, ``options``, ``within``, ``why``, ``closure_worst`` …, ``cost``, ``next``.
+    """
+    full = {c: ts for c, ts in per_cand.items() if len(ts) == n_draws}
+    within = [c for c, ts in full.items() if all(t.within for t in ts)]
+    whole = [c for c, ts in full.items() if all(unbroken(t, golds[t.draw], tolerance) for t in ts)]
+
+    def pref(c: int) -> tuple:
+        ts = full[c]
+        return (c not in within, _cost(ts, retrain_seconds) if c in within else -min(t.closure for t in ts))
+    ranked = sorted(full, key=pref)
+    if within:
+        c = min(within, key=lambda c: (_cost(full[c], retrain_seconds), c))
+        why = (f"the cheapest of {len(within)} tuned runs within tolerance of the retraining on every one of "
+               f"{n_draws} validation draws ({_cost(full[c], retrain_seconds):.2f}× its cost)")
+        ok = True
+    elif whole:
+        c = max(whole, key=lambda c: (min(t.closure for t in full[c]), -c))
+        why = (f"NO candidate came within tolerance of the retraining on every draw; of the {len(whole)} that kept "
+               "retain and test error within tolerance on every draw this one closed most of the forget-loss gap "
+               "on its worst draw; the request's self-check and verdict say whether it forgot")
+        ok = False
+    else:
+        ran = {c: ts for c, ts in per_cand.items() if any(math.isfinite(t.distance) for t in ts)}
+        if not ran:
+            first = [t for ts in per_cand.values() for t in ts][:3]
+            raise ValueError("no candidate method ran on the validation forget sets: " +
+                             "; ".join(f"{t.method}: {t.note}" for t in first))
+        # the most draws first (a distance on one lucky draw is no better than a mean over three)
+        c = min(ran, key=lambda c: (-len(ran[c]), statistics.fmean(t.distance for t in ran[c]), c))
+        full.setdefault(c, ran[c])
+        why = ("NO candidate came within tolerance of the retraining, and none kept retain and test error within "
+               "tolerance on every draw; the closest is run, and the request's self-check and verdict say whether "
+               "it forgot")
+        ok = False
+    method, options = grid[c]
+    nxt = [{"method": grid[o][0], "options": dict(grid[o][1]),
+            "closure_worst": min(t.closure for t in full[o])} for o in ranked if o != c][:2]
+    if "epochs" in options:
+        nxt.append({"method": method, "options": dict(options, epochs=2 * int(options["epochs"])),
+                    "closure_worst": None})
+    return {"method": method, "options": dict(options), "within": ok, "why": why,
+            "cost": _cost(full[c], retrain_seconds), "next": nxt, **_spread(full[c])}

@@ -1,15 +1,23 @@
 """Tuning on the user's model, the field's way: :func:`tune`.
 
-1. Draw a validation forget set V like D_f (:func:`~scrubnet.tuning.data.draw_like`: same size and class mix,
-   from D_r, so disjoint from D_f; a whole other class when D_f is a whole class).
-2. Retrain once without V with the user's own training (``train(model, data) -> model`` on D ∖ V), timed: the
-   validation gold and the cost every candidate is measured against.
-3. Run each candidate method with each of its options (:func:`~scrubnet.tuning.profile.candidate_grid`, the same
-   small budget per method) on the task "forget V from the model", through the one scrub path (the retain
-   guard and the retain rule included), and measure how close each result comes to the retraining: forget,
-   retain and test error and a membership statistic (the AUC of "a V sample's loss is below a test sample's").
-4. Keep a :class:`~scrubnet.tuning.profile.TunedProfile`: what was tried, how close, what it cost, and the method
-   a request runs (:func:`~scrubnet.tuning.profile.choose`).
+1. Draw ``draws`` validation forget sets V_1 … V_k like D_f (:func:`~scrubnet.tuning.data.draw_like`: same size
+   and class mix, from D_r, so disjoint from D_f and from each other; whole other classes when D_f is a whole
+   class).
+2. Retrain without them with the user's own training (``train(model, data) -> model``), timed, checked
+   (:func:`~scrubnet.tuning.check.check_trained`: the same architecture, finite weights, the class count): the
+   validation golds and the cost every candidate is measured against. Random draws share one retraining
+   without V_1 ∪ … ∪ V_k (each V_i is as unseen by it as by a retraining without V_i alone; the others are a few
+   samples more left out); a class draw needs its own retraining (a model without two classes is another task).
+3. Run the candidates — each method with each of its options (:func:`~scrubnet.tuning.profile.candidate_grid`,
+   the same small budget per method) — on the task "forget V_i from the model" through the one scrub path (the
+   retain guard and the retain rule included), by successive halving over the draws: every candidate on V_1,
+   the best third (at least two) on V_2, the best third of those on V_3 …; a candidate is ranked by its worst
+   draw so far. Each run is one task: with ``engine`` (:mod:`scrubnet.audit.engine`: ``local`` or ``ray``) the
+   runs of a rung go out as Ray tasks; every random choice of a run is fixed by the seed, so the profile is the
+   same on any engine.
+4. Keep a :class:`~scrubnet.tuning.profile.TunedProfile`: what was tried, how close on each draw, what it cost,
+   and the method a request runs (:func:`~scrubnet.tuning.profile.choose_across`: within tolerance on its
+   *worst* draw, the cheapest by its FLOP count — not by a clock that flips the choice on noise).
 
 A request then runs ``scrubnet.forget(..., method="auto", profile=P)``: the chosen method at its tuned options,
 judged by the usual verdict. Decision and measurements: docs/decisions/own-model-tuning.md.
@@ -18,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
+import sys
 import time
 from typing import Callable
 
@@ -25,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from scrubnet.audit.engine import LocalEngine
 from scrubnet.checkpoint import weights_sha256
+from scrubnet.cost_guard import estimate
 from scrubnet.data.stream import BatchKeys, DataStream, as_stream
 from scrubnet.methods import ForgetContext, get_method
 from scrubnet.methods.base import first_inputs
@@ -33,7 +45,8 @@ from scrubnet.models.call import call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, scrub_and_measure
 from scrubnet.tuning.data import complement, cut, draw_like, fresh, join, labels_of, stream
-from scrubnet.tuning.profile import (DEFAULT_CANDIDATES, TunedProfile, Trial, candidate_grid, choose,
+from scrubnet.tuning.check import check_trained
+from scrubnet.tuning.profile import (DEFAULT_CANDIDATES, TunedProfile, Trial, candidate_grid, choose_across,
                                      within_tolerance)
 
 __all__ = ["evaluate", "forget_closure", "tune"]
@@ -72,14 +85,14 @@ def evaluate(model: nn.Module, forget: DataStream, retain: DataStream, test: Dat
     Returns
     -------
     dict
-        ``forget_error``, ``forget_loss``, ``retain_error``, ``test_error``, ``mia_auc``.
+        ``forget_error``, ``forget_loss``, ``retain_error``, ``test_error``, ``test_loss``, ``mia_auc``.
     """
     lf, wf = _per_sample(model, forget)
     _, wr = _per_sample(model, retain)
     lt, wt = _per_sample(model, test)
     return {"forget_error": float(wf.float().mean()), "forget_loss": float(lf.mean()),
             "retain_error": float(wr.float().mean()), "test_error": float(wt.float().mean()),
-            "mia_auc": membership_auc(lf, lt)}
+            "test_loss": float(lt.mean()), "mia_auc": membership_auc(lf, lt)}
 
 
 def forget_closure(scrubbed: dict, original: dict, gold: dict) -> float:
@@ -115,20 +128,38 @@ def _whole_class(y_retain: Tensor, y_forget: Tensor, forget_class: int | None) -
     return None
 
 
-def _trial(model, r_v, v, sets, original, gold, method, options, ctx, keys) -> Trial:
-    """One candidate run on the validation task through the one scrub path (the retain guard and the retain
-    rule included; no pricing and no verdict: the tuning measures against the retraining itself)."""
-    t0 = time.process_time()
+def _work(model: nn.Module, n_retain: int, n_forget: int, method: str, options: dict, recipe, x1) -> float:
+    """A run's FLOP count over the retraining's (the cost model's; deterministic, unlike a clock: the choice
+    must not flip on timing noise); nan for a method without a cost model."""
     try:
-        res = scrub_and_measure(get_method(method, **options), model, as_stream(fresh(r_v, ctx.seed), keys),
-                                as_stream(fresh(v, ctx.seed), keys), ctx)
-    except (ValueError, RuntimeError, TypeError) as e:
-        return Trial(method, options, {}, math.inf, -math.inf, time.process_time() - t0, False,
-                     f"{type(e).__name__}: {e}"[:300])
+        est = estimate(model, n_retain, n_forget, method=method, x_probe=x1, recipe=recipe, **options)
+    except (ValueError, TypeError, RuntimeError):
+        return math.nan
+    return math.nan if est.cost_vs_retrain is None else float(est.cost_vs_retrain)
+
+
+def _run_trial(shared: dict, payload: tuple) -> Trial:
+    """One candidate run on validation draw ``i`` (an engine task: ``shared`` is sent once; every random choice
+    is fixed by the seed, so the run is the same in any process)."""
+    i, method, options = payload
+    d = shared["draws"][i]
+    ctx, keys, seed = d["ctx"], shared["keys"], shared["seed"]
+    t0 = time.process_time()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        try:
+            res = scrub_and_measure(get_method(method, **options), shared["model"],
+                                    as_stream(fresh(d["retain"], seed), keys), as_stream(fresh(d["forget"], seed), keys),
+                                    ctx)
+        except (ValueError, RuntimeError, TypeError) as e:
+            return Trial(method, options, {}, math.inf, -math.inf, time.process_time() - t0, False,
+                         f"{type(e).__name__}: {e}"[:300], draw=i)
     seconds = time.process_time() - t0
-    m = evaluate(res.model, *sets)
+    m = evaluate(res.model, *d["sets"])
+    gold = d["gold"]
     return Trial(method, options, m, distance(m, gold) if res.ok else math.inf,
-                 forget_closure(m, original, gold), seconds, bool(res.ok), "; ".join(res.reasons)[:300])
+                 forget_closure(m, d["original"], gold), seconds, bool(res.ok), "; ".join(res.reasons)[:300],
+                 draw=i)
 
 
 def _validation_context(model: nn.Module, recipe: TrainingRecipe, v: DataStream, seed: int,
@@ -139,11 +170,68 @@ def _validation_context(model: nn.Module, recipe: TrainingRecipe, v: DataStream,
     return ForgetContext.from_recipe(model, recipe, num_classes=c, seed=seed, forget_class=forget_class)
 
 
+def _draws(y_r: Tensor, y_f: Tensor, seed: int, whole: int | None, k: int) -> list[tuple[Tensor, int | None]]:
+    """k validation forget sets like D_f (positions in D_r), disjoint from each other: random draws each from
+    what the ones before left; class draws k distinct other classes (fewer when D_r has fewer)."""
+    out: list[tuple[Tensor, int | None]] = []
+    taken = torch.zeros(len(y_r), dtype=torch.bool)
+    for j in range(k):
+        free = torch.nonzero(~taken).flatten()
+        if len(free) == 0:
+            break
+        idx, cls = draw_like(y_r[free], y_f, seed + 7919 * j, whole)
+        if len(idx) == 0:
+            break
+        idx = free[idx]
+        out.append((idx, cls))
+        taken[idx] = True
+    return out
+
+
+def _send_user_code_by_value(engine, model: nn.Module, *data) -> None:
+    """On a Ray engine, the user's own modules (the model's classes, a loader's ``collate_fn``) are pickled by
+    value: a worker cannot import a file loaded from a path (``--model net.py:make_net``) or a test's module."""
+    if getattr(engine, "name", "local") != "ray":
+        return
+    from ray import cloudpickle   # optional: only on a Ray engine
+
+    objs = [type(m) for m in model.modules()] + [getattr(d, "collate_fn", None) for d in data]
+    for o in objs:
+        name = getattr(o, "__module__", None)
+        if not name or name == "__main__" or name.split(".")[0] in ("torch", "scrubnet", "transformers", "peft",
+                                                                       "builtins", "typing", "functools"):
+            continue
+        mod = sys.modules.get(name)
+        if mod is not None:
+            try:
+                cloudpickle.register_pickle_by_value(mod)
+            except ValueError:      # not a registrable module (already by value, or a package's internal)
+                pass
+
+
+def rung_plan(n: int, draws: int, eta: int) -> list[int]:
+    """How many candidates run on each draw under successive halving: n, then ⌈n/eta⌉ (at least 2, at most the
+    rung before) … one entry per draw."""
+    sizes = [n]
+    for _ in range(1, draws):
+        sizes.append(min(sizes[-1], max(2, math.ceil(sizes[-1] / eta))))
+    return sizes
+
+
+def _rank_key(trials: list[Trial]) -> tuple:
+    """A candidate's standing over the draws it ran: within tolerance on every one first, then its worst
+    closure, then its length (a broken or failed draw puts it last; the FLOP count is taken of the finalists
+    only: counting costs as much as a run)."""
+    worst = min(t.closure if (t.ok and t.metrics) else -math.inf for t in trials)
+    return (all(t.within for t in trials), worst, -float(trials[0].options.get("epochs", 0)))
+
+
 def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: TrainingRecipe | None = None,
          init: nn.Module | None = None, forget_class: int | None = None, seed: int = 0,
-         methods: tuple[str, ...] = DEFAULT_CANDIDATES, budget: int = 4,
+         methods: tuple[str, ...] = DEFAULT_CANDIDATES, budget: int = 1, draws: int = 3, eta: int = 3,
          tolerance: float = RETAIN_ERROR_TOLERANCE, min_closure: float = 0.5, retain_probe: int = 1000,
-         keys: BatchKeys | None = None) -> TunedProfile:
+         keys: BatchKeys | None = None, engine=None, progress: Callable[[int, int, str], None] | None = None
+         ) -> TunedProfile:
     """Tune the forgetting methods on the user's model against the user's own retraining (module docstring).
 
     Parameters
@@ -154,8 +242,9 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
         D_r and D_f of the request the profile is for (D_f's size and class mix are copied; D_f is never used
         as a validation set).
     train : callable
-        The user's training, ``train(model, data) -> model``: called once, on a copy of ``init`` and the
-        validation retain set D ∖ V in the form ``retain`` was given.
+        The user's training, ``train(model, data) -> model``: called on a copy of ``init`` and a validation
+        retain set in the form ``retain`` was given (once for random draws, once per draw for class draws); what
+        it returns is checked (the model's architecture, finite weights, the class count) before it is used.
     test : tensors, Dataset or DataLoader
         Held-out data (the test error and the membership statistic).
     recipe : TrainingRecipe, optional
@@ -166,18 +255,27 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
     forget_class : int, optional
         D_f's class when D_f is a whole class (found from the labels otherwise).
     seed : int
-        Fixes the validation draw and every method's random choices.
+        Fixes the validation draws and every method's random choices.
     methods : tuple of str
         The candidates.
     budget : int
-        Options tried per method (the same for every method).
+        Options tried per method (the same for every method). 1 by default: on the benchmark's 24 cases a
+        second option closed no more cases and its tuning cost 1.4× as much (docs/decisions/own-model-tuning.md).
+    draws, eta : int
+        Validation forget sets (at least 1; 3 by default) and the successive-halving factor: the best
+        ⌈n/eta⌉ candidates (at least 2) go on to the next draw.
     tolerance, min_closure : float
         Within tolerance of the retraining: retain and test error within ``tolerance``, at least
-        ``min_closure`` of the forget-loss gap closed.
+        ``min_closure`` of the forget-loss gap closed — on the chosen candidate's worst draw.
     retain_probe : int
         Samples of D ∖ V the retain error is measured on.
     keys : BatchKeys, optional
         How dict batches are read.
+    engine : LocalEngine or RayEngine, optional
+        Where the candidates' runs go (:func:`scrubnet.audit.engine.make_engine`); default in this process.
+    progress : callable, optional
+        ``progress(done, total, what)`` after the retraining(s) and after every run (``total`` the planned
+        count of steps).
 
     Returns
     -------
@@ -186,31 +284,97 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
         ``scrubnet.forget(..., method="auto", profile=profile)``.
     """
     recipe = recipe or TrainingRecipe()
+    engine = engine or LocalEngine()
     t_start = time.process_time()
     y_r, y_f = labels_of(retain, keys), labels_of(forget, keys)
-    idx_v, cls_v = draw_like(y_r, y_f, seed, _whole_class(y_r, y_f, forget_class))
-    rest = complement(len(y_r), idx_v)
-    v, r_v = cut(retain, idx_v, seed), join(cut(retain, rest, seed), forget, seed)
-    t0 = time.process_time()
-    with torch.random.fork_rng(devices=[]):   # the user's own random draws, fixed by the seed
-        torch.manual_seed(int(seed))
-        gold = train(copy.deepcopy(init if init is not None else model), r_v)
-    retrain_seconds = time.process_time() - t0
-    probe = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:retain_probe]]
-    sets = (stream(v, keys), stream(cut(retain, probe.sort().values, seed), keys), stream(test, keys))
-    original, gold_m = evaluate(model, *sets), evaluate(gold, *sets)
-    ctx = _validation_context(model, recipe, sets[0], seed, cls_v)
-    trials = []
-    for method in methods:
-        for options in candidate_grid(method, recipe, budget):
-            t = _trial(model, r_v, v, sets, original, gold_m, method, options, ctx, keys)
-            t.within = within_tolerance(t, gold_m, tolerance, min_closure)
-            trials.append(t)
-    validation = {"n": int(len(idx_v)), "class": cls_v, "classes": {int(c): int((y_r[idx_v] == c).sum())
-                                                                    for c in y_r[idx_v].unique()},
-                  "retrain_seconds": retrain_seconds, "gold": gold_m, "seed": seed}
-    prof = TunedProfile(model_sha256=weights_sha256(model), validation=validation, original=original,
+    whole = _whole_class(y_r, y_f, forget_class)
+    picked = _draws(y_r, y_f, seed, whole, max(1, int(draws)))
+    if not picked:
+        raise ValueError("no validation forget set like D_f can be drawn from D_r")
+    grid = [(m, o) for m in methods for o in candidate_grid(m, recipe, budget)]
+    plan = rung_plan(len(grid), len(picked), eta)
+    n_gold = 1 if whole is None else len(picked)
+    total_steps, done = n_gold + sum(plan), 0
+    start = init if init is not None else model
+
+    def gold_for(excluded: Tensor) -> tuple[nn.Module, float, object]:
+        rest = complement(len(y_r), excluded)
+        r_x = join(cut(retain, rest, seed), forget, seed)
+        t0 = time.process_time()
+        with torch.random.fork_rng(devices=[]):   # the user's own random draws, fixed by the seed
+            torch.manual_seed(int(seed))
+            trained = train(copy.deepcopy(start), r_x)
+        spent = time.process_time() - t0
+        check_trained(trained, model, first_inputs(stream(cut(retain, excluded[:2], seed), keys)))
+        return trained.eval(), spent, rest
+
+    golds, retrain_times = [], []
+    if whole is None:
+        g, spent, _ = gold_for(torch.cat([i for i, _ in picked]).sort().values)
+        golds, retrain_times = [g] * len(picked), [spent]
+        done += 1
+        if progress:
+            progress(done, total_steps, "retrained once without the validation draws")
+    else:
+        for j, (idx, cls) in enumerate(picked):
+            g, spent, _ = gold_for(idx)
+            golds.append(g)
+            retrain_times.append(spent)
+            done += 1
+            if progress:
+                progress(done, total_steps, f"retrained without validation class {cls}")
+    retrain_seconds = statistics.fmean(retrain_times)
+
+    shared: dict = {"model": model, "keys": keys, "seed": int(seed), "draws": []}
+    draw_info = []
+    for j, ((idx, cls), gold) in enumerate(zip(picked, golds)):
+        rest = complement(len(y_r), idx)
+        v, r_v = cut(retain, idx, seed), join(cut(retain, rest, seed), forget, seed)
+        probe = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed + j))[:retain_probe]]
+        sets = (stream(v, keys), stream(cut(retain, probe.sort().values, seed), keys), stream(test, keys))
+        original, gold_m = evaluate(model, *sets), evaluate(gold, *sets)
+        ctx = _validation_context(model, recipe, sets[0], seed, cls)
+        shared["draws"].append({"retain": r_v, "forget": v, "sets": sets, "original": original, "gold": gold_m,
+                                "ctx": ctx})
+        draw_info.append({"n": int(len(idx)), "class": cls, "gold": gold_m, "original": original,
+                          "classes": {int(c): int((y_r[idx] == c).sum()) for c in y_r[idx].unique()}})
+
+    _send_user_code_by_value(engine, model, retain, forget)
+    trials: list[Trial] = []
+    alive = list(range(len(grid)))
+    per_cand: dict[int, list[Trial]] = {c: [] for c in alive}
+    trial_seconds = 0.0
+    for i, size in enumerate(plan):
+        if i > 0:
+            alive = sorted(alive, key=lambda c: _rank_key(per_cand[c]), reverse=True)[:size]
+            alive.sort()
+        payloads = [(i, *grid[c]) for c in alive]
+        for pos, t in engine.map(_run_trial, shared, payloads):
+            c = alive[pos]
+            t.within = within_tolerance(t, shared["draws"][i]["gold"], tolerance, min_closure)
+            per_cand[c].append(t)
+            trial_seconds += t.seconds
+            done += 1
+            if progress:
+                progress(done, total_steps, f"draw {i + 1}/{len(plan)}: {t.method}")
+    # the finalists' cost by the FLOP model (deterministic: the choice must not flip on a clock's noise)
+    x1 = first_inputs(shared["draws"][0]["sets"][0])
+    n_rv = int(len(y_r) + len(y_f) - len(picked[0][0]))
+    for c in alive:
+        w = _work(model, n_rv, len(picked[0][0]), grid[c][0], grid[c][1], recipe, x1)
+        for t in per_cand[c]:
+            t.work = w
+    for c in sorted(per_cand):
+        trials.extend(sorted(per_cand[c], key=lambda t: t.draw))
+    d0 = draw_info[0]
+    validation = {"n": d0["n"], "class": d0["class"], "classes": d0["classes"], "retrain_seconds": retrain_seconds,
+                  "retrainings": len(retrain_times), "gold": d0["gold"], "seed": seed, "draws": draw_info,
+                  "plan": plan, "engine": getattr(engine, "name", "local")}
+    prof = TunedProfile(model_sha256=weights_sha256(model), validation=validation, original=d0["original"],
                         trials=trials, tolerance=float(tolerance), min_closure=float(min_closure))
-    prof.chosen = choose(trials, retrain_seconds, gold_m, tolerance)
-    prof.tuning_seconds = time.process_time() - t_start
+    prof.chosen = choose_across(per_cand, grid, len(plan), retrain_seconds, [d["gold"] for d in draw_info],
+                                tolerance)
+    spent_here = time.process_time() - t_start
+    # a remote engine's runs are not on this process's clock: their measured seconds are added
+    prof.tuning_seconds = spent_here if getattr(engine, "name", "local") == "local" else spent_here + trial_seconds
     return prof

@@ -22,6 +22,16 @@ import torch
 from torch import nn
 
 
+def other_arch(model, data):
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def nan_weights(model, data):
+    with torch.no_grad():
+        model[0].weight.fill_(float("nan"))
+    return model
+
+
 def make_net():
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
 
@@ -88,7 +98,9 @@ def test_tune_writes_a_profile_and_forget_auto_runs_its_choice(own, tmp_path):
     assert r.exit_code == 0, r.output
     prof = TunedProfile.load(prof_path)
     assert "chosen:" in r.output and r.output.count(" cost ") >= 4 and "retrainings" in r.output
-    assert prof.validation["n"] == 6 and len(prof.trials) == 4
+    # three validation draws by successive halving: 4 candidates on the first, the best 2 on the others
+    assert prof.validation["n"] == 6 and prof.validation["plan"] == [4, 2, 2] and len(prof.trials) == 8
+    assert "ETA" in r.output and "closes = 1 −" in r.output
     assert json.loads(prof_path.read_text())["chosen"]["method"] == prof.method
     out = tmp_path / "scrubbed.safetensors"
     r = _forget(own, out, "--method", "auto", "--profile", str(prof_path), "--warn-not-forgotten")
@@ -119,3 +131,15 @@ def test_tune_and_auto_refusals(own, tmp_path):
                             "--data", str(own / "data.npz"), "--forget-ids", str(own / "forget.txt"),
                             "--train", f"{own / 'net.py'}:nope", "--out", str(tmp_path / "q.json")])
     assert r.exit_code == 2 and "--train" in r.output and "nope" in r.output and not (tmp_path / "q.json").exists()
+
+
+@pytest.mark.parametrize("fn,words", [("other_arch", "another architecture"), ("nan_weights", "non-finite")])
+def test_tune_refuses_a_training_that_returns_another_architecture_or_nan_weights(own, tmp_path, fn, words):
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["tune", "--model", f"{own / 'net.py'}:make_net", "--weights", str(own / "net.pt"),
+                            "--data", str(own / "data.npz"), "--forget-ids", str(own / "forget.txt"),
+                            "--train", f"{own / 'net.py'}:{fn}", "--out", str(out), "--methods", "finetune",
+                            "--budget", "1", "--draws", "1"])
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert r.exit_code == 2 and len(errors) == 1 and words in errors[0] and "--train" in errors[0]
+    assert not out.exists() and not list(tmp_path.iterdir())       # nothing written, not even a temp file
