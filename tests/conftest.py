@@ -118,3 +118,17 @@ def docs_run(tmp_path_factory):
     from tests.docs_blocks import run_docs
 
     return run_docs(tmp_path_factory.mktemp("docs"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for every test that runs the Ray engine (its start-up, and each worker's imports,
+    cost more than the tests' own work); an engine made while it runs joins it and leaves it running."""
+    ray = pytest.importorskip("ray")
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()

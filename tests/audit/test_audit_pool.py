@@ -94,7 +94,7 @@ def _tmp_cache():
     return Path(tempfile.mkdtemp(prefix="scrubnet-audit-"))
 
 
-def test_ray_engine_equals_in_process(local_run, tmp_path):
+def test_ray_engine_equals_in_process(local_run, tmp_path, ray_cluster):
     pytest.importorskip("ray")
     _, res = local_run
     eng = make_engine("ray", num_cpus=2, max_retries=1)

@@ -119,7 +119,7 @@ def test_bench_resumes_after_a_kill(tiny, tmp_path, monkeypatch):
     assert res2["summary"] == res["summary"]
 
 
-def test_bench_on_ray_equals_in_process(tiny, tmp_path):
+def test_bench_on_ray_equals_in_process(tiny, tmp_path, ray_cluster):
     pytest.importorskip("ray")
     from scrubnet.audit.engine import make_engine
 

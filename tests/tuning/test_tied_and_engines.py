@@ -80,7 +80,7 @@ def test_a_tied_weights_model_is_tuned_and_forgotten_with_auto(tied):
     assert all(torch.isfinite(p).all() for p in scrubbed.parameters())
 
 
-def test_ray_tasks_give_the_same_profile_as_a_local_run(tied):
+def test_ray_tasks_give_the_same_profile_as_a_local_run(tied, ray_cluster):
     pytest.importorskip("ray")
     from scrubnet.audit.engine import LocalEngine, RayEngine
     model, retain, forget, test = tied
