@@ -7,6 +7,7 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
         --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05|auto]
         [--core-ids 0,1,2 [--core-lr 0.01 --core-epochs 40] [--no-core-check]]
         [--strategy linearised|sharded|auto [--shards 4 --slices 4 --epochs 20 --lr 1e-3 --batch-size 32]]
+        [--task generalisation|memorisation]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
     scrubnet mlforget forget-all --checkpoint ml/
@@ -35,7 +36,8 @@ from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.data.user import load_user_data
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.finetune import state_dict_sha256
-from scrubnet.mlforget.preflight import STRATEGIES, TOLERANCE, fit_engine, preflight
+from scrubnet.mlforget.chance import TASKS
+from scrubnet.mlforget.preflight import STRATEGIES, TOLERANCE, fit_engine, memorisation_decision, preflight
 from scrubnet.mlforget.sharded import AGGREGATES, ENGINE as SHARDED
 from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_inputs, default_weights, finetune_record,
                                       load_base, main_input, parse_user_weights)
@@ -181,6 +183,9 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
              aggregate: str = typer.Option("mean", "--aggregate", help="sharded: mean (of probabilities) | vote"),
              tolerance: float = typer.Option(TOLERANCE, "--tolerance", help="auto: the largest held-out error gap "
                                              "(linearised − ordinary) that keeps the linearised engine"),
+             task: str = typer.Option("generalisation", "--task", help="what the chance guard scores: "
+                                      "generalisation (held-out samples) | memorisation (facts about the training "
+                                      "people, e.g. TOFU: the model that answers, on its own training answers)"),
              threads: int = threads_option(THREADS_HELP),
              device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
@@ -190,7 +195,15 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
     require_writable(out)
     mu_value = _check_finetune_options(mu, target_scale, sigma, dtype, core_lr, core_epochs)
-    _check_strategy(strategy, shards, slices, epochs, lr, batch_size, aggregate, tolerance)
+    _check_strategy(strategy, max(shards, 2) if task == "memorisation" else shards, slices, epochs, lr,
+                    batch_size, aggregate, tolerance)
+    if shards < 1:
+        raise UserError(f"--shards must be ≥ 1, got {shards}")
+    if task not in TASKS:
+        raise UserError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task == "memorisation" and mu_value == "auto" and strategy != "sharded":
+        raise UserError("--mu auto chooses µ on held-out samples, which a memorisation task cannot answer: give a "
+                        "fixed --mu (or --strategy sharded)")
     core = None if core_ids is None and core_ids_file is None else \
         read_ids(core_ids, core_ids_file, "--core-ids or --core-ids-file")
     if core is not None and len(set(core)) != len(core):
@@ -211,7 +224,11 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     sharded_opts = {"shards": shards, "slices": slices, "epochs": epochs, "lr": lr, "batch_size": batch_size,
                     "aggregate": aggregate}
     engine, decision = strategy, None
-    if strategy == "auto":
+    if strategy == "auto" and task == "memorisation":
+        decision = memorisation_decision()
+        engine = decision["engine"]
+        typer.echo(f"strategy auto={engine}: {decision['reason']}")
+    elif strategy == "auto":
         decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=tolerance, target_scale=target_scale,
                              solver=solver, seed=seed, budget={"epochs": epochs, "lr": lr,
                                                                 "batch_size": batch_size})
@@ -222,12 +239,13 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed, sharded=sharded_opts,
                        linearised={"mu": mu_value, "target_scale": target_scale, "sigma": sigma, "solver": solver,
                                    "core_ids": core, "core_train": {"lr": core_lr, "epochs": core_epochs},
-                                   "check_core": core_check})
+                                   "check_core": core_check}, task=task)
     if engine == SHARDED:
         state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
     state.base_sha256 = state_dict_sha256(net)  # the model file's, also when read through its label words
     record = finetune_record(base, state, data, out)
     record["engine"] = engine
+    record["task_kind"] = task
     if "task" in state.train_info:
         record["task"] = state.train_info["task"]
     if engine == SHARDED:
@@ -240,7 +258,9 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         info, check = state.train_info, state.train_info["chance_check"]
         typer.echo(f"wrote {out}: sharded engine, {len(state.user_ids)} user samples (all deletable) in "
                    f"{shards} shards × {slices} slices (samples per shard {info['samples_per_shard']}), "
-                   f"{state.model.num_linearized} user weights per shard; out-of-shard error {check['error']:.3f} "
+                   f"{state.model.num_linearized} user weights per shard; "
+                   + ("training-answer error" if task == "memorisation" else "out-of-shard error")
+                   + f" {check['error']:.3f} "
                    f"(chance {check['chance']:.3f}); base model {base['model']} (state_dict sha256 "
                    f"{state.base_sha256[:12]}, unchanged)")
         return
@@ -267,7 +287,8 @@ def _check_strategy(strategy: str, shards: int, slices: int, epochs: int, lr: fl
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if strategy != "linearised" and shards < 2:
-        raise UserError(f"--shards must be ≥ 2 (each shard is checked on the others' samples), got {shards}")
+        raise UserError(f"--shards must be ≥ 2 (each shard is checked on the others' samples; a memorisation "
+                        f"task, checked on its own answers, may use 1), got {shards}")
     for name, v in (("--slices", slices), ("--epochs", epochs), ("--batch-size", batch_size)):
         if v < 1:
             raise UserError(f"{name} must be ≥ 1, got {v}")
