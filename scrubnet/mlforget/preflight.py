@@ -214,19 +214,30 @@ def training_answer_check(model: nn.Module, x, y: Tensor, num_classes: int, rows
     """The memorisation task's guard: the error of ``model`` (the model that answers: the shards' aggregate,
     or the linearised model) on a seeded draw of at most :data:`~scrubnet.mlforget.chance.MAX_CHECK` of its
     own training samples ``rows`` (default all), against the chance interval of the whole training labels
-    (:func:`~scrubnet.mlforget.chance.chance_report`). A causal-LM sample is right when every answer token is
-    the arg-max."""
+    (:func:`~scrubnet.mlforget.chance.chance_report`). For a causal LM the error is that of the answer tokens
+    (the arg-max at each answer position), the unit of the chance level (the majority answer token's rate);
+    the interval is taken on the number of samples, the wider and so the stricter one."""
     rows = torch.arange(len(y)) if rows is None else torch.as_tensor(rows, dtype=torch.long)
     if not len(rows):
         raise ValueError("the memorisation check scores the model on its training samples: none remain")
     rows = rows[check_draw(len(rows), seed)]
-    wrong = 0
+    wrong, scored = 0, 0
     with torch.no_grad():
         for b in range(0, len(rows), 64):
             idx = rows[b:b + 64]
-            wrong += int(_wrong(call_model(model, x[idx]), y[idx]).sum())
+            out, lab = call_model(model, x[idx]), y[idx]
+            if y.dim() == 2:  # answer tokens: the chance level's own unit
+                lab = lab[:, 1:]
+                m = lab != IGNORE_INDEX
+                wrong += int(((out[:, :-1].argmax(-1) != lab) & m).sum())
+                scored += int(m.sum())
+            else:
+                wrong += int((out.argmax(1) != lab).sum())
+                scored += len(idx)
     labels = y if y.dim() == 1 else y[y != IGNORE_INDEX]
-    report = chance_report(wrong / len(rows), len(rows), labels, num_classes)
+    # the interval's n is the number of SAMPLES even when tokens are scored: a sample's answer tokens are not
+    # independent draws, and the wider interval only makes the guard harder to pass
+    report = chance_report(wrong / max(scored, 1), len(rows), labels, num_classes)
     report["what"] = "training-answer error (memorisation task: the model that answers, on its own samples)"
     report["measured"] = "training-answer error (memorisation task)"
     return report
