@@ -37,7 +37,8 @@ from scrubnet.data.user import load_user_data
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.finetune import state_dict_sha256
 from scrubnet.mlforget.chance import TASKS
-from scrubnet.mlforget.preflight import STRATEGIES, TOLERANCE, fit_engine, memorisation_decision, preflight
+from scrubnet.mlforget.preflight import (STRATEGIES, TOLERANCE, choose_shards, fit_engine, memorisation_decision,
+                                        preflight)
 from scrubnet.mlforget.sharded import AGGREGATES, ENGINE as SHARDED
 from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_inputs, default_weights, finetune_record,
                                       load_base, main_input, parse_user_weights)
@@ -174,7 +175,9 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                           "(closed-form deletion of a linearised fine-tune) | sharded (ordinary "
                                           "fine-tuning of isolated adapters; a deletion retrains its shard) | auto "
                                           "(a pre-flight on held-out data chooses, and says why)"),
-             shards: int = typer.Option(4, "--shards", help="sharded: S, isolated adapters"),
+             shards: str = typer.Option("4", "--shards", help="sharded: S, isolated adapters, or auto (the "
+                                        "largest S whose shard-sized ordinary fine-tune is within --tolerance of "
+                                        "the whole data's, on the pre-flight's held-out split)"),
              slices: int = typer.Option(4, "--slices", help="sharded: R, slices (checkpoints) per shard"),
              epochs: int = typer.Option(20, "--epochs", help="sharded: epochs budget of each shard (and of the "
                                         "pre-flight's ordinary fine-tuning on half the data)"),
@@ -195,12 +198,19 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
     require_writable(out)
     mu_value = _check_finetune_options(mu, target_scale, sigma, dtype, core_lr, core_epochs)
-    _check_strategy(strategy, max(shards, 2) if task == "memorisation" else shards, slices, epochs, lr,
+    if shards != "auto":
+        try:
+            shards = int(shards)
+        except ValueError:
+            raise UserError(f"--shards must be an integer ≥ 1 or 'auto', got {shards!r}") from None
+        if shards < 1:
+            raise UserError(f"--shards must be ≥ 1, got {shards}")
+    _check_strategy(strategy, 2 if shards == "auto" or task == "memorisation" else shards, slices, epochs, lr,
                     batch_size, aggregate, tolerance)
-    if shards < 1:
-        raise UserError(f"--shards must be ≥ 1, got {shards}")
     if task not in TASKS:
         raise UserError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task == "memorisation" and shards == "auto":
+        raise UserError("--shards auto reads held-out errors, which a memorisation task cannot answer: give a number")
     if task == "memorisation" and mu_value == "auto" and strategy != "sharded":
         raise UserError("--mu auto chooses µ on held-out samples, which a memorisation task cannot answer: give a "
                         "fixed --mu (or --strategy sharded)")
@@ -236,6 +246,17 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         typer.echo(f"strategy auto={engine}: {decision['reason']}")
     if engine == SHARDED and core is not None:
         raise UserError("--core-ids belong to the linearised engine; the sharded engine can delete every sample")
+    shard_choice = None
+    if engine == SHARDED and shards == "auto":
+        shard_choice = choose_shards(net, x, ud.y, c, user_weights=spec, tolerance=tolerance, seed=seed,
+                                     budget={"epochs": epochs, "lr": lr, "batch_size": batch_size})
+        shards = shard_choice["shards"]
+        typer.echo(shard_choice["reason"])
+        if shards < 2:  # the out-of-shard chance check needs a second shard; S = 1 is judged on held-out data
+            shards = 2
+            typer.echo("shards 2: the chance guard scores each shard on the other's samples (S = 1 would need a "
+                       "held-out split the engine does not train on)")
+    sharded_opts["shards"] = shards
     state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed, sharded=sharded_opts,
                        linearised={"mu": mu_value, "target_scale": target_scale, "sigma": sigma, "solver": solver,
                                    "core_ids": core, "core_train": {"lr": core_lr, "epochs": core_epochs},
@@ -252,6 +273,8 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         record["sharded"] = state.model.config.to_dict()
     if decision is not None:
         record["preflight"] = decision
+    if shard_choice is not None:
+        record["shard_choice"] = shard_choice
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
              data_fingerprint=ud.fingerprint, extra={"finetune": record})
     if engine == SHARDED:

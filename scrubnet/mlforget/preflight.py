@@ -162,6 +162,57 @@ def preflight(model: nn.Module, x, y: Tensor, num_classes: int, *, user_weights=
             "chance_interval": list(lo), "tolerance": float(tolerance), "budget": budget}
 
 
+#: the shard counts :func:`choose_shards` tries (largest first)
+SHARD_CANDIDATES = (8, 4, 2, 1)
+
+
+def choose_shards(model: nn.Module, x, y: Tensor, num_classes: int, *, user_weights="head",
+                  tolerance: float = TOLERANCE, budget: dict | None = None, candidates=SHARD_CANDIDATES,
+                  seed: int = 0) -> dict:
+    """The sharded engine's S from the task's learning curve: the largest S whose shard-sized ordinary
+    fine-tune is within ``tolerance`` of the whole-data one.
+
+    A shard sees N/S samples; the aggregate of S such shards is at best about as good as one of them on a task
+    that needs the network to move (measured on the causal LM of ``benchmarks/forgettable.py``), so the
+    learning curve of ONE shard-sized fine-tune says what sharding costs before any real training. On the
+    pre-flight's seeded held-out split (:func:`~scrubnet.mlforget.chance.held_out_split`), the same user
+    weights are fine-tuned the ordinary way (``budget``) on the first ⌈|fit|/S⌉ of a seeded permutation of
+    the fit samples for every S in ``candidates``; with e_S the held-out error and e_1 the whole fit split's,
+
+        S* = max { S : e_S ≤ e_1 + tolerance }   (S = 1 always qualifies)
+
+    and S = 1 (with R slices: requests still resume from the slice before the deleted sample) is a valid
+    point of the design space.
+
+    Returns
+    -------
+    dict
+        ``shards`` (S*), ``errors`` ({S: e_S}), ``held_out``, ``tolerance``, ``reason`` (one line).
+    """
+    if y.dim() == 2:
+        task = answer_token_task(x, y)
+        if task is None:
+            raise ValueError("choosing S fine-tunes classifiers of the answer token: give one answer token per "
+                             "sample, or give --shards")
+        x, y, words = task
+        model, num_classes = AnswerLogits(model, words), len(words)
+    budget = {**BUDGET, **(budget or {})}
+    fit, val = held_out_split(len(y), seed)
+    perm = fit[torch.randperm(len(fit), generator=torch.Generator().manual_seed(7919 * int(seed) + 31))]
+    errors = {}
+    for S in sorted({int(s) for s in candidates} | {1}):
+        part = torch.sort(perm[:max(1, -(-len(perm) // S))]).values
+        net = ordinary_finetune(model, x[part], y[part], user_weights=user_weights, seed=seed, **budget)
+        errors[S] = _error(net, x[val], y[val])
+    best = max(S for S, e in errors.items() if e <= errors[1] + tolerance)
+    line = ", ".join(f"S={S} {errors[S]:.3f}" for S in sorted(errors))
+    return {"shards": best, "errors": {str(k): v for k, v in errors.items()}, "held_out": len(val),
+            "tolerance": float(tolerance),
+            "reason": f"shards {best}: the largest S whose shard-sized ordinary fine-tune is within "
+                      f"{100 * tolerance:g} points of the whole data's (held-out error {line} on {len(val)} "
+                      "samples)"}
+
+
 def out_of_shard_check(sm: ShardedModel, x, y: Tensor, num_classes: int, max_samples: int = 400) -> dict:
     """The sharded engine's honest held-out error: each shard's adapter scored on (at most ``max_samples``,
     a seeded draw of) the remaining samples it never trained on; the errors pooled; compared with the chance
@@ -318,5 +369,6 @@ def fit_engine(engine: str, model: nn.Module, x, y: Tensor, num_classes: int, *,
     return state
 
 
-__all__ = ["AnswerLogits", "BUDGET", "ENGINES", "STRATEGIES", "TASKS", "TOLERANCE", "answer_token_task", "fit_engine",
+__all__ = ["AnswerLogits", "BUDGET", "ENGINES", "STRATEGIES", "SHARD_CANDIDATES", "TASKS", "TOLERANCE", "answer_token_task",
+           "choose_shards", "fit_engine",
            "memorisation_decision", "out_of_shard_check", "preflight", "training_answer_check"]

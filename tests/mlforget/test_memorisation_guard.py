@@ -114,3 +114,11 @@ def test_linearised_memorisation(files, tmp_path):
     code, out = _finetune(files, tmp_path / "auto", "--strategy", "linearised", "--task", "memorisation",
                           "--mu", "auto")
     assert code == 2 and out.strip().startswith("error:") and "fixed" in out and not (tmp_path / "auto").exists()
+
+
+def test_shards_auto_is_refused_on_a_memorisation_task(files, tmp_path):
+    """Choosing S reads held-out errors: refused before any work on a memorisation task."""
+    code, out = _finetune(files, tmp_path / "ck", "--strategy", "sharded", "--task", "memorisation",
+                          "--shards", "auto")
+    assert code == 2 and out.strip().startswith("error:") and "--shards auto" in out
+    assert not (tmp_path / "ck").exists()
