@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, user_weight_names
-from scrubnet.mlforget.preflight import AnswerLogits, preflight
+from scrubnet.mlforget.preflight import AnswerLogits, choose_shards, preflight
 from scrubnet.mlforget.sharded import sharded_finetune
 from scrubnet.mlforget.ftstore import parse_user_weights
 from scrubnet.mlforget.model import forget_request, retrain_user_weights
@@ -484,6 +484,21 @@ def sweep(name, net, uw, data, seeds, a):
               f"request_vs_user_finetune {statistics.median(r for _, _, r in v):.1f}", flush=True)
 
 
+def shard_choice(name, net, uw, data, seeds, a):
+    """``--choose-shards``: per seed, what ``--shards auto`` picks (:func:`choose_shards`) with the yardstick's
+    tuned rate and epochs as the budget, beside the yardstick's test error."""
+    for seed in range(seeds):
+        tag = f"[{name} shards seed {seed}]"
+        (x, y), (xv, yv), (xt, yt) = data(a.n_eff, seed)
+        ordinary, lr, _, epochs = tuned_ordinary(net, uw(seed), x, y, xv, yv, seed, a.max_epochs, a.patience, tag)
+        e_ord = 1 - accuracy(ordinary, f32(xt), yt)
+        c = int(logits(net, x[:1]).shape[1])
+        got = choose_shards(net, x, y, c, user_weights=uw(seed), seed=seed,
+                            budget={"epochs": max(1, epochs), "lr": lr, "batch_size": 32},
+                            candidates=tuple(sorted({S for S, _ in a.sweep_sizes}, reverse=True)))
+        print(f"{tag} yardstick test_error {e_ord:.4f} (lr {lr:g}, {epochs} epochs); {got['reason']}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="N = 400, 1 seed, short pretraining: a smoke run")
@@ -500,6 +515,7 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=4, help="sharded: R")
     ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
     ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
+    ap.add_argument("--choose-shards", action="store_true", help="what --shards auto picks, per seed")
     ap.add_argument("--sweep-sizes", default="1x1,1x4,2x1,2x4,4x1,4x4,8x1,8x4",
                     help="--sweep: the S x R points, comma-separated")
     ap.add_argument("--preflight-full", action="store_true", help="auto: the pre-flight's ordinary fine-tuning "
@@ -522,6 +538,10 @@ def main() -> None:
     for name, net, data in pretrained_models(a.small, only):
         spec = {"cnn": a.cnn_user_weights, "transformer": a.transformer_user_weights}.get(name, a.lm_user_weights)
         uw = seeded_user_weights(spec)
+        if a.choose_shards and (only is None or name in only):
+            a.n_eff = n
+            shard_choice(name, net, uw, data, seeds, a)
+            continue
         if a.sweep and (only is None or name in only):
             a.n_eff = n
             sweep(name, net, uw, data, seeds, a)

@@ -179,7 +179,7 @@ def choose_shards(model: nn.Module, x, y: Tensor, num_classes: int, *, user_weig
     weights are fine-tuned the ordinary way (``budget``) on the first ⌈|fit|/S⌉ of a seeded permutation of
     the fit samples for every S in ``candidates``; with e_S the held-out error and e_1 the whole fit split's,
 
-        S* = max { S : e_S ≤ e_1 + tolerance }   (S = 1 always qualifies)
+        S* = max { S : e_S ≤ e_1 + tolerance }   (S = 1 always qualifies; S* = 1 when e_1 is at chance)
 
     and S = 1 (with R slices: requests still resume from the slice before the deleted sample) is a valid
     point of the design space.
@@ -204,13 +204,17 @@ def choose_shards(model: nn.Module, x, y: Tensor, num_classes: int, *, user_weig
         part = torch.sort(perm[:max(1, -(-len(perm) // S))]).values
         net = ordinary_finetune(model, x[part], y[part], user_weights=user_weights, seed=seed, **budget)
         errors[S] = _error(net, x[val], y[val])
-    best = max(S for S, e in errors.items() if e <= errors[1] + tolerance)
     line = ", ".join(f"S={S} {errors[S]:.3f}" for S in sorted(errors))
+    c, _ = chance_error(y, num_classes)
+    if at_chance(errors[1], c, len(val)):  # no curve to read: the most data per shard, and say so
+        best, why = 1, (f"shards 1: even the ordinary fine-tune of the whole fit split is at chance (held-out "
+                        f"error {line} on {len(val)} samples, chance {c:.3f}): the most data per shard")
+    else:
+        best = max(S for S, e in errors.items() if e <= errors[1] + tolerance)
+        why = (f"shards {best}: the largest S whose shard-sized ordinary fine-tune is within {100 * tolerance:g} "
+               f"points of the whole data's (held-out error {line} on {len(val)} samples)")
     return {"shards": best, "errors": {str(k): v for k, v in errors.items()}, "held_out": len(val),
-            "tolerance": float(tolerance),
-            "reason": f"shards {best}: the largest S whose shard-sized ordinary fine-tune is within "
-                      f"{100 * tolerance:g} points of the whole data's (held-out error {line} on {len(val)} "
-                      "samples)"}
+            "tolerance": float(tolerance), "chance": c, "reason": why}
 
 
 def out_of_shard_check(sm: ShardedModel, x, y: Tensor, num_classes: int, max_samples: int = 400) -> dict:

@@ -68,3 +68,13 @@ def test_cli_shards_auto_records_its_choice(tmp_path):
     _, static = store.load(tmp_path / "ck")
     choice = static["finetune"]["shard_choice"]
     assert line == choice["reason"] and static["finetune"]["sharded"]["shards"] == max(2, choice["shards"])
+
+
+def test_no_curve_at_chance_keeps_one_shard_and_says_so():
+    """Features that carry nothing (the head sees zeros): even the whole fit split is at chance → S = 1."""
+    net, (x, y) = _net(), _task(300, 0.3)
+    with torch.no_grad():
+        net[0].weight.zero_()
+        net[0].bias.zero_()
+    got = choose_shards(net, x, y, 3, user_weights=["2."], budget=BUDGET, candidates=(4, 2, 1), seed=0)
+    assert got["shards"] == 1 and "at chance" in got["reason"]
