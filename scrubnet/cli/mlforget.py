@@ -6,7 +6,7 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
     scrubnet mlforget finetune --model FILE.py:FACTORY|hf:DIR [--weights W] --data D.npz \
         --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05|auto]
         [--core-ids 0,1,2 [--core-lr 0.01 --core-epochs 40] [--no-core-check]]
-        [--strategy linearised|sharded|auto [--shards 4 --slices 4 --epochs 20 --lr 1e-3 --batch-size 32]]
+        [--strategy linearised|sharded|auto [--shards 4|auto --slices 4 --epochs 20 --lr 1e-3 --batch-size 32]]
         [--task generalisation|memorisation]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
