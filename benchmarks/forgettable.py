@@ -462,7 +462,8 @@ def sweep(name, net, uw, data, seeds, a):
         for S, R in a.sweep_sizes:
             if True:
                 sm = sharded_finetune(copy.deepcopy(net).float(), f32(x), y, user_weights=uw(seed), shards=S,
-                                      slices=R, epochs=max(1, epochs), lr=lr, seed=seed)
+                                      slices=R, epochs=max(1, epochs), lr=lr, seed=seed,
+                                      validation=(f32(xv), yv) if a.validated else None)
                 gap = 100 * (1 - accuracy(sm, f32(xt), yt) - e_ord)
                 order = torch.randperm(len(y), generator=torch.Generator().manual_seed(5))
                 share, cpu = [], []
@@ -515,6 +516,8 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=4, help="sharded: R")
     ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
     ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
+    ap.add_argument("--validated", action="store_true", help="--sweep: every stage keeps its best epoch on the "
+                    "validation set (the yardstick's early stopping)")
     ap.add_argument("--choose-shards", action="store_true", help="what --shards auto picks, per seed")
     ap.add_argument("--sweep-sizes", default="1x1,1x4,2x1,2x4,4x1,4x4,8x1,8x4",
                     help="--sweep: the S x R points, comma-separated")
