@@ -406,14 +406,20 @@ def run_seed(name, net, uw, data, seed, a):
         e, req_s, _ = requests(state, net, uw, x, y, n_core, k, a.requests, lr, epochs, seed, tag, user=False)
         out["linearised"] = (100 * (e_lin - e_ord), user_s / req_s, e)
     if "sharded" in a.engines or "auto" in a.engines:
-        opts = {"shards": a.shards, "slices": a.slices, "epochs": max(1, epochs), "lr": lr, "batch_size": 32,
+        shards = a.shards
+        if shards == "auto":  # what `mlforget finetune --shards auto` does: the learning curve decides S
+            got = choose_shards(net, x, y, int(logits(net, x[:1]).shape[1]), user_weights=uw, seed=seed,
+                                budget={"epochs": max(1, epochs), "lr": lr, "batch_size": 32})
+            shards = got["shards"]
+            print(f"{tag} {got['reason']}", flush=True)
+        opts = {"shards": int(shards), "slices": a.slices, "epochs": max(1, epochs), "lr": lr, "batch_size": 32,
                 "seed": seed}
         c0 = time.process_time()
         sm = sharded_finetune(copy.deepcopy(net).float(), f32(x), y, user_weights=uw, **opts)
         train_s = time.process_time() - c0
         sm.bench_opts = opts
         e_sh = 1 - accuracy(sm, f32(xt), yt)
-        print(f"{tag} sharded S={a.shards} R={a.slices}: test_error {e_sh:.4f}, training {train_s:.1f} CPU s",
+        print(f"{tag} sharded S={shards} R={a.slices}: test_error {e_sh:.4f}, training {train_s:.1f} CPU s",
               flush=True)
         e, req_s = sharded_requests(sm, copy.deepcopy(net).float(), uw, f32(x), y, a, seed, tag)
         print(f"{tag} sharded: {a.requests} requests of {a.sharded_request}, median {req_s:.3f} CPU s, "
@@ -512,7 +518,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20, help="sequential deletion requests of 1 %% each")
     ap.add_argument("--only", default=None, help="comma-separated models: cnn, transformer, causal-lm")
     ap.add_argument("--engines", default="linearised,sharded,auto", help="linearised, sharded, auto")
-    ap.add_argument("--shards", type=int, default=4, help="sharded: S")
+    ap.add_argument("--shards", default="4", help="sharded: S, or auto (chosen from the learning curve)")
     ap.add_argument("--slices", type=int, default=4, help="sharded: R")
     ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
     ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
@@ -529,6 +535,7 @@ def main() -> None:
     ap.add_argument("--cnn-user-weights", default="layers:proj,fc", help="as `mlforget finetune --user-weights`")
     ap.add_argument("--transformer-user-weights", default="lora:query,key,value,dense:r4:save=classifier")
     a = ap.parse_args()
+    a.shards = a.shards if a.shards == "auto" else int(a.shards)
     a.sweep_sizes = [tuple(int(v) for v in p.lower().split("x")) for p in a.sweep_sizes.split(",") if p]
     a.mus = [float(v) for v in a.mu.split(",")]
     a.engines = [e for e in a.engines.split(",") if e]
