@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scrubnet.mlforget.finetune import accuracy, forgettable_finetune, user_weight_names
-from scrubnet.mlforget.preflight import AnswerLogits, preflight
+from scrubnet.mlforget.preflight import AnswerLogits, choose_shards, preflight
 from scrubnet.mlforget.sharded import sharded_finetune
 from scrubnet.mlforget.ftstore import parse_user_weights
 from scrubnet.mlforget.model import forget_request, retrain_user_weights
@@ -140,30 +140,34 @@ def pretrain(net, x, y, epochs, lr=3e-3):
     return net.eval()
 
 
-def pretrained_models(small):
-    """[(name, network, data(n, seed) -> (train, val, test))], pretrained on their tasks."""
+def pretrained_models(small, only=None):
+    """[(name, network, data(n, seed) -> (train, val, test))], pretrained on their tasks (those in ``only``, a
+    list of names, when given; the others are returned as None)."""
+    want = (lambda name: only is None or name in only)
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     pre_p, user_p = (torch.randn(C, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
     n_pre, ep = PRETRAIN or ((3000, 3) if small else (20000, 8))
     t0 = time.process_time()
-    x, y = images(n_pre, pre_p, 1)
-    cnn = pretrain(ResNetish().double(), x, y, ep)
+    x, y = images(n_pre if want("cnn") else 10, pre_p, 1)
+    cnn = pretrain(ResNetish().double(), x, y, ep) if want("cnn") else None
     xt, yt = images(2000, pre_p, 9)
-    print(f"[cnn] pretrained on its own 10 classes: {n_pre} images, {ep} epochs, test accuracy "
-          f"{accuracy(cnn, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
+    if cnn is not None:
+        print(f"[cnn] pretrained on its own 10 classes: {n_pre} images, {ep} epochs, test accuracy "
+              f"{accuracy(cnn, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
     from transformers import BertConfig, BertForSequenceClassification
     cfg = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=16, num_labels=C, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     t0 = time.process_time()
-    x, y = tokens(n_pre, "pretrain", 1)
-    bert = pretrain(BertForSequenceClassification(cfg).double(), x, y, ep)
+    x, y = tokens(n_pre if want("transformer") else 10, "pretrain", 1)
+    bert = pretrain(BertForSequenceClassification(cfg).double(), x, y, ep) if want("transformer") else None
     xt, yt = tokens(2000, "pretrain", 9)
-    print(f"[transformer] pretrained on the last-token task: {n_pre} sequences, {ep} epochs, test accuracy "
-          f"{accuracy(bert, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
+    if bert is not None:
+        print(f"[transformer] pretrained on the last-token task: {n_pre} sequences, {ep} epochs, test accuracy "
+              f"{accuracy(bert, xt, yt):.3f} ({time.process_time() - t0:.0f} CPU s)", flush=True)
 
-    lm, lm_tokens = pretrained_lm(small)
+    lm, lm_tokens = pretrained_lm(small) if want("causal-lm") else (None, None)
 
     def cnn_data(n, seed):
         return images(n, user_p, 100 + seed), images(500, user_p, 200 + seed), images(2000, user_p, 300 + seed)
@@ -402,14 +406,20 @@ def run_seed(name, net, uw, data, seed, a):
         e, req_s, _ = requests(state, net, uw, x, y, n_core, k, a.requests, lr, epochs, seed, tag, user=False)
         out["linearised"] = (100 * (e_lin - e_ord), user_s / req_s, e)
     if "sharded" in a.engines or "auto" in a.engines:
-        opts = {"shards": a.shards, "slices": a.slices, "epochs": max(1, epochs), "lr": lr, "batch_size": 32,
+        shards = a.shards
+        if shards == "auto":  # what `mlforget finetune --shards auto` does: the learning curve decides S
+            got = choose_shards(net, x, y, int(logits(net, x[:1]).shape[1]), user_weights=uw, seed=seed,
+                                budget={"epochs": max(1, epochs), "lr": lr, "batch_size": 32})
+            shards = got["shards"]
+            print(f"{tag} {got['reason']}", flush=True)
+        opts = {"shards": int(shards), "slices": a.slices, "epochs": max(1, epochs), "lr": lr, "batch_size": 32,
                 "seed": seed}
         c0 = time.process_time()
         sm = sharded_finetune(copy.deepcopy(net).float(), f32(x), y, user_weights=uw, **opts)
         train_s = time.process_time() - c0
         sm.bench_opts = opts
         e_sh = 1 - accuracy(sm, f32(xt), yt)
-        print(f"{tag} sharded S={a.shards} R={a.slices}: test_error {e_sh:.4f}, training {train_s:.1f} CPU s",
+        print(f"{tag} sharded S={shards} R={a.slices}: test_error {e_sh:.4f}, training {train_s:.1f} CPU s",
               flush=True)
         e, req_s = sharded_requests(sm, copy.deepcopy(net).float(), uw, f32(x), y, a, seed, tag)
         print(f"{tag} sharded: {a.requests} requests of {a.sharded_request}, median {req_s:.3f} CPU s, "
@@ -455,10 +465,11 @@ def sweep(name, net, uw, data, seeds, a):
         c0 = time.process_time()
         early_stopped(net, uw(seed), x, y, x[:1], y[:1], lr, seed, epochs, epochs + 1)
         user_s = time.process_time() - c0
-        for S in (1, 2, 4, 8):
-            for R in (1, 4):
+        for S, R in a.sweep_sizes:
+            if True:
                 sm = sharded_finetune(copy.deepcopy(net).float(), f32(x), y, user_weights=uw(seed), shards=S,
-                                      slices=R, epochs=max(1, epochs), lr=lr, seed=seed)
+                                      slices=R, epochs=max(1, epochs), lr=lr, seed=seed,
+                                      validation=(f32(xv), yv) if a.validated else None)
                 gap = 100 * (1 - accuracy(sm, f32(xt), yt) - e_ord)
                 order = torch.randperm(len(y), generator=torch.Generator().manual_seed(5))
                 share, cpu = [], []
@@ -480,6 +491,21 @@ def sweep(name, net, uw, data, seeds, a):
               f"request_vs_user_finetune {statistics.median(r for _, _, r in v):.1f}", flush=True)
 
 
+def shard_choice(name, net, uw, data, seeds, a):
+    """``--choose-shards``: per seed, what ``--shards auto`` picks (:func:`choose_shards`) with the yardstick's
+    tuned rate and epochs as the budget, beside the yardstick's test error."""
+    for seed in range(seeds):
+        tag = f"[{name} shards seed {seed}]"
+        (x, y), (xv, yv), (xt, yt) = data(a.n_eff, seed)
+        ordinary, lr, _, epochs = tuned_ordinary(net, uw(seed), x, y, xv, yv, seed, a.max_epochs, a.patience, tag)
+        e_ord = 1 - accuracy(ordinary, f32(xt), yt)
+        c = int(logits(net, x[:1]).shape[1])
+        got = choose_shards(net, x, y, c, user_weights=uw(seed), seed=seed,
+                            budget={"epochs": max(1, epochs), "lr": lr, "batch_size": 32},
+                            candidates=tuple(sorted({S for S, _ in a.sweep_sizes}, reverse=True)))
+        print(f"{tag} yardstick test_error {e_ord:.4f} (lr {lr:g}, {epochs} epochs); {got['reason']}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="N = 400, 1 seed, short pretraining: a smoke run")
@@ -492,10 +518,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20, help="sequential deletion requests of 1 %% each")
     ap.add_argument("--only", default=None, help="comma-separated models: cnn, transformer, causal-lm")
     ap.add_argument("--engines", default="linearised,sharded,auto", help="linearised, sharded, auto")
-    ap.add_argument("--shards", type=int, default=4, help="sharded: S")
+    ap.add_argument("--shards", default="4", help="sharded: S, or auto (chosen from the learning curve)")
     ap.add_argument("--slices", type=int, default=4, help="sharded: R")
     ap.add_argument("--pretrain", default=None, help="SAMPLES,EPOCHS of every pretraining")
     ap.add_argument("--sweep", action="store_true", help="sharded accuracy and request cost against S and R")
+    ap.add_argument("--validated", action="store_true", help="--sweep: every stage keeps its best epoch on the "
+                    "validation set (the yardstick's early stopping)")
+    ap.add_argument("--choose-shards", action="store_true", help="what --shards auto picks, per seed")
+    ap.add_argument("--sweep-sizes", default="1x1,1x4,2x1,2x4,4x1,4x4,8x1,8x4",
+                    help="--sweep: the S x R points, comma-separated")
     ap.add_argument("--preflight-full", action="store_true", help="auto: the pre-flight's ordinary fine-tuning "
                     "takes the yardstick's epochs (default: half)")
     ap.add_argument("--no-core", action="store_true", help="linearised: the pretrained point only (no core)")
@@ -504,6 +535,8 @@ def main() -> None:
     ap.add_argument("--cnn-user-weights", default="layers:proj,fc", help="as `mlforget finetune --user-weights`")
     ap.add_argument("--transformer-user-weights", default="lora:query,key,value,dense:r4:save=classifier")
     a = ap.parse_args()
+    a.shards = a.shards if a.shards == "auto" else int(a.shards)
+    a.sweep_sizes = [tuple(int(v) for v in p.lower().split("x")) for p in a.sweep_sizes.split(",") if p]
     a.mus = [float(v) for v in a.mu.split(",")]
     a.engines = [e for e in a.engines.split(",") if e]
     global NO_CORE, PRETRAIN
@@ -512,9 +545,13 @@ def main() -> None:
     only = None if a.only is None else a.only.split(",")
     n = a.n or (400 if a.small else 1000)
     seeds = a.seeds or (1 if a.small else 3)
-    for name, net, data in pretrained_models(a.small):
+    for name, net, data in pretrained_models(a.small, only):
         spec = {"cnn": a.cnn_user_weights, "transformer": a.transformer_user_weights}.get(name, a.lm_user_weights)
         uw = seeded_user_weights(spec)
+        if a.choose_shards and (only is None or name in only):
+            a.n_eff = n
+            shard_choice(name, net, uw, data, seeds, a)
+            continue
         if a.sweep and (only is None or name in only):
             a.n_eff = n
             sweep(name, net, uw, data, seeds, a)

@@ -6,7 +6,8 @@ requests to it (each applied exactly once and recorded in the checkpoint's SQLit
     scrubnet mlforget finetune --model FILE.py:FACTORY|hf:DIR [--weights W] --data D.npz \
         --user-weights lora:query,value:r4:save=classifier|head|layers:a,b --out ml-ft/ [--mu 0.05|auto]
         [--core-ids 0,1,2 [--core-lr 0.01 --core-epochs 40] [--no-core-check]]
-        [--strategy linearised|sharded|auto [--shards 4 --slices 4 --epochs 20 --lr 1e-3 --batch-size 32]]
+        [--strategy linearised|sharded|auto [--shards 4|auto --slices 4 --epochs 20 --lr 1e-3 --batch-size 32]]
+        [--task generalisation|memorisation]
     scrubnet mlforget forget --checkpoint ml/ --ids 3,17,42 [--sigma 1e-4]     (ids = positions in D)
     scrubnet mlforget forget --checkpoint ml/ --forget-ids ids.txt
     scrubnet mlforget forget-all --checkpoint ml/
@@ -35,7 +36,9 @@ from scrubnet.experiments.config import TINY_EXPERIMENT
 from scrubnet.data.user import load_user_data
 from scrubnet.methods.mlforget import ml_config_from_options
 from scrubnet.mlforget.finetune import state_dict_sha256
-from scrubnet.mlforget.preflight import STRATEGIES, TOLERANCE, fit_engine, preflight
+from scrubnet.mlforget.chance import TASKS
+from scrubnet.mlforget.preflight import (STRATEGIES, TOLERANCE, choose_shards, fit_engine, memorisation_decision,
+                                        preflight)
 from scrubnet.mlforget.sharded import AGGREGATES, ENGINE as SHARDED
 from scrubnet.mlforget.ftstore import (DTYPES, FINETUNE_ARCH, base_record, cast_inputs, default_weights, finetune_record,
                                       load_base, main_input, parse_user_weights)
@@ -172,7 +175,9 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
                                           "(closed-form deletion of a linearised fine-tune) | sharded (ordinary "
                                           "fine-tuning of isolated adapters; a deletion retrains its shard) | auto "
                                           "(a pre-flight on held-out data chooses, and says why)"),
-             shards: int = typer.Option(4, "--shards", help="sharded: S, isolated adapters"),
+             shards: str = typer.Option("4", "--shards", help="sharded: S, isolated adapters, or auto (the "
+                                        "largest S whose shard-sized ordinary fine-tune is within --tolerance of "
+                                        "the whole data's, on the pre-flight's held-out split)"),
              slices: int = typer.Option(4, "--slices", help="sharded: R, slices (checkpoints) per shard"),
              epochs: int = typer.Option(20, "--epochs", help="sharded: epochs budget of each shard (and of the "
                                         "pre-flight's ordinary fine-tuning on half the data)"),
@@ -181,6 +186,9 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
              aggregate: str = typer.Option("mean", "--aggregate", help="sharded: mean (of probabilities) | vote"),
              tolerance: float = typer.Option(TOLERANCE, "--tolerance", help="auto: the largest held-out error gap "
                                              "(linearised − ordinary) that keeps the linearised engine"),
+             task: str = typer.Option("generalisation", "--task", help="what the chance guard scores: "
+                                      "generalisation (held-out samples) | memorisation (facts about the training "
+                                      "people, e.g. TOFU: the model that answers, on its own training answers)"),
              threads: int = threads_option(THREADS_HELP),
              device: str = typer.Option("auto", "--device", help=DEVICE_HELP)):
     """Fine-tune a pretrained model forgettably on your data (the base model is read, never modified) and save
@@ -190,7 +198,22 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         raise UserError(f"--out {out} already exists; choose a new checkpoint directory")
     require_writable(out)
     mu_value = _check_finetune_options(mu, target_scale, sigma, dtype, core_lr, core_epochs)
-    _check_strategy(strategy, shards, slices, epochs, lr, batch_size, aggregate, tolerance)
+    if shards != "auto":
+        try:
+            shards = int(shards)
+        except ValueError:
+            raise UserError(f"--shards must be an integer ≥ 1 or 'auto', got {shards!r}") from None
+        if shards < 1:
+            raise UserError(f"--shards must be ≥ 1, got {shards}")
+    _check_strategy(strategy, 2 if shards == "auto" or task == "memorisation" else shards, slices, epochs, lr,
+                    batch_size, aggregate, tolerance)
+    if task not in TASKS:
+        raise UserError(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task == "memorisation" and shards == "auto":
+        raise UserError("--shards auto reads held-out errors, which a memorisation task cannot answer: give a number")
+    if task == "memorisation" and mu_value == "auto" and strategy != "sharded":
+        raise UserError("--mu auto chooses µ on held-out samples, which a memorisation task cannot answer: give a "
+                        "fixed --mu (or --strategy sharded)")
     core = None if core_ids is None and core_ids_file is None else \
         read_ids(core_ids, core_ids_file, "--core-ids or --core-ids-file")
     if core is not None and len(set(core)) != len(core):
@@ -211,7 +234,11 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     sharded_opts = {"shards": shards, "slices": slices, "epochs": epochs, "lr": lr, "batch_size": batch_size,
                     "aggregate": aggregate}
     engine, decision = strategy, None
-    if strategy == "auto":
+    if strategy == "auto" and task == "memorisation":
+        decision = memorisation_decision()
+        engine = decision["engine"]
+        typer.echo(f"strategy auto={engine}: {decision['reason']}")
+    elif strategy == "auto":
         decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=tolerance, target_scale=target_scale,
                              solver=solver, seed=seed, budget={"epochs": epochs, "lr": lr,
                                                                 "batch_size": batch_size})
@@ -219,28 +246,44 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
         typer.echo(f"strategy auto={engine}: {decision['reason']}")
     if engine == SHARDED and core is not None:
         raise UserError("--core-ids belong to the linearised engine; the sharded engine can delete every sample")
+    shard_choice = None
+    if engine == SHARDED and shards == "auto":
+        shard_choice = choose_shards(net, x, ud.y, c, user_weights=spec, tolerance=tolerance, seed=seed,
+                                     budget={"epochs": epochs, "lr": lr, "batch_size": batch_size})
+        shards = shard_choice["shards"]
+        typer.echo(shard_choice["reason"])
+        if shards < 2:  # the out-of-shard chance check needs a second shard; S = 1 is judged on held-out data
+            shards = 2
+            typer.echo("shards 2: the chance guard scores each shard on the other's samples (S = 1 would need a "
+                       "held-out split the engine does not train on)")
+    sharded_opts["shards"] = shards
     state = fit_engine(engine, net, x, ud.y, c, user_weights=spec, seed=seed, sharded=sharded_opts,
                        linearised={"mu": mu_value, "target_scale": target_scale, "sigma": sigma, "solver": solver,
                                    "core_ids": core, "core_train": {"lr": core_lr, "epochs": core_epochs},
-                                   "check_core": core_check})
+                                   "check_core": core_check}, task=task)
     if engine == SHARDED:
         state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
     state.base_sha256 = state_dict_sha256(net)  # the model file's, also when read through its label words
     record = finetune_record(base, state, data, out)
     record["engine"] = engine
+    record["task_kind"] = task
     if "task" in state.train_info:
         record["task"] = state.train_info["task"]
     if engine == SHARDED:
         record["sharded"] = state.model.config.to_dict()
     if decision is not None:
         record["preflight"] = decision
+    if shard_choice is not None:
+        record["shard_choice"] = shard_choice
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),
              data_fingerprint=ud.fingerprint, extra={"finetune": record})
     if engine == SHARDED:
         info, check = state.train_info, state.train_info["chance_check"]
         typer.echo(f"wrote {out}: sharded engine, {len(state.user_ids)} user samples (all deletable) in "
                    f"{shards} shards × {slices} slices (samples per shard {info['samples_per_shard']}), "
-                   f"{state.model.num_linearized} user weights per shard; out-of-shard error {check['error']:.3f} "
+                   f"{state.model.num_linearized} user weights per shard; "
+                   + ("training-answer error" if task == "memorisation" else "out-of-shard error")
+                   + f" {check['error']:.3f} "
                    f"(chance {check['chance']:.3f}); base model {base['model']} (state_dict sha256 "
                    f"{state.base_sha256[:12]}, unchanged)")
         return
@@ -267,7 +310,8 @@ def _check_strategy(strategy: str, shards: int, slices: int, epochs: int, lr: fl
     if strategy not in STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if strategy != "linearised" and shards < 2:
-        raise UserError(f"--shards must be ≥ 2 (each shard is checked on the others' samples), got {shards}")
+        raise UserError(f"--shards must be ≥ 2 (each shard is checked on the others' samples; a memorisation "
+                        f"task, checked on its own answers, may use 1), got {shards}")
     for name, v in (("--slices", slices), ("--epochs", epochs), ("--batch-size", batch_size)):
         if v < 1:
             raise UserError(f"{name} must be ≥ 1, got {v}")

@@ -14,6 +14,14 @@ A held-out error e ≥ c_lo lies within the chance interval: :func:`at_chance` i
 ``mlforget finetune`` (either engine, any µ) writes a checkpoint. The held-out split (:func:`held_out_split`)
 holds at least :data:`MIN_HELD_OUT` samples, or half of the deletable samples when there are fewer than
 twice that ("all there is"), and at least 10 %.
+
+**Task kinds** (:data:`TASKS`). A *generalisation* task (the default) is judged on samples the model never
+trained on, as above. A *memorisation* (knowledge) task — facts about people, TOFU's question–answer pairs —
+has no held-out answer to find: a question about a person the model never saw cannot be answered, so every
+held-out error is 1 and the guard would refuse every such fine-tune. There the guard scores the model that
+answers on its OWN remaining training samples (a seeded draw of at most :data:`MAX_CHECK`) and refuses when
+that error lies within the same chance interval: a memorisation task passes only when the model learned its
+training answers, and the check is never silently off (docs/decisions/forgettable.md, "Task kinds").
 """
 from __future__ import annotations
 
@@ -26,6 +34,16 @@ from torch import Tensor
 MIN_HELD_OUT = 200
 #: the two-sided 95 % normal quantile of the chance interval
 Z = 1.96
+#: the task kinds the guard knows: judged on held-out samples, or on the model's own training answers
+TASKS = ("generalisation", "memorisation")
+#: the most samples a training-answer (memorisation) check scores
+MAX_CHECK = 400
+
+
+def check_draw(n: int, seed: int, k: int = MAX_CHECK) -> Tensor:
+    """Sorted positions of a seeded draw of min(k, n) of 0..n−1 (the memorisation check's samples)."""
+    g = torch.Generator().manual_seed(7919 * int(seed) + 23)
+    return torch.sort(torch.randperm(int(n), generator=g)[:k]).values
 
 
 def chance_error(y: Tensor, num_classes: int | None = None) -> tuple[float, int]:
@@ -83,7 +101,8 @@ def chance_report(error: float, n: int, y_train: Tensor, num_classes: int | None
 def refusal(report: dict, what: str) -> str:
     """The one-line reason a checkpoint at chance is refused."""
     lo, hi = report["chance_interval"]
-    return (f"{what}: held-out error {report['error']:.3f} on {report['held_out']} samples lies within the chance "
+    measured = report.get("measured", "held-out error")
+    return (f"{what}: {measured} {report['error']:.3f} on {report['held_out']} samples lies within the chance "
             f"interval [{lo:.3f}, {hi:.3f}] (majority class {report['majority']}, chance error "
             f"{report['chance']:.3f} over the whole training labels): the model learns nothing here; no checkpoint "
             "written (check the labels, the user weights, or try the other engine)")

@@ -37,7 +37,7 @@ import torch
 
 from scrubnet.data.user import load_user_data
 from scrubnet.mlforget.finetune import UserWeights, accuracy, split_batch, state_dict_sha256
-from scrubnet.mlforget.preflight import answer_token_task, fit_engine, preflight
+from scrubnet.mlforget.preflight import answer_token_task, fit_engine, memorisation_decision, preflight
 from scrubnet.mlforget.sharded import ENGINE as SHARDED
 from scrubnet.mlforget.store import save_new
 from scrubnet.mlforget.ftstore import (FINETUNE_ARCH, base_record, cast_inputs, finetune_record, load_base,
@@ -84,6 +84,10 @@ class ForgettableArguments:
         'auto': the largest held-out error gap (linearised − ordinary) that keeps the linearised engine.
         Whatever the engine, a model whose held-out error lies within the chance interval is refused
         (:mod:`scrubnet.mlforget.chance`): ``train()`` raises ``ValueError`` and writes nothing.
+    task : str
+        'generalisation' (the guard scores held-out samples) or 'memorisation' (facts about the training
+        people: the guard scores the model that answers on its own training answers; ``auto`` then takes the
+        sharded engine; :func:`scrubnet.mlforget.preflight.fit_engine`).
     """
 
     mu: object = 1e-3
@@ -105,6 +109,7 @@ class ForgettableArguments:
     batch_size: int = 32
     aggregate: str = "mean"
     tolerance: float = 0.02
+    task: str = "generalisation"
 
 
 def base_and_user_weights(model, peft_config=None, user_weights: UserWeights | None = None):
@@ -178,7 +183,10 @@ def fit_checkpoint(out: Path, base_model, spec: UserWeights, batch: dict, fa: Fo
             c = int(net.config.num_labels) if hasattr(net, "config") else int(ud.y.max()) + 1
         ud.check_labels(c)
         engine, decision = fa.strategy, None
-        if engine == "auto":
+        if engine == "auto" and fa.task == "memorisation":
+            decision = memorisation_decision()
+            engine = decision["engine"]
+        elif engine == "auto":
             decision = preflight(net, x, ud.y, c, user_weights=spec, tolerance=fa.tolerance,
                                  target_scale=fa.target_scale, solver=fa.solver, seed=seed,
                                  budget={"epochs": fa.epochs, "lr": fa.lr, "batch_size": fa.batch_size})
@@ -189,12 +197,13 @@ def fit_checkpoint(out: Path, base_model, spec: UserWeights, batch: dict, fa: Fo
                            linearised={"mu": fa.mu, "target_scale": fa.target_scale, "sigma": fa.sigma,
                                        "solver": fa.solver, "core_ids": fa.core_ids,
                                        "core_train": {"lr": fa.core_lr, "epochs": fa.core_epochs},
-                                       "check_core": fa.check_core})
+                                       "check_core": fa.check_core}, task=fa.task)
         if engine == SHARDED:
             state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
         state.base_sha256 = state_dict_sha256(net)  # the saved model's, also when read through its label words
         record = finetune_record(base, state, stage / DATA_FILE, stage)  # relative: base/…, data.npz
         record["engine"] = engine
+        record["task_kind"] = fa.task
         if "task" in state.train_info:
             record["task"] = state.train_info["task"]
         if engine == SHARDED:

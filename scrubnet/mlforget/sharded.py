@@ -20,6 +20,9 @@ way (Adam on the task's loss, non-linear, network in eval mode: no dropout, Batc
   (seed, id)), and each epoch's batch order a seeded function of the ids a stage holds (a permutation of the
   sorted ids drawn from a generator seeded by (seed, shard, stage, epoch)); neither depends on the other
   samples' positions or on which samples were deleted elsewhere;
+* with a fixed validation set (``validation=``, not deletable user data), every stage keeps its epoch with
+  the least validation error (early stopping, the rule of the validation-tuned yardstick) instead of its
+  last; a retrained stage selects the same epoch, so deletion stays exact;
 * the model answers with the mean of the non-empty shards' probabilities (``aggregate="mean"``; ``"vote"``:
   the share of shards voting each class). Its ``forward`` returns the log of that mean, so arg-max, accuracy
   and cross-entropy read it as logits.
@@ -91,6 +94,9 @@ class ShardedConfig:
         'mean' (of probabilities) or 'vote'.
     seed : int
         Seed of the assignment and the batch orders.
+    validated : bool
+        Every stage keeps the epoch (0..E_r) with the least error on a fixed validation set (the yardstick's
+        early-stopping rule) instead of its last; set by ``sharded_finetune(validation=...)``.
     """
 
     shards: int = 4
@@ -101,6 +107,7 @@ class ShardedConfig:
     weight_decay: float = 0.0
     aggregate: str = "mean"
     seed: int = 0
+    validated: bool = False
 
     def __post_init__(self):
         if int(self.shards) < 1 or int(self.slices) < 1:
@@ -211,6 +218,7 @@ class ShardedModel(nn.Module):
                      for _ in range(config.shards)]
         self.held = torch.zeros(config.shards, dtype=torch.long)
         self.train_info: dict = {}
+        self.validation = None  # (x, y): the fixed validation set of a ``validated`` schedule
 
     # -- bookkeeping ---------------------------------------------------------------------------------------
     @property
@@ -265,6 +273,24 @@ class ShardedModel(nn.Module):
                 yield k, v
 
     # -- training ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _val_error(self) -> float:
+        """Error of the network as it stands on the fixed validation set (a causal-LM sample is right when
+        every answer token is the arg-max)."""
+        if self.validation is None:
+            raise ValueError("this sharded model selects every stage's epoch on a validation set: give the same "
+                             "validation data (ShardedModel.validation = (x, y)) before training or deleting")
+        xv, yv = self.validation
+        wrong = 0
+        for b in range(0, len(yv), 256):
+            out, lab = call_model(self.net, xv[b:b + 256]), yv[b:b + 256]
+            if lab.dim() == 2:
+                t = lab[:, 1:]
+                wrong += int((~((out[:, :-1].argmax(-1) == t) | (t == IGNORE_INDEX)).all(1)).sum())
+            else:
+                wrong += int((out.argmax(1) != lab).sum())
+        return wrong / len(yv)
+
     def _train_shard(self, shard: int, first_stage: int, x_all: Inputs, y_all: Tensor, pos: dict,
                      remaining: Tensor) -> int:
         """Stages ``first_stage``..R of ``shard`` from the checkpoint before ``first_stage``; returns the
@@ -282,6 +308,7 @@ class ShardedModel(nn.Module):
                 for p in chosen:
                     p.requires_grad_(True)
                 opt = torch.optim.Adam(chosen, lr=cfg.lr, weight_decay=cfg.weight_decay)
+                best = (self._val_error(), self._snapshot()) if cfg.validated else None
                 for epoch in range(cfg.stage_epochs()):
                     g = torch.Generator().manual_seed(_order_seed(cfg.seed, shard, stage, epoch))
                     order = rows[torch.randperm(len(rows), generator=g)]
@@ -292,6 +319,12 @@ class ShardedModel(nn.Module):
                         loss.backward()
                         opt.step()
                     passes += len(rows)
+                    if best is not None:
+                        err = self._val_error()
+                        if err < best[0]:  # strictly better: ties keep the earlier epoch, as the yardstick
+                            best = (err, self._snapshot())
+                if best is not None:
+                    self._load(best[1])
                 for p in chosen:
                     p.requires_grad_(False)
                     p.grad = None
@@ -359,6 +392,8 @@ class ShardedModel(nn.Module):
             ``sample_passes`` (this request), ``full_sample_passes`` (the training's), ``seconds``.
         """
         ids_t = self.check_ids(ids)
+        if self.config.validated and self.validation is None:
+            self._val_error()  # refuses before any state changes: an unvalidated retrain would not be exact
         rem = self.remaining_ids()
         pos = self._positions(x_all, y_all, row_ids, rem[~torch.isin(rem, ids_t)])
         where = torch.isin(self.ids, ids_t)
@@ -418,7 +453,7 @@ def user_network(model: nn.Module, user_weights):
 def sharded_finetune(model: nn.Module, x, y: Tensor | None = None, *, user_weights="head", shards: int = 4,
                      slices: int = 4, epochs: int = 20, lr: float = 1e-3, batch_size: int = 32,
                      weight_decay: float = 0.0, aggregate: str = "mean", ids=None, seed: int = 0,
-                     loss_fn: Callable | None = None) -> ShardedModel:
+                     loss_fn: Callable | None = None, validation=None) -> ShardedModel:
     """Fine-tune ``model`` with the sharded engine (module docstring).
 
     Parameters
@@ -432,6 +467,11 @@ def sharded_finetune(model: nn.Module, x, y: Tensor | None = None, *, user_weigh
     ids : sequence of int, optional
         The samples' ids (default 0..N−1). A run on D ∖ D_f passes the remaining ids to equal a deletion.
     loss_fn : callable, optional
+    validation : (x_val, y_val), optional
+        A fixed validation set that is NOT deletable user data: every stage keeps its epoch with the least
+        error there (early stopping, the yardstick's rule). Deletion stays exact — a retrained stage sees the
+        same samples, order and validation set, so it selects the same epoch — provided the same set is given
+        again (``ShardedModel.validation``) before every request; a request without it is refused.
 
     Returns
     -------
@@ -442,9 +482,13 @@ def sharded_finetune(model: nn.Module, x, y: Tensor | None = None, *, user_weigh
     y = data_y if y is None else y
     if y is None or len(y) != len(data_x) or len(y) == 0:
         raise ValueError("give labels for every sample (y, or a dict batch with 'labels')")
-    cfg = ShardedConfig(shards, slices, epochs, lr, batch_size, weight_decay, aggregate, seed)
+    cfg = ShardedConfig(shards, slices, epochs, lr, batch_size, weight_decay, aggregate, seed,
+                        validated=validation is not None)
     net, names, spec = user_network(model, user_weights)
     sm = ShardedModel(net, names, cfg, torch.arange(len(y)) if ids is None else ids, loss_fn)
+    if validation is not None:
+        vx, vy = validation
+        sm.validation = (split_batch(vx)[0], vy)
     sm.spec = spec
     sm.fit(data_x, y, None if ids is None else ids)
     return sm
