@@ -264,15 +264,7 @@ def finetune(out: Path = typer.Option(..., "--out", help="new checkpoint directo
     if engine == SHARDED:
         state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
     state.base_sha256 = state_dict_sha256(net)  # the model file's, also when read through its label words
-    record = finetune_record(base, state, data, out)
-    record["engine"] = engine
-    record["task_kind"] = task
-    if "task" in state.train_info:
-        record["task"] = state.train_info["task"]
-    if engine == SHARDED:
-        record["sharded"] = state.model.config.to_dict()
-    if decision is not None:
-        record["preflight"] = decision
+    record = finetune_record(base, state, data, out, engine=engine, task_kind=task, preflight=decision)
     if shard_choice is not None:
         record["shard_choice"] = shard_choice
     save_new(out, state, arch=FINETUNE_ARCH, in_shape=list(main_input(x).shape[1:]),

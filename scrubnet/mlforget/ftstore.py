@@ -243,7 +243,8 @@ def base_record(model_spec: str, weights: str | Path, options: dict | None, dtyp
             "weights_sha256": None, "dtype": dtype, "state_dict_sha256": None}
 
 
-def finetune_record(base: dict, state, data_path: str | Path, out: str | Path) -> dict:
+def finetune_record(base: dict, state, data_path: str | Path, out: str | Path, *, engine: str | None = None,
+                    task_kind: str | None = None, preflight: dict | None = None) -> dict:
     """The static record's ``finetune`` entry for a state trained from ``base`` (:func:`base_record`), its
     paths relative to the checkpoint directory ``out`` (module docstring, "Paths").
 
@@ -257,11 +258,29 @@ def finetune_record(base: dict, state, data_path: str | Path, out: str | Path) -
         The ``.npz`` file.
     out : str or Path
         The checkpoint directory the record will be in (it need not exist yet).
+    engine, task_kind, preflight : optional
+        The engine that trained it (``linearised`` or ``sharded``: the sharded engine's settings are recorded
+        too), the declared task kind, and the pre-flight's decision; each recorded when given.
 
     Returns
     -------
     dict
     """
+    record = _paths_record(base, state, data_path, out)
+    if engine is not None:
+        record["engine"] = engine
+        if engine == SHARDED:
+            record["sharded"] = state.model.config.to_dict()
+    if task_kind is not None:
+        record["task_kind"] = task_kind
+    if "task" in state.train_info:
+        record["task"] = state.train_info["task"]
+    if preflight is not None:
+        record["preflight"] = preflight
+    return record
+
+
+def _paths_record(base: dict, state, data_path: str | Path, out: str | Path) -> dict:
     root = Path(out).resolve()
     data_abs = str(Path(data_path).resolve())
     spec_path = _spec_path(base["model"])

@@ -201,15 +201,9 @@ def fit_checkpoint(out: Path, base_model, spec: UserWeights, batch: dict, fa: Fo
         if engine == SHARDED:
             state.base_sha256, state.user_weights = state_dict_sha256(net), state.model.spec
         state.base_sha256 = state_dict_sha256(net)  # the saved model's, also when read through its label words
-        record = finetune_record(base, state, stage / DATA_FILE, stage)  # relative: base/…, data.npz
-        record["engine"] = engine
-        record["task_kind"] = fa.task
-        if "task" in state.train_info:
-            record["task"] = state.train_info["task"]
-        if engine == SHARDED:
-            record["sharded"] = state.model.config.to_dict()
+        record = finetune_record(base, state, stage / DATA_FILE, stage,  # relative: base/…, data.npz
+                                 engine=engine, task_kind=fa.task, preflight=decision)
         if decision is not None:
-            record["preflight"] = decision
             state.train_info["preflight"] = decision
         root = out.resolve()
         record["absolute"] = {"model": f"hf:{root / BASE_DIR}", "weights": str(root / BASE_DIR / "model.safetensors"),

@@ -326,14 +326,20 @@ def train_exact_factored(state: MLState, x_all: Tensor, y_all: Tensor, g: torch.
     state.train_info = info
 
 
-def check_forget_ids(state: MLState, ids) -> Tensor:
-    """Validate a forgetting request: ids must be user ids not yet forgotten. Clear ``ValueError`` otherwise."""
+def distinct_request_ids(ids) -> Tensor:
+    """The sorted ids of a forgetting request (int64); ``ValueError`` for an empty request or a repeated id."""
     arr = torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(-1))
     if arr.numel() == 0:
         raise ValueError("the forgetting request is empty: give at least one sample id")
     uniq, counts = torch.unique(arr, return_counts=True)
     if bool((counts > 1).any()):
         raise ValueError(f"duplicated id(s) in the request: {uniq[counts > 1].tolist()[:10]}")
+    return uniq
+
+
+def check_forget_ids(state: MLState, ids) -> Tensor:
+    """Validate a forgetting request: ids must be user ids not yet forgotten. Clear ``ValueError`` otherwise."""
+    uniq = distinct_request_ids(ids)
     core = uniq[torch.isin(uniq, state.core_ids)]
     if core.numel():
         raise ValueError(f"id(s) {core.tolist()[:10]} belong to the core data, which is never forgotten "

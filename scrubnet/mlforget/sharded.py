@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scrubnet.mlforget.finetune import split_batch, user_weight_names
-from scrubnet.mlforget.model import MLConfig, MLState
+from scrubnet.mlforget.model import MLConfig, MLState, distinct_request_ids
 from scrubnet.models.call import Inputs, ModelInputs, call_model
 
 #: the engine's name in checkpoints and receipts
@@ -359,12 +359,7 @@ class ShardedModel(nn.Module):
 
     def check_ids(self, ids) -> Tensor:
         """The sorted distinct ids of a request; ``ValueError`` naming unknown, repeated or forgotten ids."""
-        arr = torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(-1))
-        if arr.numel() == 0:
-            raise ValueError("the forgetting request is empty: give at least one sample id")
-        uniq, counts = torch.unique(arr, return_counts=True)
-        if bool((counts > 1).any()):
-            raise ValueError(f"duplicated id(s) in the request: {uniq[counts > 1].tolist()[:10]}")
+        uniq = distinct_request_ids(ids)
         done = uniq[torch.isin(uniq, self.forgotten)]
         if done.numel():
             raise ValueError(f"id(s) {done.tolist()[:10]} were already forgotten by an earlier request")

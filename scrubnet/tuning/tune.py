@@ -45,7 +45,7 @@ from scrubnet.models.call import call_model
 from scrubnet.recipe import TrainingRecipe
 from scrubnet.scrub import RETAIN_ERROR_TOLERANCE, scrub_and_measure
 from scrubnet.tuning.data import complement, cut, draw_like, fresh, join, labels_of, stream
-from scrubnet.tuning.check import check_trained
+from scrubnet.tuning.check import check_trained, request_class
 from scrubnet.tuning.profile import (DEFAULT_CANDIDATES, TunedProfile, Trial, candidate_grid, choose_across,
                                      within_tolerance)
 
@@ -117,15 +117,6 @@ def forget_closure(scrubbed: dict, original: dict, gold: dict) -> float:
 def distance(m: dict, gold: dict) -> float:
     """Σ |m − gold| over forget, retain and test error and the membership AUC (the tuning's objective)."""
     return sum(abs(m[k] - gold[k]) for k in ("forget_error", "retain_error", "test_error", "mia_auc"))
-
-
-def _whole_class(y_retain: Tensor, y_forget: Tensor, forget_class: int | None) -> int | None:
-    if forget_class is not None:
-        return int(forget_class)
-    classes = y_forget.unique()
-    if len(classes) == 1 and not bool((y_retain == classes[0]).any()):
-        return int(classes[0])
-    return None
 
 
 def _work(model: nn.Module, n_retain: int, n_forget: int, method: str, options: dict, recipe, x1) -> float:
@@ -287,7 +278,7 @@ def tune(model: nn.Module, retain, forget, *, train: Callable, test, recipe: Tra
     engine = engine or LocalEngine()
     t_start = time.process_time()
     y_r, y_f = labels_of(retain, keys), labels_of(forget, keys)
-    whole = _whole_class(y_r, y_f, forget_class)
+    whole = request_class(y_r, y_f, forget_class)
     picked = _draws(y_r, y_f, seed, whole, max(1, int(draws)))
     if not picked:
         raise ValueError("no validation forget set like D_f can be drawn from D_r")
