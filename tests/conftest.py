@@ -102,7 +102,7 @@ def pytest_sessionfinish(session, exitstatus):
     for pid, _ in left:
         try:
             os.kill(pid, signal.SIGKILL)
-        except OSError:
+        except OSError:  # it exited between the scan and the kill: nothing left to stop
             pass
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     lines = [f"{len(left)} process(es) started by the tests outlived them (killed now):"]

@@ -229,6 +229,17 @@ class DataStream:
             yield self.take(torch.arange(i, min(i + size, n))) if self.kind == "dataset" else \
                 (self.x[i:i + size], self.y[i:i + size])
 
+    def sample_chunks(self, max_examples: int | None = None, seed: int = 0) -> Iterator[tuple[Inputs, Tensor]]:
+        """:meth:`chunks` of at most ``max_examples`` samples: a seeded subset (in index order) when the stream
+        is longer and indexable, else every chunk."""
+        n = len(self)
+        if max_examples is None or n <= max_examples or not self.indexable:
+            yield from self.chunks()
+            return
+        idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_examples].sort().values
+        for i in range(0, len(idx), self.chunk_size):
+            yield self.take(idx[i:i + self.chunk_size])
+
     def tensors(self) -> tuple[Inputs, Tensor]:
         """All samples as (x, y) tensors (materialised; the tensors themselves for ``kind == "tensors"``)."""
         if self.kind == "tensors":

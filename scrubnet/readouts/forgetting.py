@@ -439,13 +439,7 @@ def per_example_statistics(model: nn.Module, data, max_examples: int | None = No
         loss (n,) in nats, margin (n,) in logit units, labels (n,), confidence (n,) (true logit minus the
         log-sum-exp of the others: log p_y − log(1 − p_y)).
     """
-    stream = as_stream(data)
-    n = len(stream)
-    if max_examples is not None and n > max_examples and stream.indexable:
-        idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_examples].sort().values
-        chunks = (stream.take(idx[i:i + stream.chunk_size]) for i in range(0, len(idx), stream.chunk_size))
-    else:
-        chunks = stream.chunks()
+    chunks = as_stream(data).sample_chunks(max_examples, seed)
     device, was_training = model_device(model), model.training
     model.eval()
     losses, margins, confs, labels, seen = [], [], [], [], 0

@@ -67,13 +67,7 @@ def layer_features(model: nn.Module, data, layer: str | None = None, max_example
                    seed: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
     """Features (n, d) float64 and labels (n,) of ``data`` at the probed layer (eval mode; the model's mode is
     restored), at most ``max_examples`` (a seeded subset of indexable data); None when no layer is found."""
-    stream = as_stream(data)
-    n = len(stream)
-    if max_examples is not None and n > max_examples and stream.indexable:
-        idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_examples].sort().values
-        chunks = (stream.take(idx[i:i + stream.chunk_size]) for i in range(0, len(idx), stream.chunk_size))
-    else:
-        chunks = stream.chunks()
+    chunks = as_stream(data).sample_chunks(max_examples, seed)
     was, device = model.training, model_device(model)
     model.eval()
     feats, labels, seen = [], [], 0
