@@ -55,10 +55,14 @@ import numpy as np, torch
 from transformers import BertConfig, BertForSequenceClassification
 out = Path(sys.argv[1]); out.mkdir(parents=True)
 torch.manual_seed(0)
-BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=32, num_labels=3)).save_pretrained(out / "bert-tiny")
-x = torch.randint(1, 50, (40, 8))
-np.savez(out / "ft.npz", x_train=x.numpy(), train_attention_mask=np.ones((40, 8), int), y_train=(x.sum(1) % 3).numpy())
+m = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=32, num_labels=3))
+m.save_pretrained(out / "bert-tiny")
+# labels the model's features carry (the fine-tune refuses a model left at chance, as on unlearnable labels)
+x = torch.randint(1, 50, (60, 8))
+s = m.bert(input_ids=x).pooler_output.detach() @ torch.randn(16)
+y = torch.bucketize(s, s.quantile(torch.tensor([1 / 3, 2 / 3])))
+np.savez(out / "ft.npz", x_train=x.numpy(), train_attention_mask=np.ones((60, 8), int), y_train=y.numpy())
 PY
 "$venv/bin/scrubnet" mlforget finetune --model "hf:$work/hf/bert-tiny" --data "$work/hf/ft.npz" \
     --user-weights lora:query,value:r4:save=classifier --mu 1e-4 --out "$work/hf/ml-ft/" >/dev/null 2>&1
